@@ -1,0 +1,381 @@
+"""AntisymmetricRNN cells (Chang, Chen, Haber & Chi, ICLR 2019)."""
+
+import math
+import numbers
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_antisym._keras_private import DropoutRNNCell
+from keras_antisym.initializers import FanInNormal
+
+
+def _invalid(name, expected, value):
+    return ValueError(
+        f"Received an invalid value for argument `{name}`, expected {expected}, "
+        f"got {value!r}."
+    )
+
+
+def _check_units(units):
+    if isinstance(units, bool) or not isinstance(units, numbers.Integral) or units <= 0:
+        raise _invalid("units", "a positive integer", units)
+    return int(units)
+
+
+def _check_float(name, value, expected, allow_zero):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _invalid(name, expected, value)
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise _invalid(name, expected, value)
+    return value
+
+
+def _check_rate(name, value):
+    rate = _check_float(name, value, "a float in [0, 1)", allow_zero=True)
+    if rate >= 1:
+        raise _invalid(name, "a float in [0, 1)", value)
+    return rate
+
+
+def _check_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise _invalid(name, "a boolean", value)
+    return bool(value)
+
+
+def transposed_operand_index(units):
+    """Gather indices that turn `[-gamma, w, -w]` into `(W - Wᵀ - γI)ᵀ`.
+
+    `w` holds the strictly upper triangle of `W` in row-major order (the order
+    of `numpy.triu_indices(units, 1)`). Entry `(i, j)` of the transposed
+    transition matrix is `W[j, i] - W[i, j]`: `-w[k(i, j)]` above the
+    diagonal, `+w[k(j, i)]` below it and `-gamma` on it.
+    """
+    rows, cols = np.triu_indices(units, 1)
+    size = rows.size
+    index = np.zeros((units, units), dtype="int32")
+    index[rows, cols] = 1 + size + np.arange(size)
+    index[cols, rows] = 1 + np.arange(size)
+    return index
+
+
+@keras.saving.register_keras_serializable(package="keras_antisym")
+class AntisymmetricCell(keras.layers.Layer, DropoutRNNCell):
+    """Cell of the AntisymmetricRNN (Chang et al., ICLR 2019, eq. 9).
+
+    A forward-Euler discretization of the ODE `h' = tanh((W - Wᵀ)h + Vx + b)`,
+    whose antisymmetric Jacobian has purely imaginary eigenvalues, so signals
+    neither explode nor vanish over long sequences. The diffusion `gamma`
+    makes the Euler step stable:
+
+        h_t = h_{t-1} + epsilon * tanh((W - Wᵀ - gamma*I) h_{t-1} + V x_t + b)
+
+    `W` is stored as its strictly upper triangle, a vector of
+    `units * (units - 1) / 2` trainable entries (`recurrent_kernel`) in the
+    row-major order of `numpy.triu_indices(units, 1)`. `kernel` has Keras'
+    layout `(input_dim, units)`, i.e. it is `Vᵀ`. This cell processes one step;
+    wrap it in `keras.layers.RNN`, or use the fused `AntisymmetricRNN` layer.
+
+    Args:
+        units: Positive integer, the dimension `n` of the hidden state.
+        epsilon: Positive float, the step size `ε` (paper grid: 0.01, 0.1, 1).
+        gamma: Non-negative float, the diffusion `γ` (paper grid: 0.001,
+            0.01, 0.1, 1). `0` gives the undiffused, Euler-unstable model.
+        activation: Activation of the update (`tanh` in the paper).
+        use_bias: Boolean, whether the update has a bias `b`.
+        kernel_initializer: Initializer for `kernel` (`V`). Defaults to the
+            paper's `N(0, 1/m)`, `FanInNormal(1.0)`.
+        recurrent_initializer: Initializer for `W`. It is called with the
+            full `(units, units)` shape and the strictly upper triangle of
+            its result is kept. Defaults to the paper's `N(0, σ_w²/n)` with
+            `σ_w = 1`; use `FanInNormal(sigma_w)` for the paper's other σ_w.
+        bias_initializer: Initializer for the bias (zeros in the paper).
+        kernel_regularizer: Regularizer for `kernel`.
+        recurrent_regularizer: Regularizer for the stored vector of `W`
+            (note `‖W - Wᵀ‖² = 2‖w‖²`).
+        bias_regularizer: Regularizer for the bias.
+        kernel_constraint: Constraint for `kernel`.
+        recurrent_constraint: Constraint for the stored vector of `W`.
+        bias_constraint: Constraint for the bias.
+        dropout: Float in [0, 1), fraction of the inputs to drop. One mask
+            per sequence, shared by all time steps.
+        recurrent_dropout: Float in [0, 1), fraction of `h_{t-1}` to drop in
+            the recurrent product `(W - Wᵀ - γI) h_{t-1}`; the skip path
+            `h_{t-1} + ...` is never dropped, so no memory is lost.
+        seed: Integer, random seed for dropout.
+        antisymmetric: Boolean. `False` gives the paper's ablation model: a
+            free `(units, units)` matrix `U` in place of `W - Wᵀ`, with the
+            diffusion still applied (`U - γI`).
+
+    Call arguments:
+        sequence: A 2D tensor of shape `(batch, input_dim)`, one time step.
+        states: A list with one tensor of shape `(batch, units)`, `h_{t-1}`.
+        training: Python boolean, whether dropout is applied.
+
+    Returns:
+        `(h_t, [h_t])`.
+
+    Example:
+
+    >>> import numpy as np, keras
+    >>> from keras_antisym import AntisymmetricCell
+    >>> layer = keras.layers.RNN(AntisymmetricCell(32, epsilon=0.1, gamma=0.01))
+    >>> layer(np.zeros((4, 100, 3), "float32")).shape
+    (4, 32)
+    """
+
+    #: Number of `units`-wide blocks in the input projection.
+    num_blocks = 1
+
+    def __init__(
+        self,
+        units,
+        epsilon=0.01,
+        gamma=0.01,
+        activation="tanh",
+        use_bias=True,
+        kernel_initializer=None,
+        recurrent_initializer=None,
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        antisymmetric=True,
+        **kwargs,
+    ):
+        units = _check_units(units)
+        epsilon = _check_float("epsilon", epsilon, "a positive float", allow_zero=False)
+        gamma = _check_float("gamma", gamma, "a non-negative float", allow_zero=True)
+        dropout = _check_rate("dropout", dropout)
+        recurrent_dropout = _check_rate("recurrent_dropout", recurrent_dropout)
+        use_bias = _check_bool("use_bias", use_bias)
+        antisymmetric = _check_bool("antisymmetric", antisymmetric)
+        super().__init__(**kwargs)
+        self.units = units
+        self.epsilon = epsilon
+        self.gamma = gamma
+        self.activation = keras.activations.get(activation)
+        self.use_bias = use_bias
+        self.antisymmetric = antisymmetric
+        self.kernel_initializer = keras.initializers.get(
+            kernel_initializer if kernel_initializer is not None else FanInNormal(1.0)
+        )
+        self.recurrent_initializer = keras.initializers.get(
+            recurrent_initializer
+            if recurrent_initializer is not None
+            else FanInNormal(1.0)
+        )
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.recurrent_regularizer = keras.regularizers.get(recurrent_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.recurrent_constraint = keras.constraints.get(recurrent_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.dropout = dropout
+        self.recurrent_dropout = recurrent_dropout
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed=seed)
+        self.state_size = units
+        self.output_size = units
+        self._operand_index = (
+            transposed_operand_index(units) if antisymmetric else None
+        )
+
+    def build(self, input_shape):
+        input_shape = tuple(input_shape)
+        if len(input_shape) != 2 or input_shape[-1] is None:
+            raise ValueError(
+                f"{self.__class__.__name__} expects step inputs of shape "
+                "(batch, features) with a known number of features, that is "
+                "sequences of shape (batch, timesteps, features) given to "
+                f"keras.layers.RNN; got a step input shape of {input_shape}."
+            )
+        blocks = self.num_blocks * self.units
+        self.kernel = self.add_weight(
+            shape=(input_shape[-1], blocks),
+            name="kernel",
+            initializer=self.kernel_initializer,
+            regularizer=self.kernel_regularizer,
+            constraint=self.kernel_constraint,
+        )
+        if self.antisymmetric:
+            shape = (self.units * (self.units - 1) // 2,)
+            initializer = self._upper_triangle_initializer
+        else:
+            shape = (self.units, self.units)
+            initializer = self.recurrent_initializer
+        self.recurrent_kernel = self.add_weight(
+            shape=shape,
+            name="recurrent_kernel",
+            initializer=initializer,
+            regularizer=self.recurrent_regularizer,
+            constraint=self.recurrent_constraint,
+        )
+        if self.use_bias:
+            self.bias = self.add_weight(
+                shape=(blocks,),
+                name="bias",
+                initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer,
+                constraint=self.bias_constraint,
+            )
+        else:
+            self.bias = None
+
+    def _upper_triangle_initializer(self, shape, dtype=None):
+        full = self.recurrent_initializer((self.units, self.units), dtype=dtype)
+        rows, cols = np.triu_indices(self.units, 1)
+        flat_index = rows * self.units + cols
+        return ops.take(ops.reshape(full, (-1,)), flat_index)
+
+    def recurrent_operand(self):
+        """`(W - Wᵀ - γI)ᵀ`, the matrix that multiplies `h` from the right.
+
+        Forming it costs a gather of `units²` entries: the fused layers form
+        it once per sequence, not once per step.
+        """
+        stored = self.recurrent_kernel
+        if not self.antisymmetric:
+            eye = ops.eye(self.units, dtype=stored.dtype)
+            return ops.transpose(stored) - self.gamma * eye
+        stored = ops.convert_to_tensor(stored)
+        values = ops.concatenate(
+            [ops.full((1,), -self.gamma, dtype=stored.dtype), stored, -stored],
+            axis=0,
+        )
+        return ops.take(values, self._operand_index, axis=0)
+
+    def transition_matrix(self):
+        """The paper's `W - Wᵀ - γI` (or `U - γI` when not antisymmetric).
+
+        `h_t = h_{t-1} + ε·tanh(M h_{t-1} + V x_t + b)` with `M` this matrix.
+        """
+        return ops.transpose(self.recurrent_operand())
+
+    def project_inputs(self, inputs):
+        """`x·Vᵀ + b` for inputs of shape `(..., input_dim)`."""
+        projected = ops.matmul(inputs, self.kernel)
+        if self.bias is not None:
+            projected = projected + self.bias
+        return projected
+
+    def step(self, h, projected, operand, recurrent_mask=None):
+        """One Euler step from `h_{t-1}`, given `x_t·Vᵀ + b` and the operand."""
+        recurrent_input = h if recurrent_mask is None else h * recurrent_mask
+        shared = ops.matmul(recurrent_input, operand)
+        return self._update(h, shared, projected)
+
+    def _update(self, h, shared, projected):
+        return h + self.epsilon * self.activation(shared + projected)
+
+    def call(self, sequence, states, training=False):
+        h = states[0] if isinstance(states, (list, tuple)) else states
+        dropout_mask = self.get_dropout_mask(sequence)
+        recurrent_mask = self.get_recurrent_dropout_mask(h)
+        if training and dropout_mask is not None:
+            sequence = sequence * dropout_mask
+        if not training:
+            recurrent_mask = None
+        h_new = self.step(
+            h, self.project_inputs(sequence), self.recurrent_operand(), recurrent_mask
+        )
+        new_states = [h_new] if isinstance(states, (list, tuple)) else h_new
+        return h_new, new_states
+
+    def get_initial_state(self, batch_size=None):
+        return [ops.zeros((batch_size, self.units), dtype=self.compute_dtype)]
+
+    def argument_config(self):
+        """The constructor arguments of this cell, serialized."""
+        return {
+            "units": self.units,
+            "epsilon": self.epsilon,
+            "gamma": self.gamma,
+            "activation": keras.activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "recurrent_initializer": keras.initializers.serialize(
+                self.recurrent_initializer
+            ),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+            "recurrent_regularizer": keras.regularizers.serialize(
+                self.recurrent_regularizer
+            ),
+            "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+            "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
+            "recurrent_constraint": keras.constraints.serialize(
+                self.recurrent_constraint
+            ),
+            "bias_constraint": keras.constraints.serialize(self.bias_constraint),
+            "dropout": self.dropout,
+            "recurrent_dropout": self.recurrent_dropout,
+            "seed": self.seed,
+            "antisymmetric": self.antisymmetric,
+        }
+
+    def get_config(self):
+        return {**super().get_config(), **self.argument_config()}
+
+
+@keras.saving.register_keras_serializable(package="keras_antisym")
+class GatedAntisymmetricCell(AntisymmetricCell):
+    """Cell of the AntisymmetricRNN with an input gate (Chang et al., eq. 10).
+
+    The gate shares the antisymmetric term, so the model has only `m·n + n`
+    more parameters than the ungated cell and its Jacobian keeps the form
+    "diagonal times antisymmetric":
+
+        z_t = sigmoid((W - Wᵀ - γI) h_{t-1} + V_z x_t + b_z)
+        h_t = h_{t-1} + ε · z_t ⊙ tanh((W - Wᵀ - γI) h_{t-1} + V_h x_t + b_h)
+
+    `kernel` has shape `(input_dim, 2·units)` and `bias` `(2·units,)`, laid
+    out as `[gate z | candidate h]`. Arguments are those of
+    `AntisymmetricCell`, plus:
+
+    Args:
+        recurrent_activation: Activation of the gate `z` (sigmoid in the
+            paper).
+
+    Call arguments:
+        sequence: A 2D tensor of shape `(batch, input_dim)`, one time step.
+        states: A list with one tensor of shape `(batch, units)`, `h_{t-1}`.
+        training: Python boolean, whether dropout is applied.
+
+    Example:
+
+    >>> import numpy as np, keras
+    >>> from keras_antisym import GatedAntisymmetricCell
+    >>> layer = keras.layers.RNN(GatedAntisymmetricCell(32), return_sequences=True)
+    >>> layer(np.zeros((4, 100, 3), "float32")).shape
+    (4, 100, 32)
+    """
+
+    num_blocks = 2
+
+    def __init__(self, units, recurrent_activation="sigmoid", **kwargs):
+        super().__init__(units, **kwargs)
+        self.recurrent_activation = keras.activations.get(recurrent_activation)
+
+    def _update(self, h, shared, projected):
+        gate = self.recurrent_activation(shared + projected[..., : self.units])
+        candidate = self.activation(shared + projected[..., self.units :])
+        return h + self.epsilon * gate * candidate
+
+    def argument_config(self):
+        return {
+            **super().argument_config(),
+            "recurrent_activation": keras.activations.serialize(
+                self.recurrent_activation
+            ),
+        }

@@ -1,0 +1,291 @@
+"""Fused AntisymmetricRNN layers: the fast path for whole sequences."""
+
+import keras
+from keras import ops
+
+from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
+
+_RNN_ARGUMENTS = (
+    "return_sequences",
+    "return_state",
+    "go_backwards",
+    "stateful",
+    "unroll",
+)
+
+
+def euler_scan(cell, projected, initial_state, operand, mask=None, recurrent_mask=None,
+               go_backwards=False, unroll=False, zero_output_for_mask=False):
+    """Runs `cell.step` over time-major projected inputs.
+
+    Args:
+        cell: An `AntisymmetricCell` (its `step` is the update).
+        projected: `(timesteps, batch, blocks·units)`, the inputs already
+            multiplied by the kernel, with the bias added.
+        initial_state: `(batch, units)`.
+        operand: `(units, units)`, `(W - Wᵀ - γI)ᵀ`, formed once.
+        mask: Optional boolean `(timesteps, batch)`. A masked step keeps the
+            state; its output is the kept state, or zeros when
+            `zero_output_for_mask`, as in `keras.layers.RNN`.
+        recurrent_mask: Optional recurrent dropout mask `(batch, units)`.
+        go_backwards: Whether to process the sequence in reverse. Outputs
+            are in processing order, as in Keras.
+        unroll: Whether to unroll the loop in Python (static length).
+
+    Returns:
+        `(last_output, outputs, last_state)` with `outputs` time-major.
+    """
+    if go_backwards:
+        projected = ops.flip(projected, axis=0)
+        if mask is not None:
+            mask = ops.flip(mask, axis=0)
+
+    def step(h, inputs):
+        if mask is None:
+            h_new = cell.step(h, inputs, operand, recurrent_mask)
+            return h_new, h_new
+        projected_t, mask_t = inputs
+        mask_t = ops.expand_dims(mask_t, -1)
+        h_new = cell.step(h, projected_t, operand, recurrent_mask)
+        h_new = ops.where(mask_t, h_new, h)
+        output = ops.where(mask_t, h_new, ops.zeros_like(h_new)) if zero_output_for_mask else h_new
+        return h_new, output
+
+    xs = projected if mask is None else (projected, mask)
+    if unroll:
+        h = initial_state
+        outputs = []
+        for t in range(projected.shape[0]):
+            h, output = step(h, xs[t] if mask is None else (projected[t], mask[t]))
+            outputs.append(output)
+        outputs = ops.stack(outputs, axis=0)
+    else:
+        h, outputs = ops.scan(step, initial_state, xs)
+    return outputs[-1], outputs, h
+
+
+@keras.saving.register_keras_serializable(package="keras_antisym")
+class AntisymmetricRNN(keras.layers.RNN):
+    """Fused AntisymmetricRNN layer (Chang et al., ICLR 2019, eq. 9).
+
+        h_t = h_{t-1} + epsilon * tanh((W - Wᵀ - gamma*I) h_{t-1} + V x_t + b)
+
+    Computes exactly what `keras.layers.RNN(AntisymmetricCell(...))` computes,
+    with the same weights in the same order and shapes (so `set_weights`
+    moves a model between the two), but faster: `W - Wᵀ - γI` is formed once
+    per call instead of once per step, and the input projection `V x_t + b`
+    of all time steps is one matrix product before the loop.
+
+    Args:
+        units: Positive integer, the dimension of the hidden state.
+        epsilon, gamma, activation, use_bias, kernel_initializer,
+        recurrent_initializer, bias_initializer, kernel_regularizer,
+        recurrent_regularizer, bias_regularizer, kernel_constraint,
+        recurrent_constraint, bias_constraint, dropout, recurrent_dropout,
+        seed, antisymmetric: As in `AntisymmetricCell`.
+        activity_regularizer: Regularizer for the layer's output.
+        return_sequences: Boolean, return the whole output sequence instead
+            of the last output.
+        return_state: Boolean, also return the last state.
+        go_backwards: Boolean, process the input sequence backwards and
+            return the reversed sequence.
+        stateful: Boolean, the last state of sample `i` of a batch is the
+            initial state of sample `i` of the next batch.
+        unroll: Boolean, unroll the loop in Python (static length only).
+
+    Call arguments:
+        sequences: A 3D tensor `(batch, timesteps, features)`.
+        initial_state: Optional list with one `(batch, units)` tensor.
+        mask: Optional boolean `(batch, timesteps)`; `True` marks the steps
+            to process.
+        training: Python boolean, whether dropout is applied.
+
+    Example:
+
+    >>> import numpy as np, keras
+    >>> from keras_antisym import AntisymmetricRNN
+    >>> model = keras.Sequential([
+    ...     keras.Input((784, 1)),
+    ...     AntisymmetricRNN(128, epsilon=0.01, gamma=0.01),
+    ...     keras.layers.Dense(10),
+    ... ])
+    >>> model.count_params()
+    9674
+    """
+
+    cell_class = AntisymmetricCell
+    cell_name = "antisymmetric_cell"
+    cell_only_arguments = ()
+
+    def __init__(
+        self,
+        units,
+        epsilon=0.01,
+        gamma=0.01,
+        activation="tanh",
+        use_bias=True,
+        kernel_initializer=None,
+        recurrent_initializer=None,
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        antisymmetric=True,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        unroll=False,
+        **kwargs,
+    ):
+        extra = {name: kwargs.pop(name) for name in self.cell_only_arguments if name in kwargs}
+        cell = self.cell_class(
+            units,
+            epsilon=epsilon,
+            gamma=gamma,
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            antisymmetric=antisymmetric,
+            dtype=kwargs.get("dtype"),
+            trainable=kwargs.get("trainable", True),
+            name=self.cell_name,
+            **extra,
+        )
+        super().__init__(
+            cell,
+            return_sequences=return_sequences,
+            return_state=return_state,
+            go_backwards=go_backwards,
+            stateful=stateful,
+            unroll=unroll,
+            activity_regularizer=activity_regularizer,
+            **kwargs,
+        )
+        self.input_spec = keras.layers.InputSpec(ndim=3)
+
+    def inner_loop(self, sequences, initial_state, mask, training=False):
+        cell = self.cell
+        h0 = initial_state[0] if isinstance(initial_state, (list, tuple)) else initial_state
+        # RNN.call has already drawn this call's masks (one per sequence).
+        dropout_mask = cell.get_dropout_mask(sequences[:, 0])
+        if training and dropout_mask is not None:
+            sequences = sequences * ops.expand_dims(dropout_mask, 1)
+        recurrent_mask = cell.get_recurrent_dropout_mask(h0) if training else None
+        projected = ops.transpose(cell.project_inputs(sequences), (1, 0, 2))
+        if mask is not None:
+            mask = ops.transpose(ops.cast(mask, "bool"), (1, 0))
+        last_output, outputs, state = euler_scan(
+            cell,
+            projected,
+            h0,
+            cell.recurrent_operand(),
+            mask=mask,
+            recurrent_mask=recurrent_mask,
+            go_backwards=self.go_backwards,
+            unroll=self.unroll,
+            zero_output_for_mask=self.zero_output_for_mask,
+        )
+        if self.return_sequences:
+            outputs = ops.transpose(outputs, (1, 0, 2))
+        else:
+            outputs = ops.expand_dims(last_output, 1)
+        return last_output, outputs, [state]
+
+    def transition_matrix(self):
+        """The paper's `W - Wᵀ - γI` (see `AntisymmetricCell`)."""
+        return self.cell.transition_matrix()
+
+    @property
+    def units(self):
+        return self.cell.units
+
+    @property
+    def epsilon(self):
+        return self.cell.epsilon
+
+    @property
+    def gamma(self):
+        return self.cell.gamma
+
+    @property
+    def antisymmetric(self):
+        return self.cell.antisymmetric
+
+    @property
+    def activation(self):
+        return self.cell.activation
+
+    @property
+    def dropout(self):
+        return self.cell.dropout
+
+    @property
+    def recurrent_dropout(self):
+        return self.cell.recurrent_dropout
+
+    def get_config(self):
+        base_config = super().get_config()
+        del base_config["cell"]
+        return {**base_config, **self.cell.argument_config()}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="keras_antisym")
+class GatedAntisymmetricRNN(AntisymmetricRNN):
+    """Fused AntisymmetricRNN with an input gate (Chang et al., eq. 10).
+
+        z_t = sigmoid((W - Wᵀ - γI) h_{t-1} + V_z x_t + b_z)
+        h_t = h_{t-1} + ε · z_t ⊙ tanh((W - Wᵀ - γI) h_{t-1} + V_h x_t + b_h)
+
+    The same weights, in the same order and shapes, as
+    `keras.layers.RNN(GatedAntisymmetricCell(...))`. Arguments are those of
+    `AntisymmetricRNN`, plus:
+
+    Args:
+        recurrent_activation: Activation of the gate `z` (sigmoid).
+
+    Example:
+
+    >>> import numpy as np, keras
+    >>> from keras_antisym import GatedAntisymmetricRNN
+    >>> model = keras.Sequential([
+    ...     keras.Input((1024, 3)),
+    ...     GatedAntisymmetricRNN(256, epsilon=0.1, gamma=0.01),
+    ...     keras.layers.Dense(10),
+    ... ])
+    >>> model.count_params()
+    37258
+    """
+
+    cell_class = GatedAntisymmetricCell
+    cell_name = "gated_antisymmetric_cell"
+    cell_only_arguments = ("recurrent_activation",)
+
+    def __init__(self, units, recurrent_activation="sigmoid", **kwargs):
+        super().__init__(units, recurrent_activation=recurrent_activation, **kwargs)
+
+    @property
+    def recurrent_activation(self):
+        return self.cell.recurrent_activation
