@@ -13,8 +13,7 @@ from keras_antisym.initializers import FanInNormal
 
 def _invalid(name, expected, value):
     return ValueError(
-        f"Received an invalid value for argument `{name}`, expected {expected}, "
-        f"got {value!r}."
+        f"Received an invalid value for argument `{name}`, expected {expected}, got {value!r}."
     )
 
 
@@ -46,20 +45,13 @@ def _check_bool(name, value):
     return bool(value)
 
 
-def transposed_operand_index(units):
-    """Gather indices that turn `[-gamma, w, -w]` into `(W - Wᵀ - γI)ᵀ`.
+def upper_triangle_indices(units):
+    """`(units·(units-1)/2, 2)` positions of the strictly upper triangle.
 
-    `w` holds the strictly upper triangle of `W` in row-major order (the order
-    of `numpy.triu_indices(units, 1)`). Entry `(i, j)` of the transposed
-    transition matrix is `W[j, i] - W[i, j]`: `-w[k(i, j)]` above the
-    diagonal, `+w[k(j, i)]` below it and `-gamma` on it.
+    The stored vector `w` of `W` follows this row-major order, the order of
+    `numpy.triu_indices(units, 1)`.
     """
-    rows, cols = np.triu_indices(units, 1)
-    size = rows.size
-    index = np.zeros((units, units), dtype="int32")
-    index[rows, cols] = 1 + size + np.arange(size)
-    index[cols, rows] = 1 + np.arange(size)
-    return index
+    return np.stack(np.triu_indices(units, 1), axis=-1).astype("int32")
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
@@ -170,9 +162,7 @@ class AntisymmetricCell(keras.layers.Layer, DropoutRNNCell):
             kernel_initializer if kernel_initializer is not None else FanInNormal(1.0)
         )
         self.recurrent_initializer = keras.initializers.get(
-            recurrent_initializer
-            if recurrent_initializer is not None
-            else FanInNormal(1.0)
+            recurrent_initializer if recurrent_initializer is not None else FanInNormal(1.0)
         )
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
@@ -187,9 +177,7 @@ class AntisymmetricCell(keras.layers.Layer, DropoutRNNCell):
         self.seed_generator = keras.random.SeedGenerator(seed=seed)
         self.state_size = units
         self.output_size = units
-        self._operand_index = (
-            transposed_operand_index(units) if antisymmetric else None
-        )
+        self._upper_indices = upper_triangle_indices(units) if antisymmetric else None
 
     def build(self, input_shape):
         input_shape = tuple(input_shape)
@@ -241,19 +229,17 @@ class AntisymmetricCell(keras.layers.Layer, DropoutRNNCell):
     def recurrent_operand(self):
         """`(W - Wᵀ - γI)ᵀ`, the matrix that multiplies `h` from the right.
 
-        Forming it costs a gather of `units²` entries: the fused layers form
-        it once per sequence, not once per step.
+        Forming it costs a few `units²` operations: the fused layers form it
+        once per sequence, not once per step.
         """
-        stored = self.recurrent_kernel
+        stored = ops.convert_to_tensor(self.recurrent_kernel)
+        eye = ops.eye(self.units, dtype=stored.dtype)
         if not self.antisymmetric:
-            eye = ops.eye(self.units, dtype=stored.dtype)
             return ops.transpose(stored) - self.gamma * eye
-        stored = ops.convert_to_tensor(stored)
-        values = ops.concatenate(
-            [ops.full((1,), -self.gamma, dtype=stored.dtype), stored, -stored],
-            axis=0,
-        )
-        return ops.take(values, self._operand_index, axis=0)
+        # A scatter (whose gradient is a dense gather), not a gather: the
+        # gradient of `w` stays a dense vector for the optimizers.
+        upper = ops.scatter(self._upper_indices, stored, (self.units, self.units))
+        return ops.transpose(upper) - upper - self.gamma * eye
 
     def transition_matrix(self):
         """The paper's `W - Wᵀ - γI` (or `U - γI` when not antisymmetric).
@@ -304,19 +290,13 @@ class AntisymmetricCell(keras.layers.Layer, DropoutRNNCell):
             "activation": keras.activations.serialize(self.activation),
             "use_bias": self.use_bias,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "recurrent_initializer": keras.initializers.serialize(
-                self.recurrent_initializer
-            ),
+            "recurrent_initializer": keras.initializers.serialize(self.recurrent_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
-            "recurrent_regularizer": keras.regularizers.serialize(
-                self.recurrent_regularizer
-            ),
+            "recurrent_regularizer": keras.regularizers.serialize(self.recurrent_regularizer),
             "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
             "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
-            "recurrent_constraint": keras.constraints.serialize(
-                self.recurrent_constraint
-            ),
+            "recurrent_constraint": keras.constraints.serialize(self.recurrent_constraint),
             "bias_constraint": keras.constraints.serialize(self.bias_constraint),
             "dropout": self.dropout,
             "recurrent_dropout": self.recurrent_dropout,
@@ -375,7 +355,5 @@ class GatedAntisymmetricCell(AntisymmetricCell):
     def argument_config(self):
         return {
             **super().argument_config(),
-            "recurrent_activation": keras.activations.serialize(
-                self.recurrent_activation
-            ),
+            "recurrent_activation": keras.activations.serialize(self.recurrent_activation),
         }

@@ -14,8 +14,17 @@ _RNN_ARGUMENTS = (
 )
 
 
-def euler_scan(cell, projected, initial_state, operand, mask=None, recurrent_mask=None,
-               go_backwards=False, unroll=False, zero_output_for_mask=False):
+def euler_scan(
+    cell,
+    projected,
+    initial_state,
+    operand,
+    mask=None,
+    recurrent_mask=None,
+    go_backwards=False,
+    unroll=False,
+    zero_output_for_mask=False,
+):
     """Runs `cell.step` over time-major projected inputs.
 
     Args:

@@ -1,0 +1,54 @@
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from keras_antisym import (  # noqa: E402
+    AntisymmetricCell,
+    AntisymmetricRNN,
+    GatedAntisymmetricCell,
+    GatedAntisymmetricRNN,
+)
+
+LAYER_KINDS = ["cell", "fused"]
+
+
+def make_layer(kind, gated, units, **kwargs):
+    """`keras.layers.RNN(cell)` or the fused layer, with the same arguments."""
+    rnn_args = {
+        k: kwargs.pop(k)
+        for k in (
+            "return_sequences",
+            "return_state",
+            "go_backwards",
+            "stateful",
+            "unroll",
+            "zero_output_for_mask",
+            "name",
+        )
+        if k in kwargs
+    }
+    if kind == "cell":
+        cell_class = GatedAntisymmetricCell if gated else AntisymmetricCell
+        return keras.layers.RNN(cell_class(units, **kwargs), **rnn_args)
+    layer_class = GatedAntisymmetricRNN if gated else AntisymmetricRNN
+    return layer_class(units, **kwargs, **rnn_args)
+
+
+def random_weights(layer, seed=0, scale=0.5):
+    """Non-trivial weights (non-zero bias) drawn with NumPy and set on `layer`."""
+    rng = np.random.RandomState(seed)
+    weights = [scale * rng.standard_normal(w.shape).astype("float32") for w in layer.get_weights()]
+    layer.set_weights(weights)
+    return weights
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state():
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")

@@ -1,0 +1,301 @@
+"""What a Keras user expects from SimpleRNN/GRU, for the cells and the fused layers."""
+
+import copy
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_antisym import (
+    AntisymmetricCell,
+    AntisymmetricRNN,
+    GatedAntisymmetricCell,
+    GatedAntisymmetricRNN,
+)
+from tests import reference
+from tests.conftest import LAYER_KINDS, make_layer, random_weights
+
+
+def _x(batch=4, steps=10, features=3, seed=0):
+    return np.random.RandomState(seed).standard_normal((batch, steps, features)).astype("float32")
+
+
+def _outputs_and_gradients(layer, x, mask=None):
+    x = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x, mask=mask, training=True)
+        loss = tf.reduce_sum(y * tf.cos(tf.range(tf.size(y), dtype=y.dtype)[: y.shape[-1]]))
+    grads = tape.gradient(loss, [x] + layer.trainable_weights)
+    return y.numpy(), [g.numpy() for g in grads]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("antisymmetric", [True, False])
+@pytest.mark.parametrize("return_sequences", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_layer_equals_cell_outputs_and_gradients(
+    gated, antisymmetric, return_sequences, masked
+):
+    x = _x()
+    mask = np.ones((4, 10), bool)
+    mask[1, 6:] = False
+    mask[2, :2] = False
+    args = dict(
+        epsilon=0.3, gamma=0.02, antisymmetric=antisymmetric, return_sequences=return_sequences
+    )
+    cell_layer = make_layer("cell", gated, 6, **args)
+    fused = make_layer("fused", gated, 6, **args)
+    cell_layer(x)
+    fused(x)
+    assert [w.shape for w in fused.weights] == [w.shape for w in cell_layer.weights]
+    fused.set_weights(random_weights(cell_layer, seed=1))
+    y_cell, g_cell = _outputs_and_gradients(cell_layer, x, mask if masked else None)
+    y_fused, g_fused = _outputs_and_gradients(fused, x, mask if masked else None)
+    np.testing.assert_allclose(y_fused, y_cell, atol=1e-6)
+    for a, b in zip(g_fused, g_cell, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_bidirectional_with_mask(kind):
+    x, mask = _x(), np.ones((4, 10), bool)
+    mask[0, 5:] = False
+    layer = keras.layers.Bidirectional(
+        make_layer(kind, True, 4, epsilon=0.5, gamma=0.1, return_sequences=True)
+    )
+    layer(x)
+    forward_w = random_weights(layer.forward_layer, seed=2)
+    backward_w = random_weights(layer.backward_layer, seed=3)
+    y = np.asarray(layer(x, mask=mask))
+    common = dict(units=4, gated=True, epsilon=0.5, gamma=0.1, mask=mask, zero_output_for_mask=True)
+    fwd, _ = reference.run(forward_w, x, **common)
+    bwd, _ = reference.run(backward_w, x, go_backwards=True, **common)
+    np.testing.assert_allclose(y, np.concatenate([fwd, bwd[:, ::-1]], -1), atol=2e-5)
+
+
+def test_stacked_cells_and_stacked_layers():
+    x = _x()
+    stacked = keras.layers.RNN(
+        keras.layers.StackedRNNCells(
+            [AntisymmetricCell(5, epsilon=0.2), GatedAntisymmetricCell(3, epsilon=0.7)]
+        ),
+        return_sequences=True,
+    )
+    stacked(x)
+    w = random_weights(stacked, seed=4)
+    first, _ = reference.run(w[:3], x, units=5, epsilon=0.2, gamma=0.01)
+    second, _ = reference.run(
+        w[3:], first.astype("float32"), units=3, epsilon=0.7, gamma=0.01, gated=True
+    )
+    np.testing.assert_allclose(np.asarray(stacked(x)), second, atol=2e-5)
+
+    layers = keras.Sequential(
+        [
+            keras.Input((10, 3)),
+            AntisymmetricRNN(5, epsilon=0.2, return_sequences=True),
+            GatedAntisymmetricRNN(3, epsilon=0.7, return_sequences=True),
+        ]
+    )
+    layers.set_weights(w)
+    np.testing.assert_allclose(np.asarray(layers(x)), second, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_stateful_continues_from_last_state(kind):
+    x = _x(batch=2, steps=8)
+    full = make_layer(kind, False, 4, epsilon=0.4, return_sequences=True)
+    full(x)
+    weights = random_weights(full, seed=5)
+    stateful = make_layer(kind, False, 4, epsilon=0.4, return_sequences=True, stateful=True)
+    model = keras.Sequential([keras.Input(batch_shape=(2, None, 3)), stateful])
+    stateful.set_weights(weights)
+    first, second = np.asarray(model(x[:, :5])), np.asarray(model(x[:, 5:]))
+    np.testing.assert_allclose(np.concatenate([first, second], 1), np.asarray(full(x)), atol=1e-5)
+    stateful.reset_state()
+    np.testing.assert_allclose(np.asarray(model(x[:, :5])), first, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_return_state_and_shapes(kind):
+    x = _x()
+    layer = make_layer(kind, True, 7, return_state=True)
+    out, state = layer(x)
+    assert out.shape == (4, 7) and state.shape == (4, 7)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(state))
+    symbolic = layer(keras.Input((None, 3)))
+    assert [tuple(s.shape) for s in symbolic] == [(None, 7), (None, 7)]
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@pytest.mark.parametrize("gated", [False, True])
+def test_dropout_one_mask_per_sequence(kind, gated):
+    """Input dropout zeroes the same features at every step, a new mask per call."""
+    units, features = 3, 40
+    layer = make_layer(
+        kind, gated, units, dropout=0.5, epsilon=1.0, gamma=0.0, return_sequences=True, seed=11
+    )
+    x = np.ones((1, 6, features), "float32")
+    layer(x)
+    kernel = np.zeros((features, units * (2 if gated else 1)), "float32")
+    candidate = units if gated else 0
+    kernel[:, candidate] = 2.0 ** -np.arange(features)  # each feature leaves its own trace
+    weights = layer.get_weights()
+    bias = np.zeros_like(weights[2])
+    bias[:units] = 30.0 if gated else 0.0  # gate wide open
+    layer.set_weights([kernel, np.zeros_like(weights[1]), bias])
+    x = np.ones((1, 6, features), "float32")
+
+    def kept_features(y):
+        # With W = 0 the unit's increment at step t encodes the kept features.
+        increments = np.diff(np.concatenate([np.zeros((1, 1, units)), y], 1), axis=1)
+        return increments[0, :, 0]
+
+    a = np.asarray(layer(x, training=True))
+    b = np.asarray(layer(x, training=True))
+    inc_a, inc_b = kept_features(a), kept_features(b)
+    assert np.allclose(inc_a, inc_a[0]), "mask changed within a sequence"
+    assert not np.allclose(inc_a, inc_b), "mask not redrawn between calls"
+    np.testing.assert_array_equal(np.asarray(layer(x)), np.asarray(layer(x)))  # inference
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_fused_and_cell_draw_the_same_dropout_masks(gated):
+    x = _x()
+    args = dict(dropout=0.3, recurrent_dropout=0.4, seed=7, return_sequences=True)
+    cell_layer, fused = make_layer("cell", gated, 5, **args), make_layer("fused", gated, 5, **args)
+    cell_layer(x)
+    fused(x)
+    fused.set_weights(random_weights(cell_layer))
+    np.testing.assert_allclose(
+        np.asarray(fused(x, training=True)), np.asarray(cell_layer(x, training=True)), atol=1e-6
+    )
+
+
+def test_recurrent_dropout_keeps_the_skip_path():
+    """With every recurrent input dropped the update sees only V x + b."""
+    layer = AntisymmetricRNN(
+        4, recurrent_dropout=0.999999, epsilon=0.5, return_sequences=True, seed=1
+    )
+    x = _x(batch=2, steps=5)
+    layer(x)
+    weights = random_weights(layer, seed=9)
+    y = np.asarray(layer(x, training=True))
+    h, expected = np.zeros((2, 4)), []
+    for t in range(5):
+        h = h + 0.5 * np.tanh(x[:, t] @ weights[0] + weights[2])
+        expected.append(h)
+    np.testing.assert_allclose(y, np.stack(expected, 1), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@pytest.mark.parametrize("gated", [False, True])
+def test_config_round_trip_keeps_every_argument(kind, gated):
+    args = dict(
+        epsilon=0.1,
+        gamma=0.001,
+        activation="relu",
+        use_bias=False,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="ones",
+        kernel_regularizer="l2",
+        recurrent_regularizer=keras.regularizers.L1(0.01),
+        bias_regularizer="l1",
+        kernel_constraint="max_norm",
+        recurrent_constraint="non_neg",
+        bias_constraint="unit_norm",
+        dropout=0.1,
+        recurrent_dropout=0.2,
+        seed=3,
+        antisymmetric=False,
+    )
+    if gated:
+        args["recurrent_activation"] = "hard_sigmoid"
+    layer = make_layer(kind, gated, 6, return_sequences=True, go_backwards=True, **args)
+    config = layer.get_config()
+    clone = layer.__class__.from_config(copy.deepcopy(config))
+    assert clone.get_config() == config
+    cell_config = config if kind == "fused" else config["cell"]["config"]
+    for name, value in args.items():
+        if isinstance(value, (int, float, bool)) and not isinstance(value, str):
+            assert cell_config[name] == value, name
+        else:
+            assert cell_config[name] is not None, name
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@pytest.mark.parametrize("gated", [False, True])
+def test_keras_file_round_trip(tmp_path, kind, gated):
+    x = _x()
+    model = keras.Sequential(
+        [
+            keras.Input((10, 3)),
+            make_layer(kind, gated, 6, epsilon=0.2, gamma=0.05, return_sequences=True),
+            keras.layers.Bidirectional(make_layer(kind, gated, 3)),
+            keras.layers.Dense(2),
+        ]
+    )
+    random_weights(model, seed=12)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(np.asarray(loaded(x)), np.asarray(model(x)), atol=1e-6)
+
+    def normalized(config):  # tuples come back as lists from JSON
+        return json.loads(json.dumps(config))
+
+    assert normalized(loaded.layers[0].get_config()) == normalized(model.layers[0].get_config())
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_mixed_precision(policy, kind):
+    x = _x()
+    reference_layer = make_layer(kind, True, 8, epsilon=0.3, return_sequences=True)
+    reference_layer(x)
+    weights = random_weights(reference_layer, seed=13, scale=0.3)
+    keras.config.set_dtype_policy(policy)
+    layer = make_layer(kind, True, 8, epsilon=0.3, return_sequences=True)
+    y = layer(x)
+    layer.set_weights(weights)
+    y = layer(x)
+    assert layer.cell.compute_dtype == policy.split("_")[1]
+    assert all(w.dtype == "float32" for w in layer.weights)
+    assert keras.backend.standardize_dtype(y.dtype) == policy.split("_")[1]
+    tol = 2e-2 if policy == "mixed_bfloat16" else 5e-3
+    np.testing.assert_allclose(
+        np.asarray(tf.cast(y, "float32")), np.asarray(reference_layer(x)), atol=tol
+    )
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_short_training_reduces_loss(kind):
+    rng = np.random.RandomState(0)
+    x = rng.standard_normal((64, 15, 2)).astype("float32")
+    y = (x[:, :3, 0].sum(1) > 0).astype("int32")  # needs memory of early steps
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((15, 2)),
+            make_layer(kind, True, 16, epsilon=0.5, gamma=0.01),
+            keras.layers.Dense(2),
+        ]
+    )
+    model.compile(
+        keras.optimizers.Adam(0.02), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    history = model.fit(x, y, epochs=15, batch_size=32, verbose=0).history["loss"]
+    assert history[-1] < 0.7 * history[0]
+
+
+def test_fused_layer_under_jit_compile():
+    x = _x()
+    layer = GatedAntisymmetricRNN(5, return_sequences=True)
+    layer(x)
+    random_weights(layer)
+    eager = np.asarray(layer(x))
+    compiled = tf.function(lambda v: layer(v), jit_compile=True)
+    np.testing.assert_allclose(compiled(x).numpy(), eager, atol=1e-5)
