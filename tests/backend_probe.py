@@ -1,0 +1,69 @@
+"""Run by test_backends.py in a subprocess with KERAS_BACKEND set.
+
+Reads inputs and weights from an .npz, writes every configuration's outputs,
+the loss history of a short `fit`, and a `.keras` round trip to another .npz.
+"""
+
+import os
+import sys
+import tempfile
+
+import keras
+import numpy as np
+
+from tests.conftest import make_layer
+
+CASES = [
+    # name, kind, gated, layer kwargs, masked
+    ("cell_plain", "cell", False, {}, False),
+    ("fused_plain", "fused", False, {}, False),
+    ("cell_gated", "cell", True, {}, False),
+    ("fused_gated", "fused", True, {}, False),
+    ("cell_gated_mask_back", "cell", True, {"go_backwards": True}, True),
+    ("fused_gated_mask_back", "fused", True, {"go_backwards": True}, True),
+    ("fused_plain_mask_unroll", "fused", False, {"unroll": True}, True),
+    ("fused_ablation", "fused", True, {"antisymmetric": False}, False),
+]
+
+
+def main(in_path, out_path):
+    data = np.load(in_path)
+    x, mask = data["x"], data["mask"]
+    results = {"backend": np.array(keras.backend.backend())}
+    for name, kind, gated, kwargs, masked in CASES:
+        layer = make_layer(kind, gated, 5, epsilon=0.3, gamma=0.05, return_sequences=True, **kwargs)
+        layer(x)
+        layer.set_weights([data[f"{name}_w{i}"] for i in range(len(layer.weights))])
+        y = layer(x, mask=mask if masked else None)
+        results[name] = keras.ops.convert_to_numpy(y)
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.RandomState(0)
+    xs = rng.standard_normal((64, 12, 2)).astype("float32")
+    ys = (xs[:, :3, 0].sum(1) > 0).astype("int32")
+    for kind in ("cell", "fused"):
+        model = keras.Sequential(
+            [
+                keras.Input((12, 2)),
+                make_layer(kind, True, 16, epsilon=0.5, dropout=0.1, recurrent_dropout=0.1, seed=1),
+                keras.layers.Dense(2),
+            ]
+        )
+        model.compile(
+            keras.optimizers.Adam(0.02),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        history = model.fit(xs, ys, epochs=12, batch_size=32, verbose=0).history["loss"]
+        results[f"{kind}_fit_loss"] = np.array(history)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model.keras")
+            model.save(path)
+            loaded = keras.saving.load_model(path)
+        results[f"{kind}_roundtrip"] = np.array(
+            [keras.ops.convert_to_numpy(model(xs)), keras.ops.convert_to_numpy(loaded(xs))]
+        )
+    np.savez(out_path, **results)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,80 @@
+"""Bad arguments and bad inputs fail early with a message naming what is wrong."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_antisym import (
+    AntisymmetricCell,
+    AntisymmetricRNN,
+    FanInNormal,
+    GatedAntisymmetricCell,
+    GatedAntisymmetricRNN,
+)
+
+CONSTRUCTORS = [AntisymmetricCell, GatedAntisymmetricCell, AntisymmetricRNN, GatedAntisymmetricRNN]
+
+
+@pytest.mark.parametrize("constructor", CONSTRUCTORS)
+@pytest.mark.parametrize(
+    "kwargs, argument, expected",
+    [
+        ({"units": 0}, "units", "a positive integer"),
+        ({"units": -3}, "units", "a positive integer"),
+        ({"units": 4.0}, "units", "a positive integer"),
+        ({"units": "8"}, "units", "a positive integer"),
+        ({"units": True}, "units", "a positive integer"),
+        ({"epsilon": 0}, "epsilon", "a positive float"),
+        ({"epsilon": -0.1}, "epsilon", "a positive float"),
+        ({"epsilon": float("nan")}, "epsilon", "a positive float"),
+        ({"epsilon": "0.1"}, "epsilon", "a positive float"),
+        ({"gamma": -0.01}, "gamma", "a non-negative float"),
+        ({"gamma": float("inf")}, "gamma", "a non-negative float"),
+        ({"dropout": 1.0}, "dropout", "a float in [0, 1)"),
+        ({"dropout": -0.1}, "dropout", "a float in [0, 1)"),
+        ({"recurrent_dropout": 1.5}, "recurrent_dropout", "a float in [0, 1)"),
+        ({"antisymmetric": "yes"}, "antisymmetric", "a boolean"),
+    ],
+)
+def test_invalid_arguments(constructor, kwargs, argument, expected):
+    kwargs = {"units": 4, **kwargs}
+    with pytest.raises(ValueError) as info:
+        constructor(**kwargs)
+    message = str(info.value)
+    assert f"Received an invalid value for argument `{argument}`" in message
+    assert f"expected {expected}" in message
+    assert f"got {kwargs[argument]!r}"[:8] in message
+
+
+def test_valid_edge_values_are_accepted():
+    AntisymmetricCell(np.int64(3), gamma=0, dropout=0.0)
+    AntisymmetricRNN(1, epsilon=1e-9, recurrent_dropout=0.999)
+
+
+def test_invalid_sigma():
+    with pytest.raises(ValueError, match="argument `sigma`, expected a non-negative float"):
+        FanInNormal(-1.0)
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (2, 4, 3, 1), (5,)])
+def test_cell_in_rnn_rejects_wrong_rank(shape):
+    layer = keras.layers.RNN(AntisymmetricCell(4))
+    with pytest.raises(ValueError, match=r"sequences of shape \(batch, timesteps, features\)"):
+        layer(np.zeros(shape, "float32"))
+
+
+@pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
+@pytest.mark.parametrize("shape", [(4, 3), (2, 4, 3, 1)])
+def test_fused_layer_rejects_wrong_rank(layer_class, shape):
+    with pytest.raises(ValueError, match="expected ndim=3"):
+        layer_class(4)(np.zeros(shape, "float32"))
+
+
+def test_cell_rejects_wrong_rank_step():
+    with pytest.raises(ValueError, match="expects step inputs of shape"):
+        AntisymmetricCell(4)(np.zeros((2, 3, 4), "float32"), [np.zeros((2, 4), "float32")])
+
+
+def test_unknown_feature_dimension():
+    with pytest.raises(ValueError, match="known number of features"):
+        AntisymmetricRNN(4)(keras.Input((None, None)))
