@@ -1,10 +1,21 @@
 """The one place where keras_antisym touches private Keras code.
 
-`keras.layers.RNN` creates, caches and resets per-sequence dropout masks only
-for cells that inherit from its private `DropoutRNNCell` mixin (see
-`RNN._maybe_config_dropout_masks`). A cell that wants Keras' dropout semantics
-(one mask per sequence, shared by all time steps) must therefore inherit from
-it. The import is isolated here and checked against the pinned Keras range.
+Two pieces of `keras.layers.RNN` have no public equivalent:
+
+- `DropoutRNNCell`: RNN creates, caches and resets per-sequence dropout masks
+  only for cells inheriting from this private mixin (`RNN.call` calls
+  `get_dropout_mask`/`get_recurrent_dropout_mask` once before its loop and
+  `reset_*_mask` after it). A cell that wants Keras' dropout semantics (one
+  mask per sequence, shared by all steps) must inherit from it. The same
+  once-per-sequence call is the only hook where a cell can form per-sequence
+  constants (the AntisymmetricRNN's transition matrix) before the loop.
+- `rnn_loop` (`keras.src.backend.rnn`): the time loop of Keras' own recurrent
+  layers, with their exact masking, `go_backwards`, `unroll` and
+  `zero_output_for_mask` semantics on every backend. The public
+  `keras.ops.scan` is 20% slower per training step on TensorFlow (it routes
+  the carry through a TensorArray) and lacks these semantics.
+
+Both are checked against the pinned Keras range by tests/test_keras_private.py.
 """
 
 import keras
@@ -29,6 +40,43 @@ def _check_keras_version():
 
 _check_keras_version()
 
+from keras.src.backend import rnn as rnn_loop  # noqa: E402
 from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell  # noqa: E402
 
-__all__ = ["DropoutRNNCell"]
+
+class SequenceConstantsCell(DropoutRNNCell):
+    """A `DropoutRNNCell` that forms per-sequence constants once per RNN call.
+
+    Subclasses implement `sequence_constants()`. Inside `keras.layers.RNN`
+    it runs once, before the time loop (when RNN prepares the dropout masks),
+    and `cached_sequence_constants()` returns that result at every step until
+    RNN resets the masks after the loop. A cell called directly, outside an
+    RNN, forms the constants at each call, so they are never stale.
+    """
+
+    _sequence_cache = None
+
+    def sequence_constants(self):
+        raise NotImplementedError
+
+    def cached_sequence_constants(self):
+        if self._sequence_cache is not None:
+            return self._sequence_cache
+        return self.sequence_constants()
+
+    def step_recurrent_dropout_mask(self, state):
+        """The recurrent dropout mask, for use inside the cell's `call`."""
+        return DropoutRNNCell.get_recurrent_dropout_mask(self, state)
+
+    def get_recurrent_dropout_mask(self, step_input):
+        # Called by RNN.call once per sequence, before the loop.
+        self._sequence_cache = self.sequence_constants() if self.built else None
+        return DropoutRNNCell.get_recurrent_dropout_mask(self, step_input)
+
+    def reset_recurrent_dropout_mask(self):
+        # Called by RNN.call after the loop.
+        self._sequence_cache = None
+        DropoutRNNCell.reset_recurrent_dropout_mask(self)
+
+
+__all__ = ["DropoutRNNCell", "SequenceConstantsCell", "rnn_loop"]

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_antisym._keras_private import DropoutRNNCell
+from keras_antisym._keras_private import SequenceConstantsCell
 from keras_antisym.initializers import FanInNormal
 
 
@@ -55,7 +55,7 @@ def upper_triangle_indices(units):
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
-class AntisymmetricCell(keras.layers.Layer, DropoutRNNCell):
+class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
     """Cell of the AntisymmetricRNN (Chang et al., ICLR 2019, eq. 9).
 
     A forward-Euler discretization of the ODE `h' = tanh((W - Wᵀ)h + Vx + b)`,
@@ -241,6 +241,10 @@ class AntisymmetricCell(keras.layers.Layer, DropoutRNNCell):
         upper = ops.scatter(self._upper_indices, stored, (self.units, self.units))
         return ops.transpose(upper) - upper - self.gamma * eye
 
+    def sequence_constants(self):
+        # Formed once per sequence inside keras.layers.RNN (see _keras_private).
+        return self.recurrent_operand()
+
     def transition_matrix(self):
         """The paper's `W - Wᵀ - γI` (or `U - γI` when not antisymmetric).
 
@@ -267,13 +271,13 @@ class AntisymmetricCell(keras.layers.Layer, DropoutRNNCell):
     def call(self, sequence, states, training=False):
         h = states[0] if isinstance(states, (list, tuple)) else states
         dropout_mask = self.get_dropout_mask(sequence)
-        recurrent_mask = self.get_recurrent_dropout_mask(h)
+        recurrent_mask = self.step_recurrent_dropout_mask(h)
         if training and dropout_mask is not None:
             sequence = sequence * dropout_mask
         if not training:
             recurrent_mask = None
         h_new = self.step(
-            h, self.project_inputs(sequence), self.recurrent_operand(), recurrent_mask
+            h, self.project_inputs(sequence), self.cached_sequence_constants(), recurrent_mask
         )
         new_states = [h_new] if isinstance(states, (list, tuple)) else h_new
         return h_new, new_states

@@ -3,74 +3,14 @@
 import keras
 from keras import ops
 
+from keras_antisym._keras_private import rnn_loop
 from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
 
-_RNN_ARGUMENTS = (
-    "return_sequences",
-    "return_state",
-    "go_backwards",
-    "stateful",
-    "unroll",
-)
-
-
-def euler_scan(
-    cell,
-    projected,
-    initial_state,
-    operand,
-    mask=None,
-    recurrent_mask=None,
-    go_backwards=False,
-    unroll=False,
-    zero_output_for_mask=False,
-):
-    """Runs `cell.step` over time-major projected inputs.
-
-    Args:
-        cell: An `AntisymmetricCell` (its `step` is the update).
-        projected: `(timesteps, batch, blocks·units)`, the inputs already
-            multiplied by the kernel, with the bias added.
-        initial_state: `(batch, units)`.
-        operand: `(units, units)`, `(W - Wᵀ - γI)ᵀ`, formed once.
-        mask: Optional boolean `(timesteps, batch)`. A masked step keeps the
-            state; its output is the kept state, or zeros when
-            `zero_output_for_mask`, as in `keras.layers.RNN`.
-        recurrent_mask: Optional recurrent dropout mask `(batch, units)`.
-        go_backwards: Whether to process the sequence in reverse. Outputs
-            are in processing order, as in Keras.
-        unroll: Whether to unroll the loop in Python (static length).
-
-    Returns:
-        `(last_output, outputs, last_state)` with `outputs` time-major.
-    """
-    if go_backwards:
-        projected = ops.flip(projected, axis=0)
-        if mask is not None:
-            mask = ops.flip(mask, axis=0)
-
-    def step(h, inputs):
-        if mask is None:
-            h_new = cell.step(h, inputs, operand, recurrent_mask)
-            return h_new, h_new
-        projected_t, mask_t = inputs
-        mask_t = ops.expand_dims(mask_t, -1)
-        h_new = cell.step(h, projected_t, operand, recurrent_mask)
-        h_new = ops.where(mask_t, h_new, h)
-        output = ops.where(mask_t, h_new, ops.zeros_like(h_new)) if zero_output_for_mask else h_new
-        return h_new, output
-
-    xs = projected if mask is None else (projected, mask)
-    if unroll:
-        h = initial_state
-        outputs = []
-        for t in range(projected.shape[0]):
-            h, output = step(h, xs[t] if mask is None else (projected[t], mask[t]))
-            outputs.append(output)
-        outputs = ops.stack(outputs, axis=0)
-    else:
-        h, outputs = ops.scan(step, initial_state, xs)
-    return outputs[-1], outputs, h
+# Hoisting `x·Vᵀ + b` out of the loop turns T small products into one large
+# one, but then the loop reads a (batch, blocks·units) slice per step instead
+# of (batch, input_dim). Measured on a 2-core CPU (TF, batch 128, units 128,
+# T=784): for input_dim=1 hoisting made a training step 40% slower.
+HOIST_MIN_INPUT_DIM = 8
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
@@ -81,9 +21,10 @@ class AntisymmetricRNN(keras.layers.RNN):
 
     Computes exactly what `keras.layers.RNN(AntisymmetricCell(...))` computes,
     with the same weights in the same order and shapes (so `set_weights`
-    moves a model between the two), but faster: `W - Wᵀ - γI` is formed once
-    per call instead of once per step, and the input projection `V x_t + b`
-    of all time steps is one matrix product before the loop.
+    moves a model between the two), on the same time loop as Keras' own
+    recurrent layers. `W - Wᵀ - γI` is formed once per call, and for inputs
+    with at least `HOIST_MIN_INPUT_DIM` features the input projection
+    `V x_t + b` of all time steps is one matrix product before the loop.
 
     Args:
         units: Positive integer, the dimension of the hidden state.
@@ -194,30 +135,33 @@ class AntisymmetricRNN(keras.layers.RNN):
     def inner_loop(self, sequences, initial_state, mask, training=False):
         cell = self.cell
         h0 = initial_state[0] if isinstance(initial_state, (list, tuple)) else initial_state
-        # RNN.call has already drawn this call's masks (one per sequence).
+        # RNN.call has already drawn this call's dropout masks (one per
+        # sequence) and formed the transition matrix (once per sequence).
         dropout_mask = cell.get_dropout_mask(sequences[:, 0])
         if training and dropout_mask is not None:
             sequences = sequences * ops.expand_dims(dropout_mask, 1)
-        recurrent_mask = cell.get_recurrent_dropout_mask(h0) if training else None
-        projected = ops.transpose(cell.project_inputs(sequences), (1, 0, 2))
-        if mask is not None:
-            mask = ops.transpose(ops.cast(mask, "bool"), (1, 0))
-        last_output, outputs, state = euler_scan(
-            cell,
-            projected,
-            h0,
-            cell.recurrent_operand(),
-            mask=mask,
-            recurrent_mask=recurrent_mask,
+        recurrent_mask = cell.step_recurrent_dropout_mask(h0) if training else None
+        operand = cell.cached_sequence_constants()
+        hoist = sequences.shape[-1] >= HOIST_MIN_INPUT_DIM
+        if hoist:
+            sequences = cell.project_inputs(sequences)
+
+        def step(inputs, states):
+            projected = inputs if hoist else cell.project_inputs(inputs)
+            h = cell.step(states[0], projected, operand, recurrent_mask)
+            return h, [h]
+
+        return rnn_loop(
+            step,
+            sequences,
+            [h0],
             go_backwards=self.go_backwards,
+            mask=mask,
             unroll=self.unroll,
+            input_length=sequences.shape[1],
             zero_output_for_mask=self.zero_output_for_mask,
+            return_all_outputs=self.return_sequences,
         )
-        if self.return_sequences:
-            outputs = ops.transpose(outputs, (1, 0, 2))
-        else:
-            outputs = ops.expand_dims(last_output, 1)
-        return last_output, outputs, [state]
 
     def transition_matrix(self):
         """The paper's `W - Wᵀ - γI` (see `AntisymmetricCell`)."""

@@ -14,23 +14,26 @@ import numpy as np
 from tests.conftest import make_layer
 
 CASES = [
-    # name, kind, gated, layer kwargs, masked
-    ("cell_plain", "cell", False, {}, False),
-    ("fused_plain", "fused", False, {}, False),
-    ("cell_gated", "cell", True, {}, False),
-    ("fused_gated", "fused", True, {}, False),
-    ("cell_gated_mask_back", "cell", True, {"go_backwards": True}, True),
-    ("fused_gated_mask_back", "fused", True, {"go_backwards": True}, True),
-    ("fused_plain_mask_unroll", "fused", False, {"unroll": True}, True),
-    ("fused_ablation", "fused", True, {"antisymmetric": False}, False),
+    # name, kind, gated, layer kwargs, masked, input features (>= 8: hoisted V·x)
+    ("cell_plain", "cell", False, {}, False, 4),
+    ("fused_plain", "fused", False, {}, False, 4),
+    ("fused_plain_hoisted", "fused", False, {}, False, 9),
+    ("cell_gated", "cell", True, {}, False, 4),
+    ("fused_gated", "fused", True, {}, False, 4),
+    ("cell_gated_mask_back", "cell", True, {"go_backwards": True}, True, 4),
+    ("fused_gated_mask_back", "fused", True, {"go_backwards": True}, True, 4),
+    ("fused_gated_mask_back_hoisted", "fused", True, {"go_backwards": True}, True, 9),
+    ("fused_plain_mask_unroll", "fused", False, {"unroll": True}, True, 4),
+    ("fused_ablation", "fused", True, {"antisymmetric": False}, False, 4),
 ]
 
 
 def main(in_path, out_path):
     data = np.load(in_path)
-    x, mask = data["x"], data["mask"]
+    mask = data["mask"]
     results = {"backend": np.array(keras.backend.backend())}
-    for name, kind, gated, kwargs, masked in CASES:
+    for name, kind, gated, kwargs, masked, features in CASES:
+        x = data[f"x{features}"]
         layer = make_layer(kind, gated, 5, epsilon=0.3, gamma=0.05, return_sequences=True, **kwargs)
         layer(x)
         layer.set_weights([data[f"{name}_w{i}"] for i in range(len(layer.weights))])

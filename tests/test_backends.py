@@ -23,16 +23,17 @@ BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 @pytest.fixture(scope="module")
 def probe_inputs(tmp_path_factory):
     rng = np.random.RandomState(0)
-    x = rng.standard_normal((3, 9, 4)).astype("float32")
+    inputs = {f: rng.standard_normal((3, 9, f)).astype("float32") for f in (4, 9)}
     mask = np.ones((3, 9), bool)
     mask[0, 6:] = False
     mask[2, [2, 3]] = False
-    data = {"x": x, "mask": mask}
+    data = {"mask": mask, **{f"x{f}": x for f, x in inputs.items()}}
     expected = {}
-    for name, _, gated, kwargs, masked in CASES:
+    for name, _, gated, kwargs, masked, features in CASES:
+        x = inputs[features]
         antisymmetric = kwargs.get("antisymmetric", True)
         blocks = 2 if gated else 1
-        shapes = [(4, blocks * 5), (10,) if antisymmetric else (5, 5), (blocks * 5,)]
+        shapes = [(features, blocks * 5), (10,) if antisymmetric else (5, 5), (blocks * 5,)]
         weights = [(0.5 * rng.standard_normal(s)).astype("float32") for s in shapes]
         for i, w in enumerate(weights):
             data[f"{name}_w{i}"] = w

@@ -36,10 +36,11 @@ def _outputs_and_gradients(layer, x, mask=None):
 @pytest.mark.parametrize("antisymmetric", [True, False])
 @pytest.mark.parametrize("return_sequences", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("features", [3, 9])
 def test_fused_layer_equals_cell_outputs_and_gradients(
-    gated, antisymmetric, return_sequences, masked
+    gated, antisymmetric, return_sequences, masked, features
 ):
-    x = _x()
+    x = _x(features=features)
     mask = np.ones((4, 10), bool)
     mask[1, 6:] = False
     mask[2, :2] = False

@@ -26,8 +26,9 @@ def _ragged_mask(batch=3, steps=12):
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("unroll", [False, True])
-def test_matches_numpy_reference(kind, gated, go_backwards, unroll):
-    x = _inputs()
+@pytest.mark.parametrize("features", [3, 9])  # 9: the fused layers hoist V·x
+def test_matches_numpy_reference(kind, gated, go_backwards, unroll, features):
+    x = _inputs(features=features)
     args = dict(epsilon=0.3, gamma=0.05)
     layer = make_layer(
         kind,
@@ -53,8 +54,9 @@ def test_matches_numpy_reference(kind, gated, go_backwards, unroll):
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("unroll", [False, True])
-def test_mask_matches_numpy_reference(kind, gated, go_backwards, unroll):
-    x, mask = _inputs(), _ragged_mask()
+@pytest.mark.parametrize("features", [3, 9])  # 9: the fused layers hoist V·x
+def test_mask_matches_numpy_reference(kind, gated, go_backwards, unroll, features):
+    x, mask = _inputs(features=features), _ragged_mask()
     args = dict(epsilon=0.2, gamma=0.01)
     layer = make_layer(
         kind,
