@@ -1,0 +1,1 @@
+"""Training, tuning and paper experiments for keras-antisym (not shipped in the wheel)."""
