@@ -1,6 +1,17 @@
 """keras-antisym: the AntisymmetricRNN (Chang et al., ICLR 2019) for Keras 3."""
 
 from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
+from keras_antisym.diagnostics import (
+    StabilityDiagnostics,
+    eigenvalue_magnitude_stats,
+    end_to_end_jacobian,
+    end_to_end_jacobian_stats,
+    ode_jacobian,
+    stability_margin,
+    step_jacobian,
+    transition_eigenvalues,
+    transition_matrix,
+)
 from keras_antisym.initializers import FanInNormal
 from keras_antisym.layers import AntisymmetricRNN, GatedAntisymmetricRNN
 
@@ -12,5 +23,14 @@ __all__ = [
     "FanInNormal",
     "GatedAntisymmetricCell",
     "GatedAntisymmetricRNN",
+    "StabilityDiagnostics",
     "__version__",
+    "eigenvalue_magnitude_stats",
+    "end_to_end_jacobian",
+    "end_to_end_jacobian_stats",
+    "ode_jacobian",
+    "stability_margin",
+    "step_jacobian",
+    "transition_eigenvalues",
+    "transition_matrix",
 ]
