@@ -1,0 +1,363 @@
+"""REST contract of `serving.server` (always) and TensorFlow Serving (with TF_SERVING_URL).
+
+The same tests run against both: status and metadata layouts, row and columnar
+predictions, and bad requests answered with TensorFlow Serving's status codes
+and `{"error": ...}` bodies, the server still answering afterwards. Set
+`TF_SERVING_URL=http://127.0.0.1:8501` (and `TF_SERVING_MODEL`, default
+`antisym`) to run them against a real TensorFlow Serving too.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from serving.client import ServingClient, ServingError
+from serving.export import export_model
+from tests.serving_helpers import (
+    MODEL_KINDS,
+    REPO_ROOT,
+    ServerProcess,
+    ThreadServer,
+    digits,
+    exported,
+    http_call,
+    work_dir,
+)
+
+LOCAL_MAX_BODY_BYTES = 1 << 20
+LOCAL_ONLY = "extension of the local server; TensorFlow Serving answers this differently"
+
+
+class Target:
+    """A REST endpoint under test, with a valid input shape read from its metadata."""
+
+    def __init__(self, url, model, local):
+        self.url, self.model, self.local = url.rstrip("/"), model, local
+        status, metadata = http_call(f"{self.model_url}/metadata")
+        assert status == 200, metadata
+        signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        (self.input_name,) = signature["inputs"]
+        dims = signature["inputs"][self.input_name]["tensor_shape"]["dim"]
+        self.instance_shape = [int(d["size"]) for d in dims[1:]]
+
+    @property
+    def model_url(self):
+        return f"{self.url}/v1/models/{self.model}"
+
+    def batch(self, n, seed=0):
+        return np.random.default_rng(seed).random([n, *self.instance_shape]).astype("float32")
+
+    def assert_still_serving(self):
+        status, body = http_call(
+            f"{self.model_url}:predict", "POST", {"instances": self.batch(1).tolist()}
+        )
+        assert status == 200, body
+
+
+@pytest.fixture(scope="module", params=["local", "tfserving"])
+def target(request):
+    if request.param == "tfserving":
+        url = os.environ.get("TF_SERVING_URL")
+        if not url:
+            pytest.skip("TF_SERVING_URL is not set: no TensorFlow Serving to test against")
+        yield Target(url, os.environ.get("TF_SERVING_MODEL", "antisym"), local=False)
+        return
+    _, base = exported("antisymmetric")
+    server = ServerProcess(
+        base, "antisym", block_keras=True,
+        extra_args=["--max-body-bytes", str(LOCAL_MAX_BODY_BYTES)],
+    )  # fmt: skip
+    try:
+        yield Target(server.url, "antisym", local=True)
+    finally:
+        server.stop()
+
+
+def test_model_status(target):
+    status, body = http_call(target.model_url)
+    assert status == 200
+    (entry,) = body["model_version_status"]
+    assert entry["state"] == "AVAILABLE"
+    assert entry["version"].isdigit()
+    assert entry["status"]["error_code"] == "OK"
+    status, again = http_call(f"{target.model_url}/versions/{entry['version']}")
+    assert (status, again) == (200, body)
+
+
+def test_metadata_layout(target):
+    status, body = http_call(f"{target.model_url}/metadata")
+    assert status == 200
+    assert body["model_spec"]["name"] == target.model
+    assert body["model_spec"]["version"].isdigit()
+    signature = body["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert signature["method_name"] == "tensorflow/serving/predict"
+    assert target.input_name == "sequence"
+    sequence = signature["inputs"]["sequence"]
+    assert sequence["dtype"] == "DT_FLOAT"
+    assert [d["size"] for d in sequence["tensor_shape"]["dim"]][0] == "-1"
+    assert set(signature["outputs"]) >= {"probabilities", "class_id"}
+    assert signature["outputs"]["class_id"]["dtype"] == "DT_INT64"
+
+
+def test_predict_row_and_columnar_formats_agree(target):
+    x = target.batch(3)
+    status, rows = http_call(f"{target.model_url}:predict", "POST", {"instances": x.tolist()})
+    assert status == 200, rows
+    assert len(rows["predictions"]) == 3
+    assert set(rows["predictions"][0]) >= {"probabilities", "class_id"}
+    status, columns = http_call(f"{target.model_url}:predict", "POST", {"inputs": x.tolist()})
+    assert status == 200, columns
+    assert set(columns["outputs"]) >= {"probabilities", "class_id"}
+    np.testing.assert_allclose(
+        columns["outputs"]["probabilities"],
+        [row["probabilities"] for row in rows["predictions"]],
+        rtol=1e-6,
+    )
+    assert columns["outputs"]["class_id"] == [row["class_id"] for row in rows["predictions"]]
+    np.testing.assert_allclose(np.sum(columns["outputs"]["probabilities"], -1), 1, rtol=1e-5)
+    # Named instances, named columns, explicit signature and version give the same answer.
+    version = http_call(target.model_url)[1]["model_version_status"][0]["version"]
+    for body in (
+        {"instances": [{"sequence": row} for row in x.tolist()]},
+        {"inputs": {"sequence": x.tolist()}, "signature_name": "serving_default"},
+    ):
+        url = f"{target.model_url}/versions/{version}:predict"
+        status, answer = http_call(url, "POST", body)
+        assert status == 200, answer
+        got = answer.get("outputs", {}).get("class_id") or [
+            p["class_id"] for p in answer["predictions"]
+        ]
+        assert got == columns["outputs"]["class_id"]
+
+
+def _bad_requests(target):
+    """`(case, body, status)`: bodies TensorFlow Serving answers with 400 or 404."""
+    good = target.batch(2).tolist()
+    longer = target.batch(2, seed=1).tolist()
+    longer = [row + row[:1] for row in longer]  # one time step too many
+    strings = [[["a"] * len(step) for step in row] for row in good]
+    return [
+        ("malformed JSON", '{"instances": [1, ', 400),
+        ("not an object", "[1, 2]", 400),
+        ("neither instances nor inputs", {"data": good}, 400),
+        ("both instances and inputs", {"instances": good, "inputs": good}, 400),
+        ("instances of wrong rank", {"instances": good[0]}, 400),
+        ("inputs of wrong rank", {"inputs": good[0][0]}, 400),
+        ("instances of wrong length", {"instances": longer}, 400),
+        ("inputs of wrong length", {"inputs": longer}, 400),
+        ("instances of wrong dtype", {"instances": strings}, 400),
+        ("inputs of wrong dtype", {"inputs": strings}, 400),
+        ("ragged instances", {"instances": [good[0], good[1][:-1]]}, 400),
+        ("empty instances", {"instances": []}, 400),
+        ("empty inputs", {"inputs": []}, 400),
+        ("unknown input name", {"instances": [{"pixels": row} for row in good]}, 400),
+        ("unknown signature", {"instances": good, "signature_name": "nope"}, 400),
+    ]
+
+
+def test_bad_requests_answer_400_and_keep_serving(target):
+    for case, body, expected in _bad_requests(target):
+        status, answer = http_call(f"{target.model_url}:predict", "POST", body)
+        assert status == expected, (case, status, answer)
+        assert isinstance(answer, dict) and isinstance(answer.get("error"), str), (case, answer)
+        assert answer["error"].strip(), case
+    target.assert_still_serving()
+
+
+def test_non_finite_values_answer_400(target):
+    if not target.local:
+        pytest.skip(LOCAL_ONLY)
+    x = target.batch(1).tolist()
+    text = json.dumps({"instances": x}).replace(str(x[0][0][0]), "NaN", 1)
+    assert "NaN" in text
+    for body in (text, text.replace("NaN", "-Infinity"), {"inputs": [[[1e39]] * 64]}):
+        status, answer = http_call(f"{target.model_url}:predict", "POST", body)
+        assert status == 400, answer
+        assert any(word in answer["error"] for word in ("NaN", "Infinity", "range"))
+    target.assert_still_serving()
+
+
+def test_unknown_model_or_version_answers_404(target):
+    x = {"instances": target.batch(1).tolist()}
+    for url, method, body in [
+        (f"{target.url}/v1/models/no_such_model", "GET", None),
+        (f"{target.url}/v1/models/no_such_model/metadata", "GET", None),
+        (f"{target.url}/v1/models/no_such_model:predict", "POST", x),
+        (f"{target.model_url}/versions/999999", "GET", None),
+        (f"{target.model_url}/versions/999999/metadata", "GET", None),
+        (f"{target.model_url}/versions/999999:predict", "POST", x),
+    ]:
+        status, answer = http_call(url, method, body)
+        assert status == 404, (url, answer)
+        assert answer["error"].strip()
+    target.assert_still_serving()
+
+
+def test_wrong_method_answers_405(target):
+    if not target.local:
+        pytest.skip(LOCAL_ONLY)
+    for url, method in [
+        (f"{target.model_url}:predict", "GET"),
+        (f"{target.model_url}", "POST"),
+        (f"{target.model_url}/metadata", "DELETE"),
+    ]:
+        status, answer = http_call(url, method, "{}" if method == "POST" else None)
+        assert status == 405, (url, method, answer)
+        assert "not allowed" in answer["error"]
+    status, answer = http_call(f"{target.url}/v2/elsewhere")
+    assert status == 404 and answer["error"].startswith("Malformed request")
+    target.assert_still_serving()
+
+
+def test_oversized_body_answers_413(target):
+    if not target.local:
+        pytest.skip(LOCAL_ONLY)
+    body = json.dumps({"instances": [[[0.5]] * 64] * (LOCAL_MAX_BODY_BYTES // 200)})
+    assert len(body) > LOCAL_MAX_BODY_BYTES
+    status, answer = http_call(f"{target.model_url}:predict", "POST", body)
+    assert status == 413, answer
+    assert "exceeds the limit" in answer["error"]
+    target.assert_still_serving()
+
+
+def test_client_against_server(target):
+    client = ServingClient(target.url, target.model, timeout=30)
+    assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
+    assert "signature_def" in client.metadata()["metadata"]
+    x = target.batch(2)
+    rows = client.predict(instances=x)
+    columns = client.predict(inputs={"sequence": x})
+    assert [p["class_id"] for p in rows["predictions"]] == columns["outputs"]["class_id"]
+    with pytest.raises(ServingError) as error:
+        client.predict(instances=x[:, :-1])
+    assert error.value.status == 400 and error.value.message
+    with pytest.raises(ServingError) as error:
+        ServingClient(target.url, "no_such_model").status()
+    assert error.value.status == 404
+
+
+def test_client_cli(target):
+    instances = work_dir("cli-instances.json")
+    with open(instances, "w") as f:
+        json.dump(target.batch(2).tolist(), f)
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "serving.client", "--url", target.url, *args],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    done = cli("--model", target.model, "predict", "--instances-file", instances)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["predictions"]) == 2
+    done = cli("--model", target.model, "predict", "--instances-file", instances, "--columnar")
+    assert len(json.loads(done.stdout)["outputs"]["class_id"]) == 2
+    done = cli("--model", "no_such_model", "status")
+    assert done.returncode == 1 and "HTTP 404" in done.stderr
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_rest_predictions_equal_model_predict(kind):
+    model, base = exported(kind)
+    x = digits()[0][300:316]
+    expected = model.predict(x, verbose=0)
+    server = ThreadServer(base, kind)
+    try:
+        client = ServingClient(server.url, kind)
+        rows = client.predict(instances=x)["predictions"]
+        columns = client.predict(inputs=x)["outputs"]
+    finally:
+        server.stop()
+    np.testing.assert_allclose([r["logits"] for r in rows], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(columns["logits"], expected, rtol=1e-5, atol=1e-5)
+    assert columns["class_id"] == expected.argmax(-1).tolist()
+    probabilities = np.exp(expected) / np.exp(expected).sum(-1, keepdims=True)
+    np.testing.assert_allclose(columns["probabilities"], probabilities, rtol=1e-5, atol=1e-6)
+
+
+def test_new_version_is_served_without_restart():
+    antisym, first = exported("antisymmetric")
+    gated, _ = exported("gated")
+    base = work_dir("hot-reload")
+    shutil.copytree(first, base)
+    x = digits()[0][:4]
+    server = ThreadServer(base, "antisym", poll_seconds=0.1)
+    try:
+        client = ServingClient(server.url, "antisym")
+        before = client.predict(inputs=x)["outputs"]["logits"]
+        export_model(gated, base, 2)
+        deadline = time.monotonic() + 30
+        while client.status()["model_version_status"][0]["version"] != "2":
+            assert time.monotonic() < deadline, "version 2 was not picked up"
+            time.sleep(0.1)
+        after = client.predict(inputs=x)["outputs"]["logits"]
+        with pytest.raises(ServingError) as error:
+            client.predict(inputs=x, version=1)  # the `latest` policy serves one version
+        assert error.value.status == 404
+    finally:
+        server.stop()
+    np.testing.assert_allclose(before, antisym.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(after, gated.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+
+
+LOAD_REQUESTS, LOAD_CLIENTS = 2000, 8
+
+
+def test_bounded_load(target, capsys):
+    """2,000 single-instance predictions from 8 concurrent keep-alive clients: zero errors."""
+    import http.client
+    import re
+
+    if not target.local:
+        pytest.skip("the load test runs against the local server on 127.0.0.1 only")
+    host, port = re.match(r"http://([^:/]+):(\d+)", target.url).groups()
+    path = f"/v1/models/{target.model}:predict"
+    bodies = [json.dumps({"instances": target.batch(1, seed=i).tolist()}) for i in range(16)]
+    latencies, errors, lock = [], [], threading.Lock()
+    per_client = LOAD_REQUESTS // LOAD_CLIENTS
+
+    def client(index):
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        mine = []
+        try:
+            for i in range(per_client):
+                start = time.perf_counter()
+                conn.request("POST", path, bodies[(index + i) % len(bodies)],
+                             {"Content-Type": "application/json"})  # fmt: skip
+                response = conn.getresponse()
+                data = response.read()
+                mine.append(time.perf_counter() - start)
+                if response.status != 200 or b"predictions" not in data:
+                    with lock:
+                        errors.append((response.status, data[:200]))
+        except Exception as error:  # counted, not raised: the thread must finish
+            with lock:
+                errors.append(repr(error))
+        finally:
+            conn.close()
+            with lock:
+                latencies.extend(mine)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(LOAD_CLIENTS)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    elapsed = time.perf_counter() - start
+    assert not errors, errors[:5]
+    assert len(latencies) == LOAD_REQUESTS
+    p50, p99 = np.percentile(latencies, [50, 99]) * 1000
+    with capsys.disabled():
+        print(
+            f"\nload test: {LOAD_REQUESTS} requests, {LOAD_CLIENTS} clients, 0 errors, "
+            f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, {LOAD_REQUESTS / elapsed:.0f} requests/s"
+        )
+    target.assert_still_serving()
