@@ -1,0 +1,114 @@
+"""The `--strategy` choices: one device, mirrored GPUs/CPUs, multi-worker, TPU."""
+
+import json
+import os
+
+import tensorflow as tf
+
+STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
+
+
+class StrategyError(RuntimeError):
+    """A strategy cannot be set up on this machine."""
+
+
+def split_cpu(devices):
+    """Splits the host CPU into `devices` logical devices (before TF starts).
+
+    Lets MirroredStrategy (and tests) run several replicas on one CPU.
+    """
+    if devices and devices > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * devices
+        )
+
+
+def _tf_config():
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise StrategyError(f"TF_CONFIG is not valid JSON: {error}") from None
+
+
+def _workers(config):
+    cluster = (config or {}).get("cluster", {})
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def make_strategy(name, tpu=None):
+    """The `tf.distribute.Strategy` called `name` (see `STRATEGIES`).
+
+    "auto" picks a TPU when `tpu` or `TPU_NAME` names one, multi-worker when
+    TF_CONFIG describes a cluster of several workers, mirrored over all GPUs
+    when there are several (or over the logical CPUs when the CPU was split),
+    and the default one-device strategy otherwise.
+    """
+    if name not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {name!r}, expected one of {', '.join(STRATEGIES)}")
+    if name == "auto":
+        if tpu or os.environ.get("TPU_NAME"):
+            name = "tpu"
+        elif _workers(_tf_config()) > 1:
+            name = "multi_worker"
+        elif (
+            len(tf.config.list_logical_devices("GPU")) > 1
+            or len(tf.config.list_logical_devices("CPU")) > 1
+        ):
+            name = "mirrored"
+        else:
+            name = "default"
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        gpus = tf.config.list_logical_devices("GPU")
+        if gpus:
+            return tf.distribute.MirroredStrategy()
+        cpus = [device.name for device in tf.config.list_logical_devices("CPU")]
+        # NCCL needs GPUs; on CPUs reduce through one device.
+        return tf.distribute.MirroredStrategy(
+            devices=cpus, cross_device_ops=tf.distribute.ReductionToOneDevice()
+        )
+    if name == "multi_worker":
+        config = _tf_config()
+        if config is None or not config.get("cluster"):
+            raise StrategyError("--strategy multi_worker needs TF_CONFIG with a cluster and task")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        raise StrategyError(f"no TPU found ({str(error).splitlines()[0]})") from None
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def strategy_name(strategy):
+    return type(strategy).__name__
+
+
+def is_chief(strategy):
+    """Whether this process writes the run's outputs."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    return (
+        task_type == "chief"
+        or task_type is None
+        or (
+            task_type == "worker"
+            and task_id == 0
+            and "chief" not in resolver.cluster_spec().as_dict()
+        )
+    )
+
+
+def task_label(strategy):
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "chief"
+    return f"{resolver.task_type}{resolver.task_id}"

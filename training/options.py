@@ -1,0 +1,176 @@
+"""Command-line options shared by `training.train` and `training.tune`.
+
+`--config FILE.yaml` sets defaults from a YAML mapping whose keys are option
+names (`learning_rate` or `learning-rate`); options given on the command line
+override it.
+"""
+
+import argparse
+import math
+import os
+import sys
+
+import yaml
+
+from training.distribution import STRATEGIES
+from training.models import MODEL_NAMES
+from training.tasks import MNIST_DATASETS, TASK_NAMES
+
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+class UsageError(ValueError):
+    """A bad option: reported as one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, not usage plus a line."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_data_arguments(parser):
+    group = parser.add_argument_group("task")
+    group.add_argument("--task", default="digits", choices=TASK_NAMES)
+    group.add_argument(
+        "--dataset",
+        default=None,
+        choices=MNIST_DATASETS,
+        help="for the MNIST tasks: mnist (default) or fashion_mnist",
+    )
+    group.add_argument(
+        "--timesteps",
+        type=int,
+        default=None,
+        help="sequence length of noise-padded, digits, adding and copy tasks",
+    )
+    group.add_argument("--data-dir", default=None, help="TFDS data directory (or TFDS_DATA_DIR)")
+    group.add_argument("--seed", type=int, default=0, help="seed of data order, noise and init")
+
+
+def add_model_arguments(parser):
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default="antisymmetric", choices=MODEL_NAMES)
+    group.add_argument("--units", type=int, default=64)
+    group.add_argument("--epsilon", type=float, default=0.1)
+    group.add_argument("--gamma", type=float, default=0.01)
+    group.add_argument(
+        "--sigma-w",
+        type=float,
+        default=1.0,
+        help="hidden-to-hidden init N(0, sigma_w^2/n) (paper: 0, 1, 2, 4, 8, 16)",
+    )
+
+
+def add_optimizer_arguments(parser):
+    group = parser.add_argument_group("optimizer")
+    group.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    group.add_argument("--learning-rate", type=float, default=0.01)
+    group.add_argument("--momentum", type=float, default=0.9, help="for sgd")
+    group.add_argument("--clipnorm", type=float, default=None, help="per-variable clipping")
+    group.add_argument("--batch-size", type=int, default=64, help="global batch size")
+
+
+def add_distribution_arguments(parser):
+    group = parser.add_argument_group("distribution")
+    group.add_argument("--strategy", default="auto", choices=STRATEGIES)
+    group.add_argument("--tpu", default=None, help="TPU name or address for --strategy tpu")
+    group.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=0,
+        help="split the CPU into this many logical devices (mirrored training on CPU)",
+    )
+
+
+def parse_with_config(parser, argv):
+    """Parses `argv`, taking defaults from the `--config` YAML file if given."""
+    parser.add_argument("--config", default=None, help="YAML file of option defaults")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    known, _ = parser.parse_known_args(argv)
+    if known.config:
+        if not os.path.isfile(known.config):
+            parser.error(f"argument --config: no such file {known.config!r}")
+        with open(known.config) as handle:
+            values = yaml.safe_load(handle) or {}
+        if not isinstance(values, dict):
+            parser.error(f"argument --config: {known.config} is not a mapping of options")
+        dests = {action.dest for action in parser._actions}
+        defaults = {}
+        for key, value in values.items():
+            dest = str(key).replace("-", "_")
+            if dest not in dests or dest == "config":
+                parser.error(f"argument --config: unknown option {key!r} in {known.config}")
+            defaults[dest] = value
+        parser.set_defaults(**defaults)
+    return parser.parse_args(argv)
+
+
+def _check(condition, option, expected, value):
+    if not condition:
+        raise UsageError(
+            f"Received an invalid value for argument `--{option}`, expected {expected}, "
+            f"got {value!r}."
+        )
+
+
+def validate(args):
+    """Range checks argparse cannot do; raises `UsageError`."""
+    _check(args.units > 0, "units", "a positive integer", args.units)
+    _check(
+        math.isfinite(args.epsilon) and args.epsilon > 0,
+        "epsilon",
+        "a positive float",
+        args.epsilon,
+    )
+    _check(
+        math.isfinite(args.gamma) and args.gamma >= 0, "gamma", "a non-negative float", args.gamma
+    )
+    _check(
+        math.isfinite(args.sigma_w) and args.sigma_w >= 0,
+        "sigma-w",
+        "a non-negative float",
+        args.sigma_w,
+    )
+    _check(
+        math.isfinite(args.learning_rate) and args.learning_rate > 0,
+        "learning-rate",
+        "a positive float",
+        args.learning_rate,
+    )
+    _check(0 <= args.momentum < 1, "momentum", "a float in [0, 1)", args.momentum)
+    _check(
+        args.clipnorm is None or args.clipnorm > 0, "clipnorm", "a positive float", args.clipnorm
+    )
+    _check(args.batch_size > 0, "batch-size", "a positive integer", args.batch_size)
+    _check(
+        args.timesteps is None or args.timesteps > 0,
+        "timesteps",
+        "a positive integer",
+        args.timesteps,
+    )
+    _check(
+        args.data_dir is None or os.path.isdir(args.data_dir),
+        "data-dir",
+        "an existing TFDS data directory",
+        args.data_dir,
+    )
+    _check(args.cpu_devices >= 0, "cpu-devices", "a non-negative integer", args.cpu_devices)
+
+
+def make_optimizer(name, learning_rate, momentum=0.9, clipnorm=None):
+    """SGD with momentum, Adagrad (the paper's) or Adam."""
+    import keras
+
+    clip = {"clipnorm": clipnorm} if clipnorm else {}
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate, momentum=momentum, **clip)
+    if name == "adagrad":
+        return keras.optimizers.Adagrad(learning_rate, **clip)
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate, **clip)
+    raise UsageError(
+        f"Received an invalid value for argument `--optimizer`, expected one of "
+        f"{', '.join(OPTIMIZERS)}, got {name!r}."
+    )

@@ -1,0 +1,406 @@
+"""The paper's sequence tasks as deterministic, step-indexed tf.data pipelines.
+
+Every training batch is a pure function of `(seed, global step)`: batch `s`
+takes positions `[o·B, (o+1)·B)` of the permutation of epoch `e`, with
+`(e, o) = divmod(s, steps_per_epoch)`, and draws its noise from a stateless
+seed `(seed, s)`. A resumed run therefore sees exactly the batches it would
+have seen, and a distributed run sees exactly the global batches of a
+single-device run, split row-wise over the replicas.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorflow as tf
+
+MNIST_DATASETS = ("mnist", "fashion_mnist")
+PERMUTATION_SEED = 92916  # the fixed permutation of permuted_mnist; recorded in the config
+VALIDATION_SEED = 1234  # which training examples form the validation split
+SYNTHETIC_TEST_EXAMPLES = 2048
+SYNTHETIC_VALIDATION_EXAMPLES = 1024
+
+
+class DataError(ValueError):
+    """A data set cannot be found or loaded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """Shapes and head of a task.
+
+    Attributes:
+        name: The task's name.
+        timesteps: Sequence length `T`.
+        features: Input size per step `m`.
+        num_outputs: Classes of the head (1 for regression).
+        head: "last" (classify the last state), "sequence" (classify every
+            step) or "regression" (regress from the last state).
+        params: Parameters that define the task (recorded in the run's config).
+        scored_steps: For "sequence" heads, the trailing steps that count
+            towards accuracy (the copy task scores its 10 recall steps).
+        tolerance: For "regression" heads, the absolute error under which a
+            prediction counts as correct.
+    """
+
+    name: str
+    timesteps: int
+    features: int
+    num_outputs: int
+    head: str
+    params: dict
+    scored_steps: int = 0
+    tolerance: float = 0.0
+
+
+def _invalid(name, expected, value):
+    return ValueError(
+        f"Received an invalid value for argument `{name}`, expected {expected}, got {value!r}."
+    )
+
+
+def _load_tfds(name, split, data_dir):
+    """All examples of a TFDS split as uint8 images and int32 labels."""
+    import tensorflow_datasets as tfds
+
+    data_dir = data_dir or os.environ.get("TFDS_DATA_DIR")
+    if data_dir is not None and not os.path.isdir(data_dir):
+        raise DataError(
+            f"Received an invalid value for argument `--data-dir`, expected an existing "
+            f"TFDS data directory, got {data_dir!r}."
+        )
+    try:
+        ds = tfds.load(name, split=split, as_supervised=True, data_dir=data_dir, download=False)
+    except (AssertionError, tfds.core.registered.DatasetNotFoundError, OSError) as error:
+        raise DataError(
+            f"TFDS data set {name!r} ({split}) is not prepared in "
+            f"{data_dir or '~/tensorflow_datasets'}: pass --data-dir (or set TFDS_DATA_DIR) "
+            f"to a folder holding it. ({str(error).splitlines()[0]})"
+        ) from None
+    images, labels = [], []
+    for x, y in tfds.as_numpy(ds.batch(8192)):
+        images.append(x)
+        labels.append(y)
+    return np.concatenate(images).astype("uint8"), np.concatenate(labels).astype("int32")
+
+
+def _split_validation(images, labels, split, validation_fraction):
+    """Carves a fixed validation subset out of the training examples."""
+    if not validation_fraction:
+        if split == "validation":
+            raise _invalid("validation_fraction", "a float in (0, 1) for a validation split", 0)
+        return images, labels
+    order = np.random.RandomState(VALIDATION_SEED).permutation(len(labels))
+    count = max(1, int(round(validation_fraction * len(labels))))
+    chosen = order[:count] if split == "validation" else order[count:]
+    chosen = np.sort(chosen)
+    return images[chosen], labels[chosen]
+
+
+class Task:
+    """A task: its examples per split and the batch transform to sequences."""
+
+    spec: TaskSpec
+
+    def examples(self, split, data_dir=None, validation_fraction=0.0):
+        """`(inputs, targets)` NumPy arrays of a split ("train", "validation", "test")."""
+        raise NotImplementedError
+
+    def make_batch(self, inputs, targets, seed):
+        """Turns a batch of raw examples into `(x (B, T, m) float32, y)`.
+
+        `seed` is a stateless seed (shape `[2]` int32) for any noise.
+        """
+        raise NotImplementedError
+
+
+class ImageSequenceTask(Task):
+    """Images (TFDS) read as sequences: pixel by pixel or row by row."""
+
+    def __init__(self, name, dataset, per_row, permute=False, timesteps=None):
+        self.dataset = dataset
+        height, width, channels = (32, 32, 3) if dataset == "cifar10" else (28, 28, 1)
+        self.shape = (height, width, channels)
+        self.per_row = per_row
+        if per_row:
+            steps, features = height, width * channels
+        else:
+            steps, features = height * width, channels
+        total = timesteps or steps
+        if total < steps:
+            raise _invalid("timesteps", f"an integer >= {steps} (the image's own steps)", total)
+        self.image_steps = steps
+        self.permutation = (
+            np.random.RandomState(PERMUTATION_SEED).permutation(steps) if permute else None
+        )
+        params = {"dataset": dataset, "timesteps": total}
+        if permute:
+            params["permutation_seed"] = PERMUTATION_SEED
+        self.spec = TaskSpec(name, total, features, 10, "last", params)
+
+    def examples(self, split, data_dir=None, validation_fraction=0.0):
+        source = "test" if split == "test" else "train"
+        images, labels = _load_tfds(self.dataset, source, data_dir)
+        if split != "test":
+            images, labels = _split_validation(images, labels, split, validation_fraction)
+        return images, labels
+
+    def make_batch(self, inputs, targets, seed):
+        x = tf.cast(inputs, tf.float32) / 255.0
+        x = tf.reshape(x, (-1, self.image_steps, self.spec.features))
+        if self.permutation is not None:
+            x = tf.gather(x, self.permutation, axis=1)
+        padding = self.spec.timesteps - self.image_steps
+        if padding:
+            noise = tf.random.stateless_normal(
+                (tf.shape(x)[0], padding, self.spec.features), seed=seed
+            )
+            x = tf.concat([x, noise], axis=1)
+        return x, targets
+
+
+class DigitsTask(Task):
+    """scikit-learn's bundled 8×8 digits (1,797 real images), pixel by pixel.
+
+    Pixels are scaled to [0, 1] (the data's range is 0-16). The test split is
+    a fixed 20% of the images; `timesteps > 64` pads with Gaussian noise.
+    """
+
+    TEST_FRACTION = 0.2
+
+    def __init__(self, timesteps=None):
+        total = timesteps or 64
+        if total < 64:
+            raise _invalid("timesteps", "an integer >= 64", total)
+        self.spec = TaskSpec("digits", total, 1, 10, "last", {"timesteps": total})
+
+    def examples(self, split, data_dir=None, validation_fraction=0.0):
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        images = np.round(digits.images).astype("uint8")  # 0..16
+        labels = digits.target.astype("int32")
+        order = np.random.RandomState(0).permutation(len(labels))
+        cut = int(len(labels) * self.TEST_FRACTION)
+        chosen = order[:cut] if split == "test" else order[cut:]
+        images, labels = images[np.sort(chosen)], labels[np.sort(chosen)]
+        if split != "test":
+            images, labels = _split_validation(images, labels, split, validation_fraction)
+        return images, labels
+
+    def make_batch(self, inputs, targets, seed):
+        x = tf.reshape(tf.cast(inputs, tf.float32) / 16.0, (-1, 64, 1))
+        padding = self.spec.timesteps - 64
+        if padding:
+            noise = tf.random.stateless_normal((tf.shape(x)[0], padding, 1), seed=seed)
+            x = tf.concat([x, noise], axis=1)
+        return x, targets
+
+
+class SyntheticTask(Task):
+    """Generated tasks: every batch is drawn from its stateless seed.
+
+    The train split is an endless stream; the validation and test splits are
+    fixed sets of example ids drawn with their own seeds.
+    """
+
+    TRAIN_EXAMPLES = 1 << 20  # ids of the stream (only sets the epoch length)
+
+    def examples(self, split, data_dir=None, validation_fraction=0.0):
+        count = {
+            "train": self.TRAIN_EXAMPLES,
+            "validation": SYNTHETIC_VALIDATION_EXAMPLES,
+            "test": SYNTHETIC_TEST_EXAMPLES,
+        }[split]
+        offset = {"train": 0, "validation": 1 << 40, "test": 1 << 41}[split]
+        ids = np.arange(offset, offset + count, dtype="int64")
+        return ids, ids
+
+
+class AddingTask(SyntheticTask):
+    """The adding problem (Hochreiter & Schmidhuber 1997; Le et al. 2015).
+
+    Input `(T, 2)`: uniform values in [0, 1] and a marker channel with two
+    ones, one in each half; the target is the sum of the two marked values.
+    Accuracy counts predictions within 0.04 of the target.
+    """
+
+    TOLERANCE = 0.04
+
+    def __init__(self, timesteps=None):
+        total = timesteps or 200
+        if total < 2:
+            raise _invalid("timesteps", "an integer >= 2", total)
+        self.spec = TaskSpec(
+            "adding", total, 2, 1, "regression", {"timesteps": total}, tolerance=self.TOLERANCE
+        )
+
+    def make_batch(self, inputs, targets, seed):
+        batch, steps = tf.shape(inputs)[0], self.spec.timesteps
+        values = tf.random.stateless_uniform((batch, steps), seed=seed)
+        half = steps // 2
+        first = tf.random.stateless_uniform((batch,), seed=seed + 1, maxval=half, dtype=tf.int32)
+        second = half + tf.random.stateless_uniform(
+            (batch,), seed=seed + 2, maxval=steps - half, dtype=tf.int32
+        )
+        markers = tf.one_hot(first, steps) + tf.one_hot(second, steps)
+        x = tf.stack([values, markers], axis=-1)
+        y = tf.reduce_sum(values * markers, axis=1, keepdims=True)
+        return x, y
+
+
+class CopyTask(SyntheticTask):
+    """The copy memory problem (Hochreiter & Schmidhuber 1997; Arjovsky et al. 2016).
+
+    Ten symbols from {1..8}, `delay` blanks (0), a delimiter (9), then ten
+    blanks during which the model must output the ten symbols; targets are
+    blank (0) elsewhere. Total length `T = delay + 20`, one-hot inputs (m=10),
+    a 10-way classification at every step.
+    """
+
+    SYMBOLS = 10
+
+    def __init__(self, timesteps=None):
+        total = timesteps or 120
+        if total < 21:
+            raise _invalid(
+                "timesteps", "an integer >= 21 (10 symbols, delimiter, 10 outputs)", total
+            )
+        self.spec = TaskSpec(
+            "copy", total, 10, 10, "sequence", {"timesteps": total}, scored_steps=10
+        )
+
+    def make_batch(self, inputs, targets, seed):
+        batch, steps = tf.shape(inputs)[0], self.spec.timesteps
+        symbols = tf.random.stateless_uniform(
+            (batch, 10), seed=seed, minval=1, maxval=9, dtype=tf.int32
+        )
+        blanks = tf.zeros((batch, steps - 21), tf.int32)
+        delimiter = tf.fill((batch, 1), 9)
+        sequence = tf.concat([symbols, blanks, delimiter, tf.zeros((batch, 10), tf.int32)], 1)
+        target = tf.concat([tf.zeros((batch, steps - 10), tf.int32), symbols], 1)
+        return tf.one_hot(sequence, self.SYMBOLS), target
+
+
+TASK_NAMES = (
+    "digits",
+    "pixel_mnist",
+    "permuted_mnist",
+    "noise_padded_mnist",
+    "pixel_cifar10",
+    "noise_padded_cifar10",
+    "adding",
+    "copy",
+)
+
+
+def get_task(name, timesteps=None, dataset=None):
+    """The task called `name`.
+
+    Args:
+        name: One of `TASK_NAMES`.
+        timesteps: Sequence length for the tasks that take one (noise padded,
+            digits, adding, copy); `None` for the task's default (the paper's
+            T=1000 for noise_padded_cifar10).
+        dataset: For the MNIST tasks, "mnist" (default) or "fashion_mnist".
+    """
+    mnist_tasks = ("pixel_mnist", "permuted_mnist", "noise_padded_mnist")
+    if name not in TASK_NAMES:
+        raise _invalid("task", f"one of {', '.join(TASK_NAMES)}", name)
+    if dataset is not None and name not in mnist_tasks:
+        raise _invalid(
+            "dataset", f"no dataset for task {name} (only the MNIST tasks take one)", dataset
+        )
+    if name in mnist_tasks:
+        dataset = dataset or "mnist"
+        if dataset not in MNIST_DATASETS:
+            raise _invalid("dataset", f"one of {', '.join(MNIST_DATASETS)}", dataset)
+    fixed_length = ("pixel_mnist", "permuted_mnist", "pixel_cifar10")
+    if timesteps is not None and name in fixed_length:
+        raise _invalid("timesteps", f"no value for the fixed-length task {name}", timesteps)
+    if timesteps is not None and (
+        isinstance(timesteps, bool) or int(timesteps) != timesteps or timesteps <= 0
+    ):
+        raise _invalid("timesteps", "a positive integer", timesteps)
+    if name == "digits":
+        return DigitsTask(timesteps)
+    if name == "pixel_mnist":
+        return ImageSequenceTask(name, dataset, per_row=False)
+    if name == "permuted_mnist":
+        return ImageSequenceTask(name, dataset, per_row=False, permute=True)
+    if name == "noise_padded_mnist":
+        return ImageSequenceTask(name, dataset, per_row=True, timesteps=timesteps or 1000)
+    if name == "pixel_cifar10":
+        return ImageSequenceTask(name, "cifar10", per_row=False)
+    if name == "noise_padded_cifar10":
+        return ImageSequenceTask(name, "cifar10", per_row=True, timesteps=timesteps or 1000)
+    if name == "adding":
+        return AddingTask(timesteps)
+    return CopyTask(timesteps)
+
+
+def training_dataset(
+    task, inputs, targets, batch_size, seed, start_step=0, num_replicas=1, replica_ids=(0,)
+):
+    """Endless training batches from `start_step` on, as described in the module doc.
+
+    Args:
+        task: A `Task`.
+        inputs, targets: The training examples (from `task.examples`).
+        batch_size: The global batch size `B`.
+        seed: Integer seed of the shuffling and noise.
+        start_step: The global step of the first batch (resuming).
+        num_replicas: Replicas the global batch is split over.
+        replica_ids: The replicas this pipeline feeds; it yields their
+            `(B / num_replicas)`-row slices of each global batch in order.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, y)`.
+    """
+    count = len(targets)
+    steps_per_epoch = count // batch_size
+    if steps_per_epoch == 0:
+        raise _invalid("batch_size", f"at most the {count} training examples", batch_size)
+    per_replica = batch_size // num_replicas
+    inputs = tf.constant(inputs)
+    targets = tf.constant(targets)
+    replica_ids = tf.constant(list(replica_ids), tf.int32)
+
+    def global_batch(step):
+        epoch, offset = step // steps_per_epoch, step % steps_per_epoch
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(count, dtype=tf.int64), seed=tf.stack([tf.cast(seed, tf.int64), epoch])
+        )
+        index = order[offset * batch_size : (offset + 1) * batch_size]
+        noise_seed = tf.cast(tf.stack([tf.cast(seed, tf.int64) + 1, step]), tf.int32)
+        x, y = task.make_batch(tf.gather(inputs, index), tf.gather(targets, index), noise_seed)
+        # Rows of the replicas this pipeline feeds, one slice per replica.
+        rows = tf.reshape(replica_ids[:, None] * per_replica + tf.range(per_replica)[None, :], [-1])
+        shape_x = tf.concat([[len(replica_ids), per_replica], tf.shape(x)[1:]], 0)
+        shape_y = tf.concat([[len(replica_ids), per_replica], tf.shape(y)[1:]], 0)
+        return (
+            tf.reshape(tf.gather(x, rows), shape_x),
+            tf.reshape(tf.gather(y, rows), shape_y),
+        )
+
+    ds = tf.data.Dataset.range(start_step, np.iinfo(np.int64).max)
+    ds = ds.map(global_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.unbatch()  # one element per replica slice
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def evaluation_dataset(task, inputs, targets, batch_size, seed):
+    """Every example of an evaluation split once, in order, in batches."""
+    count = len(targets)
+    inputs = tf.constant(inputs)
+    targets = tf.constant(targets)
+
+    def batch(number):
+        start = number * batch_size
+        index = tf.range(start, tf.minimum(start + batch_size, count))
+        noise_seed = tf.cast(tf.stack([tf.cast(seed, tf.int64) + 2, number]), tf.int32)
+        return task.make_batch(tf.gather(inputs, index), tf.gather(targets, index), noise_seed)
+
+    batches = -(-count // batch_size)
+    ds = tf.data.Dataset.range(batches).map(batch, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)
