@@ -1,0 +1,104 @@
+"""training/figures.py runs headless and its numbers show what the paper states."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from keras_antisym import AntisymmetricRNN
+
+ROOT = Path(__file__).resolve().parents[1]
+PNGS = [
+    "figure1_dynamics.png",
+    "appendix_vanilla_seeds.png",
+    "appendix_feedback_seeds.png",
+    "appendix_feedback_with_input.png",
+    "figure2_jacobian.png",
+]
+LENGTHS = [25, 50, 100]
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("figures")
+    # A small "trained" checkpoint: its input length fixes T.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((40, 5)), AntisymmetricRNN(8, epsilon=0.01, gamma=0.01), keras.layers.Dense(3)]
+    )
+    checkpoint = str(out / "model.keras")
+    model.save(checkpoint)
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
+    env.update(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    args = ["--output-dir", str(out), "--grid-seeds", "4", "--samples", "2", "--units", "16"]
+    args += ["--lstm-units", "16", "--lengths", ",".join(map(str, LENGTHS))]
+    args += ["--gammas", "0.001,10", "--checkpoints", checkpoint]
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.figures", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads((out / "figures.json").read_text())
+
+
+def test_writes_non_empty_pngs(outputs):
+    out, _ = outputs
+    for name in PNGS:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+
+
+def test_feedback_dynamics_follow_the_eigenvalues(outputs):
+    feedback = outputs[1]["dynamics"]["feedback"]
+    # Paper: "moving away from the origin" (W+), "towards the origin" (W-).
+    assert min(feedback["W+"]["norm_ratio"]) > 5
+    assert max(feedback["W-"]["final_norm"]) < 1e-3
+    # W0: an outward spiral (Proposition 2); Wdiff: near-constant distance.
+    assert min(feedback["W0"]["norm_ratio"]) > 1.25
+    ratios = np.array(feedback["Wdiff"]["norm_ratio"])
+    assert np.all(np.abs(ratios - 1) < 0.1), ratios
+    spread = np.array(feedback["Wdiff"]["max_norm"]) / np.array(feedback["Wdiff"]["min_norm"])
+    assert np.all(spread < 1.2), spread
+    eig = {name: sorted(map(tuple, feedback[name]["eigenvalues"])) for name in feedback}
+    np.testing.assert_allclose(eig["W+"], [(2, 0), (2, 0)], atol=1e-6)
+    np.testing.assert_allclose(eig["W-"], [(-2, 0), (-2, 0)], atol=1e-6)
+    np.testing.assert_allclose(eig["W0"], [(0, -2), (0, 2)], atol=1e-9)
+    np.testing.assert_allclose(eig["Wdiff"], [(-0.15, -2), (-0.15, 2)], atol=1e-9)
+
+
+def test_vanilla_orthogonal_and_identity_contract(outputs):
+    vanilla = outputs[1]["dynamics"]["vanilla"]
+    for name in ("identity", "reflection", "rotation"):
+        initial = np.array(vanilla[name]["initial_norm"])
+        assert np.all(np.array(vanilla[name]["final_norm"]) < 0.5 * initial), name
+    determinants = {n: np.linalg.det(np.array(vanilla[n]["matrix"])) for n in vanilla}
+    assert determinants["reflection"] == pytest.approx(-1) and determinants["rotation"] == (
+        pytest.approx(1)
+    )
+    assert len(outputs[1]["dynamics"]["feedback_seeds"]) == 4
+
+
+def test_jacobian_eigenvalues_small_gamma_near_one_lstm_and_large_gamma_vanish(outputs):
+    models = outputs[1]["jacobian"]["models"]
+    small = models["AntisymmetricRNN gamma=0.001"]
+    for t in LENGTHS:
+        assert 0.9 < small[str(t)]["mean"] < 1.1 and small[str(t)]["std"] < 0.1, small
+    for name in ("LSTM", "AntisymmetricRNN gamma=10"):
+        means = [models[name][str(t)]["mean"] for t in LENGTHS]
+        assert all(a > b for a, b in zip(means, means[1:], strict=False)), (name, means)
+        assert means[-1] < 1e-2, (name, means)
+
+
+def test_checkpoint_entry(outputs):
+    (entry,) = outputs[1]["checkpoints"].values()
+    assert entry["type"] == "AntisymmetricRNN" and set(entry) >= {"40"}
+    assert 0.8 < entry["40"]["mean"] < 1.2
