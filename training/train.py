@@ -73,6 +73,16 @@ def _write_atomically(path, text):
     os.replace(handle.name, path)
 
 
+def weights_fingerprint(model):
+    """SHA-256 of all weights' bytes: equal on workers that hold equal weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for weight in model.get_weights():
+        digest.update(weight.tobytes())
+    return digest.hexdigest()
+
+
 def run(args, log=print):
     """Trains as `args` says and returns the metrics (also written to disk)."""
     import keras
@@ -186,6 +196,7 @@ def run(args, log=print):
         model, task, test_x, test_y, args.eval_batch_size, args.seed
     )
     metrics = {
+        "weights_sha256": weights_fingerprint(model),
         "task": args.task,
         "model": args.model,
         "test_accuracy": test_accuracy,
@@ -216,6 +227,7 @@ def run(args, log=print):
         _write_atomically(
             os.path.join(output_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n"
         )
+    log(f"[{distribution.task_label(strategy)}] weights_sha256 {metrics['weights_sha256']}")
     log(
         f"test_accuracy {test_accuracy:.4f} test_loss {test_loss:.4f} "
         f"steps {metrics['steps']} ({metrics['examples_per_second']:.0f} examples/s) "

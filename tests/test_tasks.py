@@ -1,0 +1,230 @@
+"""Every task's pipeline: shapes, dtypes, ranges, permutation, noise, determinism."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from training import tasks
+
+SHARED_TFDS = Path(__file__).resolve().parents[2] / "shared" / "data" / "tfds"
+
+
+def _first_batch(task, split="train", batch_size=8, seed=0, **kwargs):
+    inputs, targets = task.examples(split, **kwargs)
+    ds = tasks.training_dataset(task, inputs, targets, batch_size, seed)
+    x, y = next(iter(ds))
+    return x.numpy(), y.numpy(), inputs, targets
+
+
+@pytest.fixture
+def mock_images():
+    with tfds.testing.mock_data(num_examples=40):
+        yield
+
+
+@pytest.mark.parametrize(
+    "name, timesteps, features",
+    [("pixel_mnist", 784, 1), ("permuted_mnist", 784, 1), ("pixel_cifar10", 1024, 3)],
+)
+def test_pixel_tasks_shapes_and_ranges(mock_images, name, timesteps, features):
+    task = tasks.get_task(name)
+    x, y, inputs, _ = _first_batch(task)
+    assert task.spec.timesteps == timesteps and task.spec.features == features
+    assert x.shape == (8, timesteps, features) and x.dtype == np.float32
+    assert y.dtype == np.int32 and np.all((0 <= y) & (y < 10))
+    assert x.min() >= 0.0 and x.max() <= 1.0 and x.max() > 0.5
+
+
+def test_pixel_mnist_is_scanline_order(mock_images):
+    task = tasks.get_task("pixel_mnist")
+    inputs, targets = task.examples("test")
+    x, _ = task.make_batch(inputs[:2], targets[:2], tf.constant([0, 0]))
+    np.testing.assert_allclose(x.numpy()[:, :, 0], inputs[:2].reshape(2, 784) / 255.0, atol=1e-7)
+
+
+def test_permutation_is_fixed_and_invertible(mock_images):
+    plain, permuted = tasks.get_task("pixel_mnist"), tasks.get_task("permuted_mnist")
+    again = tasks.get_task("permuted_mnist")
+    perm = permuted.permutation
+    np.testing.assert_array_equal(perm, again.permutation)
+    assert sorted(perm) == list(range(784)) and not np.array_equal(perm, np.arange(784))
+    assert permuted.spec.params["permutation_seed"] == tasks.PERMUTATION_SEED
+    inputs, targets = plain.examples("test")
+    a, _ = plain.make_batch(inputs[:3], targets[:3], tf.constant([0, 0]))
+    b, _ = permuted.make_batch(inputs[:3], targets[:3], tf.constant([0, 0]))
+    inverse = np.argsort(perm)
+    np.testing.assert_array_equal(b.numpy()[:, inverse], a.numpy())
+
+
+@pytest.mark.parametrize(
+    "name, steps, features, image_steps",
+    [("noise_padded_cifar10", 1000, 96, 32), ("noise_padded_mnist", 1000, 28, 28)],
+)
+def test_noise_padding(mock_images, name, steps, features, image_steps):
+    task = tasks.get_task(name)
+    inputs, targets = task.examples("train")
+    x, _ = task.make_batch(inputs[:16], targets[:16], tf.constant([3, 4]))
+    x = x.numpy()
+    assert x.shape == (16, steps, features)
+    rows = inputs[:16].reshape(16, image_steps, features) / 255.0
+    np.testing.assert_allclose(x[:, :image_steps], rows, atol=1e-7)
+    noise = x[:, image_steps:]
+    assert abs(noise.mean()) < 0.01 and abs(noise.std() - 1.0) < 0.01
+    # Independent across examples and steps: tiny correlations.
+    assert abs(np.corrcoef(noise[0].ravel(), noise[1].ravel())[0, 1]) < 0.02
+    x2, _ = task.make_batch(inputs[:16], targets[:16], tf.constant([3, 4]))
+    np.testing.assert_array_equal(x2.numpy(), x)  # same seed, same noise
+
+
+@pytest.mark.parametrize("timesteps", [100, 200, 400, 800])
+def test_noise_padding_length_is_a_parameter(mock_images, timesteps):
+    task = tasks.get_task("noise_padded_cifar10", timesteps=timesteps)
+    x, _, _, _ = _first_batch(task, batch_size=2)
+    assert x.shape == (2, timesteps, 96)
+
+
+def test_fashion_mnist_runs_the_mnist_tasks(mock_images):
+    for name in ("pixel_mnist", "permuted_mnist", "noise_padded_mnist"):
+        task = tasks.get_task(name, dataset="fashion_mnist")
+        x, _, _, _ = _first_batch(task, batch_size=2)
+        assert x.shape[0] == 2 and task.spec.params["dataset"] == "fashion_mnist"
+
+
+def test_real_mnist_subset_reads_offline():
+    task = tasks.get_task("pixel_mnist")
+    inputs, targets = task.examples("test", data_dir=str(SHARED_TFDS))
+    assert inputs.shape == (1000, 28, 28, 1) and inputs.dtype == np.uint8
+    assert set(np.unique(targets)) == set(range(10))
+    train, _ = task.examples("train", data_dir=str(SHARED_TFDS))
+    assert len(train) == 5000
+
+
+def test_tfds_data_dir_environment_variable(monkeypatch):
+    monkeypatch.setenv("TFDS_DATA_DIR", str(SHARED_TFDS))
+    inputs, _ = tasks.get_task("pixel_mnist").examples("test")
+    assert len(inputs) == 1000
+
+
+def test_missing_data_gives_a_clear_error(tmp_path):
+    with pytest.raises(tasks.DataError, match="not prepared in"):
+        tasks.get_task("pixel_cifar10").examples("test", data_dir=str(tmp_path))
+    with pytest.raises(tasks.DataError, match="argument `--data-dir`"):
+        tasks.get_task("pixel_mnist").examples("test", data_dir=str(tmp_path / "missing"))
+
+
+def test_digits_task():
+    task = tasks.get_task("digits")
+    x, y, inputs, targets = _first_batch(task, batch_size=32)
+    assert x.shape == (32, 64, 1) and 0.0 <= x.min() and x.max() <= 1.0
+    test_inputs, _ = task.examples("test")
+    assert len(inputs) + len(test_inputs) == 1797
+    assert len(test_inputs) == int(1797 * 0.2)
+    padded = tasks.get_task("digits", timesteps=100)
+    xp, _, _, _ = _first_batch(padded, batch_size=4)
+    assert xp.shape == (4, 100, 1) and xp[:, 64:].std() > 0.5
+
+
+def test_validation_split_is_disjoint_and_fixed():
+    task = tasks.get_task("digits")
+    train, _ = task.examples("train", validation_fraction=0.25)
+    val, _ = task.examples("validation", validation_fraction=0.25)
+    everything, _ = task.examples("train")
+    assert len(train) + len(val) == len(everything)
+    flat = {row.tobytes() for row in everything}
+    train_rows = {row.tobytes() for row in train}
+    val_rows = [row.tobytes() for row in val]
+    assert all(r in flat for r in val_rows)
+    assert sum(r in train_rows for r in val_rows) <= 2  # duplicate images exist in digits
+    val_again, _ = task.examples("validation", validation_fraction=0.25)
+    np.testing.assert_array_equal(val, val_again)
+    test, _ = task.examples("test", validation_fraction=0.25)
+    assert len(test) == int(1797 * 0.2)
+
+
+def test_adding_task():
+    task = tasks.get_task("adding", timesteps=50)
+    x, y, _, _ = _first_batch(task, batch_size=64)
+    assert x.shape == (64, 50, 2) and y.shape == (64, 1)
+    values, markers = x[..., 0], x[..., 1]
+    assert np.all(markers.sum(1) == 2)
+    assert np.all(markers[:, :25].sum(1) == 1) and np.all(markers[:, 25:].sum(1) == 1)
+    np.testing.assert_allclose(y[:, 0], (values * markers).sum(1), atol=1e-6)
+    assert 0 <= values.min() and values.max() <= 1
+
+
+def test_copy_task():
+    task = tasks.get_task("copy", timesteps=40)
+    x, y, _, _ = _first_batch(task, batch_size=16)
+    assert x.shape == (16, 40, 10) and y.shape == (16, 40)
+    symbols = x.argmax(-1)
+    assert np.all((symbols[:, :10] >= 1) & (symbols[:, :10] <= 8))
+    assert np.all(symbols[:, 10:29] == 0) and np.all(symbols[:, 29] == 9)
+    np.testing.assert_array_equal(y[:, -10:], symbols[:, :10])
+    assert np.all(y[:, :-10] == 0)
+
+
+def test_training_batches_depend_only_on_seed_and_step():
+    task = tasks.get_task("digits")
+    inputs, targets = task.examples("train")
+    steps_per_epoch = len(targets) // 32
+    full = list(tasks.training_dataset(task, inputs, targets, 32, seed=5).take(steps_per_epoch + 3))
+    resumed = list(
+        tasks.training_dataset(
+            task, inputs, targets, 32, seed=5, start_step=steps_per_epoch + 1
+        ).take(2)
+    )
+    for a, b in zip(full[steps_per_epoch + 1 :], resumed, strict=True):
+        np.testing.assert_array_equal(a[0].numpy(), b[0].numpy())
+    # One epoch visits distinct examples; the next epoch uses a new order.
+    first_epoch = np.concatenate([y.numpy() for _, y in full[:steps_per_epoch]])
+    assert len(first_epoch) == steps_per_epoch * 32
+    other = list(tasks.training_dataset(task, inputs, targets, 32, seed=6).take(1))[0][0]
+    assert not np.array_equal(other.numpy(), full[0][0].numpy())
+    assert not np.array_equal(full[steps_per_epoch][0].numpy(), full[0][0].numpy())
+
+
+def test_replica_slices_recompose_the_global_batch():
+    task = tasks.get_task("adding", timesteps=20)
+    inputs, targets = task.examples("train")
+    whole = next(iter(tasks.training_dataset(task, inputs, targets, 8, seed=1)))
+    slices = []
+    for pipeline in range(2):  # 2 workers with 2 replicas each
+        ds = tasks.training_dataset(
+            task,
+            inputs,
+            targets,
+            8,
+            seed=1,
+            num_replicas=4,
+            replica_ids=(2 * pipeline, 2 * pipeline + 1),
+        )
+        slices += [x.numpy() for x, _ in ds.take(2)]
+    np.testing.assert_array_equal(np.concatenate(slices), whole[0].numpy())
+
+
+def test_evaluation_covers_every_example_once():
+    task = tasks.get_task("digits")
+    inputs, targets = task.examples("test")
+    labels = np.concatenate(
+        [y.numpy() for _, y in tasks.evaluation_dataset(task, inputs, targets, 50, 0)]
+    )
+    np.testing.assert_array_equal(labels, targets)
+
+
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        ({"name": "mnist_pixels"}, "task"),
+        ({"name": "pixel_mnist", "dataset": "kmnist"}, "dataset"),
+        ({"name": "pixel_cifar10", "dataset": "fashion_mnist"}, "dataset"),
+        ({"name": "pixel_mnist", "timesteps": 100}, "timesteps"),
+        ({"name": "noise_padded_cifar10", "timesteps": 10}, "timesteps"),
+        ({"name": "adding", "timesteps": 0}, "timesteps"),
+    ],
+)
+def test_invalid_task_arguments(kwargs, argument):
+    with pytest.raises(ValueError, match=f"argument `{argument}`"):
+        tasks.get_task(**kwargs)

@@ -1,0 +1,259 @@
+"""The training CLI: outputs, learning, configs, bad flags, kill-and-resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+import yaml
+
+from training import train
+from training.models import build_model
+from training.tasks import get_task
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TFDS = ROOT.parent / "shared" / "data" / "tfds"
+CONFIGS = sorted((ROOT / "training" / "configs").glob("*.yaml"))
+OUTPUT_FILES = ("config.yaml", "metrics.json", "model.keras", "checkpoints/checkpoint")
+
+
+def _env():
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _run_cli(args, timeout=240):
+    return subprocess.run(
+        [sys.executable, "-m", "training.train", *args],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("model", ["antisymmetric", "gated", "ablation", "lstm"])
+def test_each_model_learns_on_mock_data_and_writes_every_output(tmp_path, model):
+    logs = []
+    with tfds.testing.mock_data(num_examples=16):
+        metrics = train.run(
+            train.build_parser().parse_args(
+                [
+                    "--task",
+                    "noise_padded_mnist",
+                    "--timesteps",
+                    "28",
+                    "--model",
+                    model,
+                    "--units",
+                    "16",
+                    "--epsilon",
+                    "0.5",
+                    "--batch-size",
+                    "16",
+                    "--steps",
+                    "40",
+                    "--learning-rate",
+                    "0.03",
+                    "--log-every",
+                    "10",
+                    "--checkpoint-every",
+                    "20",
+                    "--output-dir",
+                    str(tmp_path),
+                    "--strategy",
+                    "default",
+                ]
+            ),
+            log=logs.append,
+        )
+    losses = [float(line.split()[3]) for line in logs if line.startswith("step ")]
+    assert len(losses) == 4 and losses[-1] < 0.7 * losses[0], losses
+    for name in OUTPUT_FILES:
+        assert (tmp_path / name).is_file(), name
+    assert list((tmp_path / "logs").iterdir()), "no TensorBoard events"
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    for key in ("test_accuracy", "test_loss", "steps", "examples_per_second", "wall_time_seconds"):
+        assert key in written
+    assert written["steps"] == 40 and written == metrics
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert config["model"] == model and config["timesteps"] == 28
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert loaded.count_params() == written["parameters"]
+
+
+def test_real_mnist_subset_gives_a_clear_learning_signal(tmp_path):
+    """Row-by-row real MNIST (T=28) for 150 steps: far above chance (10%)."""
+    metrics = train.run(
+        train.build_parser().parse_args(
+            [
+                "--task",
+                "noise_padded_mnist",
+                "--timesteps",
+                "28",
+                "--model",
+                "antisymmetric",
+                "--units",
+                "64",
+                "--epsilon",
+                "0.1",
+                "--gamma",
+                "0.01",
+                "--batch-size",
+                "64",
+                "--steps",
+                "150",
+                "--learning-rate",
+                "0.01",
+                "--data-dir",
+                str(SHARED_TFDS),
+                "--output-dir",
+                str(tmp_path),
+                "--strategy",
+                "default",
+                "--log-every",
+                "50",
+            ]
+        ),
+        log=lambda line: None,
+    )
+    assert metrics["test_accuracy"] > 0.6, metrics
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_paper_configs_resolve_to_the_paper_models(config):
+    args = train.build_parser()
+    parsed = train.options.parse_with_config(args, ["--config", str(config)])
+    train._validate_run(parsed)
+    expected = {
+        ("lstm", "pixel_mnist"): 67_850,
+        ("lstm", "permuted_mnist"): 67_850,
+        ("antisymmetric", "pixel_mnist"): 9_674,
+        ("gated", "pixel_mnist"): 9_930,
+        ("antisymmetric", "permuted_mnist"): 9_674,
+        ("gated", "permuted_mnist"): 9_930,
+        ("lstm", "pixel_cifar10"): 68_874,
+        ("ablation", "pixel_cifar10"): 41_954,
+        ("antisymmetric", "pixel_cifar10"): 36_234,
+        ("gated", "pixel_cifar10"): 37_258,
+    }
+    task = parsed.task.replace("noise_padded_", "pixel_")
+    spec = get_task(parsed.task, timesteps=parsed.timesteps).spec
+    model = build_model(spec, parsed.model, units=parsed.units)
+    if parsed.task.startswith("noise_padded"):
+        # m = 96 instead of 3: only the input kernel grows.
+        blocks = {"lstm": 4, "gated": 2, "ablation": 2, "antisymmetric": 1}[parsed.model]
+        expected_count = expected[(parsed.model, task)] + 93 * blocks * parsed.units
+    else:
+        expected_count = expected[(parsed.model, task)]
+    assert model.count_params() == expected_count
+    assert parsed.batch_size == 128
+    assert parsed.steps == (10_000 if parsed.task.startswith("noise_padded") else 50_000)
+
+
+def test_command_line_overrides_config(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("units: 32\nlearning-rate: 0.5\n")
+    parsed = train.options.parse_with_config(
+        train.build_parser(), ["--config", str(config), "--units", "8"]
+    )
+    assert parsed.units == 8 and parsed.learning_rate == 0.5
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--task", "mnist_pixels"], "argument --task: invalid choice"),
+        (["--epsilon", "0"], "argument `--epsilon`, expected a positive float"),
+        (["--epsilon", "-1"], "argument `--epsilon`, expected a positive float"),
+        (["--gamma", "-0.1"], "argument `--gamma`"),
+        (["--data-dir", "/nonexistent/tfds"], "argument `--data-dir`"),
+        (["--task", "pixel_cifar10", "--data-dir", "{empty}"], "is not prepared in"),
+        (["--config", "/nonexistent.yaml"], "argument --config: no such file"),
+        (
+            ["--batch-size", "3", "--strategy", "mirrored", "--cpu-devices", "2"],
+            "a multiple of the 2 replicas",
+        ),
+    ],
+)
+def test_bad_flags_exit_with_one_line(tmp_path, args, message):
+    args = [a.replace("{empty}", str(tmp_path)) for a in args]
+    proc = _run_cli([*args, "--output-dir", str(tmp_path / "out"), "--steps", "1"], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [
+        line
+        for line in proc.stderr.splitlines()
+        if "error" in line.lower() and not line.startswith(("E0000", "W0000", "I0000"))
+    ]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def _weights(path):
+    return keras.saving.load_model(path).get_weights()
+
+
+def test_kill_and_resume_finishes_with_nothing_lost(tmp_path):
+    common = [
+        "--task",
+        "digits",
+        "--units",
+        "32",
+        "--batch-size",
+        "32",
+        "--steps",
+        "300",
+        "--checkpoint-every",
+        "10",
+        "--log-every",
+        "10",
+        "--strategy",
+        "default",
+    ]
+    killed_dir = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.train", *common, "--output-dir", str(killed_dir)],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    index = killed_dir / "checkpoints" / "checkpoint"
+    deadline = time.monotonic() + 180
+    while not index.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert index.exists(), "no checkpoint before the deadline"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (killed_dir / "metrics.json").exists(), "the run finished before the kill"
+
+    resumed = _run_cli([*common, "--output-dir", str(killed_dir)])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    metrics = json.loads((killed_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 300 and 10 <= metrics["resumed_from_step"] < 300
+    assert metrics["steps_this_run"] == 300 - metrics["resumed_from_step"]
+
+    whole_dir = tmp_path / "whole"
+    assert _run_cli([*common, "--output-dir", str(whole_dir)]).returncode == 0
+    whole = json.loads((whole_dir / "metrics.json").read_text())
+    # The same batches from the restored step on: the same model.
+    for a, b in zip(
+        _weights(killed_dir / "model.keras"), _weights(whole_dir / "model.keras"), strict=True
+    ):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert abs(metrics["test_loss"] - whole["test_loss"]) < 1e-4
+
+    again = _run_cli([*common, "--output-dir", str(killed_dir)])  # already finished
+    assert (
+        again.returncode == 0
+        and json.loads((killed_dir / "metrics.json").read_text())["steps"] == 300
+    )
