@@ -581,6 +581,9 @@ class StabilityDiagnostics(keras.callbacks.Callback):
 
     def compute(self):
         """Computes the diagnostics now; returns a dict of Python floats."""
+        # Reading `self.model` syncs the JAX trainer's state into the
+        # variables, which JAX leaves stale in the middle of an epoch.
+        model = self.model
         values = {}
         layer_inputs = None
         if self._extractor is not None:
@@ -611,19 +614,19 @@ class StabilityDiagnostics(keras.callbacks.Callback):
                 jac, h_last = end_to_end_jacobian(layer, seq[:, :1], return_final_state=True)
             last = seq[:, 0] if _go_backwards(layer) else seq[:, -1]
             values[f"{key}/euler_margin"] = float(np.max(stability_margin(cell, h_last, last)))
-        values.update(self._gradient_norms())
+        values.update(self._gradient_norms(model))
         return values
 
-    def _gradient_norms(self):
-        loss_fn = _loss_function(self.model)
+    def _gradient_norms(self, model):
+        loss_fn = _loss_function(model)
         if self.probe_y is None or loss_fn is None:
             return {}
-        grads = _gradients(self.model, loss_fn, self.probe_x, self.probe_y)
+        grads = _gradients(model, loss_fn, self.probe_x, self.probe_y)
         if grads is None:
             return {}
-        by_id = {id(v): g for v, g in zip(self.model.trainable_variables, grads, strict=True)}
+        by_id = {id(v): g for v, g in zip(model.trainable_variables, grads, strict=True)}
         norms = {}
-        for layer in self.model.layers:
+        for layer in model.layers:
             squares = [
                 float(np.sum(np.square(by_id[id(v)])))
                 for v in layer.trainable_variables

@@ -248,6 +248,17 @@ for gated in (False, True):
         "margin": diagnostics.stability_margin(layer, h, x[:, 0]).tolist(),
         "e2e": diagnostics.end_to_end_jacobian(layer, x).tolist(),
     }
+# The callback mid-epoch: JAX keeps the trained state outside the variables.
+model = keras.Sequential([keras.Input((40, 3)), make_layer("fused", False, 6, name="arnn"),
+                          keras.layers.Dense(2)])
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+y = np.array([0, 1])
+callback = diagnostics.StabilityDiagnostics(every_n_steps=1, probe_data=(x, y))
+model.fit(x, y, batch_size=1, epochs=1, callbacks=[callback], verbose=0)
+record = callback.records[-1]
+direct = diagnostics.end_to_end_jacobian_stats(model.get_layer("arnn"), x)["eig_abs_mean"]
+out["callback"] = [record["stability/arnn/e2e_eig_abs_mean"], direct,
+                   record["stability/grad_norm/arnn"]]
 json.dump(out, open(sys.argv[1], "w"))
 """
 
@@ -283,6 +294,8 @@ def test_same_numbers_on_other_backend(backend, tmp_path):
         np.testing.assert_allclose(ours["step"], step_jacobian(layer, h, x[:, 0]), atol=1e-5)
         np.testing.assert_allclose(ours["margin"], stability_margin(layer, h, x[:, 0]), atol=1e-5)
         np.testing.assert_allclose(ours["e2e"], end_to_end_jacobian(layer, x), atol=1e-4)
+    logged, direct, grad_norm = other["callback"]
+    assert logged == pytest.approx(direct, rel=1e-6) and grad_norm > 0
 
 
 def test_module_exports():
