@@ -87,7 +87,15 @@ def make_strategy(name, tpu=None):
 
 
 def strategy_name(strategy):
-    return type(strategy).__name__
+    """The public `tf.distribute` name of `strategy` (its class may be private)."""
+    for public, name in (
+        (tf.distribute.MultiWorkerMirroredStrategy, "MultiWorkerMirroredStrategy"),
+        (tf.distribute.MirroredStrategy, "MirroredStrategy"),
+        (tf.distribute.TPUStrategy, "TPUStrategy"),
+    ):
+        if isinstance(strategy, public):
+            return name
+    return "default"
 
 
 def is_chief(strategy):
