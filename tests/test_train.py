@@ -257,3 +257,35 @@ def test_kill_and_resume_finishes_with_nothing_lost(tmp_path):
         again.returncode == 0
         and json.loads((killed_dir / "metrics.json").read_text())["steps"] == 300
     )
+
+
+def test_diagnostics_flag_logs_stability_measures(tmp_path):
+    logs = []
+    metrics = train.run(
+        train.build_parser().parse_args(
+            [
+                "--units",
+                "16",
+                "--steps",
+                "20",
+                "--diagnostics",
+                "10",
+                "--log-every",
+                "10",
+                "--gamma",
+                "0.05",
+                "--output-dir",
+                str(tmp_path),
+                "--strategy",
+                "default",
+            ]
+        ),
+        log=logs.append,
+    )
+    assert sum("diagnostics" in line for line in logs) == 2
+    values = metrics["diagnostics"]
+    # Real parts of the eigenvalues of W - Wᵀ - γI are -γ (the paper's diffusion).
+    assert abs(values["stability/antisymmetric/m_eig_real_max"] + 0.05) < 1e-5
+    assert values["stability/antisymmetric/euler_margin"] > 0
+    assert values["stability/grad_norm/antisymmetric"] > 0
+    assert 0 < values["stability/antisymmetric/e2e_eig_abs_mean"] < 10

@@ -2,6 +2,7 @@
 
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from training.objectives import per_example_correct, per_example_loss
@@ -152,6 +153,43 @@ def evaluate(model, task, inputs, targets, batch_size, seed):
     return loss / count, correct / count
 
 
-def make_diagnostics(model, task, inputs, targets, every):
-    """Stability diagnostics every `every` steps (see keras_antisym.diagnostics)."""
-    raise NotImplementedError("diagnostics are integrated with keras_antisym.diagnostics")
+class Diagnostics:
+    """Stability diagnostics every `every` steps (`keras_antisym.StabilityDiagnostics`).
+
+    Evaluated on a fixed probe of `probe_size` test sequences: the Euler
+    margin, the eigenvalues of `W - Wᵀ - γI`, the end-to-end Jacobian's
+    eigenvalue magnitudes and singular values, and per-layer gradient norms;
+    logged as one line, to TensorBoard (`stability/...`) and kept in `latest`.
+    """
+
+    def __init__(self, model, task, inputs, targets, every, probe_size=4):
+        import keras
+
+        import keras_antisym
+
+        self.every = every
+        count = min(probe_size, len(targets))
+        x, y = task.make_batch(inputs[:count], targets[:count], tf.constant([0, 0]))
+        probe = (np.asarray(x), np.asarray(y))
+        self.callback = keras_antisym.StabilityDiagnostics(every, probe_data=probe)
+        self.callback.set_model(model)
+        # The callback reads the loss from the model for its gradient norms.
+        model.loss = (
+            keras.losses.MeanSquaredError()
+            if task.spec.head == "regression"
+            else keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+        self.callback.on_train_begin()
+        self.latest = {}
+
+    def __call__(self, step, writer, log):
+        self.latest = self.callback.compute()
+        with writer.as_default():
+            for name, value in self.latest.items():
+                tf.summary.scalar(name, value, step=step)
+        shown = {
+            k.split("/", 1)[1]: v
+            for k, v in self.latest.items()
+            if k.endswith(("euler_margin", "e2e_eig_abs_mean"))
+        }
+        log(f"step {step} diagnostics " + " ".join(f"{k}={v:.4g}" for k, v in shown.items()))

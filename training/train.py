@@ -170,7 +170,7 @@ def run(args, log=print):
     )
     diagnostics = None
     if args.diagnostics:
-        diagnostics = loop.make_diagnostics(model, task, test_x, test_y, args.diagnostics)
+        diagnostics = loop.Diagnostics(model, task, test_x, test_y, args.diagnostics)
 
     history = loop.train(
         model=model,
@@ -211,6 +211,8 @@ def run(args, log=print):
         "parameters": int(model.count_params()),
         "replicas": replicas,
     }
+    if diagnostics is not None:
+        metrics["diagnostics"] = diagnostics.latest
     if val is not None:
         metrics["val_loss"], metrics["val_accuracy"] = loop.evaluate(
             model, task, val[0], val[1], args.eval_batch_size, args.seed
