@@ -282,7 +282,7 @@ def test_diagnostics_flag_logs_stability_measures(tmp_path):
         ),
         log=logs.append,
     )
-    assert sum("diagnostics" in line for line in logs) == 2
+    assert sum(line.startswith("step ") and " diagnostics " in line for line in logs) == 2
     values = metrics["diagnostics"]
     # Real parts of the eigenvalues of W - Wᵀ - γI are -γ (the paper's diffusion).
     assert abs(values["stability/antisymmetric/m_eig_real_max"] + 0.05) < 1e-5
