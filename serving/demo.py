@@ -1,0 +1,141 @@
+"""The main job end to end, offline: train, export, serve, predict over REST, stop.
+
+    python -m serving.demo [--output-dir runs/demo] [--export-base models/antisym]
+
+1. `python -m training.train` on the embedded `digits` task (resumes if run before),
+2. `python -m serving.export` to the next free version under `--export-base`,
+3. `python -m serving.server` on a free 127.0.0.1 port,
+4. a REST prediction of test digits through `serving.client`, printed,
+5. the server stopped (also on errors).
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from serving.client import ServingClient, ServingError
+
+MODEL_NAME = "antisym"
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _next_version(export_base):
+    if not os.path.isdir(export_base):
+        return 1
+    versions = [int(name) for name in os.listdir(export_base) if name.isdigit()]
+    return max(versions, default=0) + 1
+
+
+def _run(args, step):
+    print(f"[{step}] {' '.join(args)}", flush=True)
+    subprocess.run([sys.executable, *args], check=True)
+
+
+def _wait_until_serving(client, process, deadline_seconds):
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode}")
+        try:
+            return client.status()
+        except ServingError:
+            time.sleep(0.25)
+    raise RuntimeError(f"the server did not answer within {deadline_seconds} s")
+
+
+def _test_digits(count):
+    """The first `count` test digits, as the `digits` task feeds them."""
+    from training.tasks import get_task
+
+    task = get_task("digits")
+    images, labels = task.examples("test")
+    x, y = task.make_batch(images[:count], labels[:count], np.zeros(2, "int32"))
+    return np.asarray(x), np.asarray(y)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m serving.demo", description=__doc__)
+    parser.add_argument("--output-dir", default="runs/demo")
+    parser.add_argument("--export-base", default=os.path.join("models", MODEL_NAME))
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--examples", type=int, default=8, help="test digits to predict")
+    args = parser.parse_args(argv)
+
+    _run(
+        [
+            "-m",
+            "training.train",
+            "--task",
+            "digits",
+            "--steps",
+            str(args.steps),
+            "--output-dir",
+            args.output_dir,
+        ],
+        "train",
+    )
+    version = _next_version(args.export_base)
+    _run(
+        [
+            "-m",
+            "serving.export",
+            "--model",
+            os.path.join(args.output_dir, "model.keras"),
+            "--export-base",
+            args.export_base,
+            "--version",
+            str(version),
+        ],
+        "export",
+    )
+
+    port = _free_port()
+    command = [
+        "-m",
+        "serving.server",
+        "--model-base-path",
+        args.export_base,
+        "--model-name",
+        MODEL_NAME,
+        "--port",
+        str(port),
+    ]
+    print(f"[serve] {' '.join(command)}", flush=True)
+    server = subprocess.Popen([sys.executable, *command])
+    try:
+        client = ServingClient(f"http://127.0.0.1:{port}", MODEL_NAME, timeout=30)
+        status = _wait_until_serving(client, server, deadline_seconds=120)
+        print(f"[serve] {json.dumps(status)}")
+        x, labels = _test_digits(args.examples)
+        print(f"[predict] POST /v1/models/{MODEL_NAME}:predict with {len(x)} test digits")
+        predictions = client.predict(instances=x.tolist())["predictions"]
+        correct = 0
+        for prediction, label in zip(predictions, labels, strict=True):
+            confidence = max(prediction["probabilities"])
+            correct += prediction["class_id"] == int(label)
+            print(f"  true {int(label)}  predicted {prediction['class_id']}  p={confidence:.3f}")
+        print(f"[predict] {correct}/{len(labels)} correct (model version {version})")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        print("[stop] server stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
