@@ -1,0 +1,252 @@
+"""The tuning CLI: a small search, distributed chief/workers, resume, bad flags."""
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from training import tune
+from training.hypermodels import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--task", "digits", "--units", "8", "--batch-size", "32", "--seed", "0"]
+
+
+def _env(**extra):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    for name in ("KERASTUNER_TUNER_ID", "KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def _start(args, log_path, **env):
+    with open(log_path, "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "training.tune", *args],
+            cwd=ROOT,
+            env=_env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _stop(processes):
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+def _trials(project_dir):
+    """trial_id -> trial.json of every trial of a project."""
+    trials = {}
+    for path in Path(project_dir).glob("trial_*/trial.json"):
+        try:
+            trial = json.loads(path.read_text())
+        except json.JSONDecodeError:  # being written
+            continue
+        trials[trial["trial_id"]] = trial
+    return trials
+
+
+def _read_json(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_small_random_search_stays_in_the_space_and_names_the_best_trial(tmp_path, capsys):
+    directory = tmp_path / "search"
+    argv = [*TINY, "--model", "antisymmetric", "--tuner", "random", "--max-trials", "3"]
+    argv += ["--steps-per-trial", "10", "--directory", str(directory), "--project-name", "p"]
+    assert tune.main(argv) == 0
+
+    trials = _trials(directory / "p")
+    assert len(trials) == 3
+    space = SearchSpace()
+    for trial in trials.values():
+        assert trial["status"] == "COMPLETED"
+        values = trial["hyperparameters"]["values"]
+        assert set(values) == set(MODEL_HYPERPARAMETERS["antisymmetric"])
+        for name, value in values.items():
+            assert value in PAPER_GRID[name] and space.contains(name, value), (name, value)
+
+    with open(directory / "trials.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["trial_id"] for row in rows] != [] and len(rows) == 3
+    scores = [float(row["score"]) for row in rows]
+    assert scores == sorted(scores, reverse=True)
+    best = json.loads((directory / "best.json").read_text())
+    assert best["objective"] == "val_accuracy"
+    assert best["best_trial_id"] == rows[0]["trial_id"]
+    assert best["score"] == pytest.approx(max(t["score"] for t in trials.values()))
+    assert best["hyperparameters"] == trials[best["best_trial_id"]]["hyperparameters"]["values"]
+    assert best["completed_trials"] == 3
+    out = capsys.readouterr().out
+    assert "trial_id" in out and f"best trial {best['best_trial_id']}" in out
+
+
+def test_custom_log_scale_space_samples_inside_its_ranges(tmp_path):
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("epsilon: [0.05, 0.5]\noptimizer: [adagrad]\n")
+    directory = tmp_path / "search"
+    argv = [*TINY, "--model", "gated", "--tuner", "bayesian", "--max-trials", "2"]
+    argv += ["--steps-per-trial", "5", "--space", str(space_file), "--log-scale"]
+    argv += ["--learning-rate-values", "0.1,0.3", "--directory", str(directory)]
+    assert tune.main(argv) == 0
+    trials = _trials(directory / "digits-gated")
+    assert len(trials) == 2
+    for trial in trials.values():
+        values = trial["hyperparameters"]["values"]
+        assert 0.05 <= values["epsilon"] <= 0.5
+        assert 0.1 <= values["learning_rate"] <= 0.3
+        assert 0.001 <= values["gamma"] <= 1 and 0 <= values["sigma_w"] <= 16
+        assert values["optimizer"] == "adagrad"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--epsilon-values", "0,0.1"],
+            "Received an invalid value for argument `--epsilon-values`, expected positive floats",
+        ),
+        (
+            ["--gamma-values", "-0.1"],
+            "Received an invalid value for argument `--gamma-values`, expected non-negative",
+        ),
+        (
+            ["--learning-rate-values", "0.1,x"],
+            "Received an invalid value for argument `--learning-rate-values`, expected positive",
+        ),
+        (["--optimizer-values", "rmsprop"], "argument `--optimizer-values`"),
+        (["--tuner", "grid", "--log-scale"], "argument `--tuner`"),
+        (["--validation-fraction", "0"], "argument `--validation-fraction`"),
+        (["--max-trials", "0"], "argument `--max-trials`"),
+    ],
+)
+def test_invalid_values_fail_with_one_line(tmp_path, capsys, extra, message):
+    assert tune.main([*TINY, "--directory", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "best.json").exists()
+
+
+def test_invalid_space_file_value_fails_with_one_line(tmp_path, capsys):
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("epsilon: [-1, 0.1]\n")
+    assert tune.main([*TINY, "--space", str(space_file), "--directory", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "argument `--space (epsilon)`, expected positive floats" in err
+    assert err.count("\n") == 1
+
+
+def test_unknown_tuner_is_a_one_line_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        tune.main([*TINY, "--tuner", "annealing"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --tuner: invalid choice: 'annealing'" in err
+    assert err.count("\n") == 1
+
+
+def test_chief_and_two_workers_run_every_trial_once(tmp_path):
+    directory = tmp_path / "search"
+    trials = 4
+    argv = [*TINY, "--model", "antisymmetric", "--tuner", "random"]
+    argv += ["--max-trials", str(trials), "--steps-per-trial", "10"]
+    argv += ["--directory", str(directory), "--project-name", "p"]
+    oracle = {"KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": str(_free_port())}
+    names = ("chief", "tuner0", "tuner1")
+    processes = []
+    try:
+        for name in names:
+            processes.append(
+                _start(argv, tmp_path / f"{name}.log", KERASTUNER_TUNER_ID=name, **oracle)
+            )
+        deadline = time.monotonic() + 150
+        for process in processes:
+            process.wait(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        _stop(processes)
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name in names}
+    for process, name in zip(processes, names, strict=True):
+        assert process.returncode == 0, logs[name][-3000:]
+
+    found = _trials(directory / "p")
+    assert sorted(found) == [str(i) for i in range(trials)]
+    assert all(trial["status"] == "COMPLETED" for trial in found.values())
+    # Each trial ran on exactly one worker, exactly once; the chief ran none.
+    runs = [
+        line.split()[2]
+        for name in ("tuner0", "tuner1")
+        for line in logs[name].splitlines()
+        if line.startswith(f"[{name}] trial ") and " done " in line
+    ]
+    assert sorted(runs) == sorted(found)
+    assert "] trial " not in logs["chief"]
+    best = json.loads((directory / "best.json").read_text())
+    assert best["completed_trials"] == trials
+    assert best["score"] == pytest.approx(max(t["score"] for t in found.values()))
+
+
+def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):
+    directory = tmp_path / "search"
+    argv = [*TINY, "--model", "antisymmetric", "--tuner", "random", "--max-trials", "3"]
+    argv += ["--steps-per-trial", "40", "--directory", str(directory), "--project-name", "p"]
+    project = directory / "p"
+    first = _start(argv, tmp_path / "first.log")
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and first.poll() is None:
+            trial = _trials(project).get("0")
+            oracle = _read_json(project / "oracle.json")
+            # The oracle saves trial 0 as finished (no longer ongoing) after its trial.json.
+            if (
+                trial
+                and trial["status"] == "COMPLETED"
+                and oracle
+                and "0" not in oracle["ongoing_trials"].values()
+            ):
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        _stop([first])
+    before = _trials(project)
+    assert before["0"]["status"] == "COMPLETED"
+    assert not (directory / "best.json").exists()
+
+    second = _start(argv, tmp_path / "second.log")
+    try:
+        second.wait(timeout=90)
+    finally:
+        _stop([second])
+    log = (tmp_path / "second.log").read_text()
+    assert second.returncode == 0, log[-3000:]
+    after = _trials(project)
+    assert sorted(after) == ["0", "1", "2"]
+    assert all(trial["status"] == "COMPLETED" for trial in after.values())
+    assert after["0"]["score"] == before["0"]["score"]
+    assert after["0"]["hyperparameters"] == before["0"]["hyperparameters"]
+    assert "[tuner0] trial 0 " not in log  # not redone
+    best = json.loads((directory / "best.json").read_text())
+    assert best["completed_trials"] == 3
