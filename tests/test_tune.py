@@ -119,6 +119,30 @@ def test_custom_log_scale_space_samples_inside_its_ranges(tmp_path):
         assert values["optimizer"] == "adagrad"
 
 
+@pytest.mark.parametrize("tuner, model", [("grid", "lstm"), ("hyperband", "gated")])
+def test_grid_and_hyperband_search_then_retrain_the_best(tmp_path, tuner, model):
+    directory = tmp_path / "search"
+    argv = [*TINY, "--model", model, "--tuner", tuner, "--max-trials", "4"]
+    argv += ["--steps-per-trial", "6", "--directory", str(directory), "--retrain-steps", "8"]
+    argv += ["--sigma-w-values", "1,2", "--learning-rate-values", "0.1"]
+    assert tune.main(argv) == 0
+    trials = _trials(directory / f"digits-{model}")
+    assert len(trials) == 4
+    for trial in trials.values():
+        values = trial["hyperparameters"]["values"]
+        assert values["sigma_w"] in (1, 2) and values["learning_rate"] == 0.1
+        assert ("epsilon" in values) == (model != "lstm")
+    best = json.loads((directory / "best.json").read_text())
+    assert best["score"] == pytest.approx(
+        max(t["score"] for t in trials.values() if t["status"] == "COMPLETED")
+    )
+    assert best["retrained"]["steps"] == 8
+    assert best["retrained"]["model"] == model and "val_accuracy" in best["retrained"]
+    config = (directory / "best" / "config.yaml").read_text()
+    assert f"sigma_w: {float(best['hyperparameters']['sigma_w'])}" in config
+    assert (directory / "best" / "model.keras").exists()
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
