@@ -190,6 +190,24 @@ def test_unknown_tuner_is_a_one_line_usage_error(capsys):
     assert err.count("\n") == 1
 
 
+def test_trials_run_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
+    directory = tmp_path / "search"
+    argv = [*TINY, "--max-trials", "2", "--steps-per-trial", "5", "--directory", str(directory)]
+    argv += ["--strategy", "mirrored", "--cpu-devices", "2"]
+    result = subprocess.run(
+        [sys.executable, "-m", "training.tune", *argv],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trials run on MirroredStrategy (2 replicas)" in result.stdout
+    trials = _trials(directory / "digits-antisymmetric")
+    assert len(trials) == 2 and all(t["status"] == "COMPLETED" for t in trials.values())
+
+
 def test_chief_and_two_workers_run_every_trial_once(tmp_path):
     directory = tmp_path / "search"
     trials = 4

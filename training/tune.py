@@ -349,6 +349,7 @@ def run(args, space, log=print):
         f"a multiple of the {replicas} replicas",
         args.batch_size,
     )
+    log(f"trials run on {distribution.strategy_name(strategy)} ({replicas} replicas)")
     if distribution.strategy_name(strategy) == "default":
         strategy = None
     os.makedirs(args.directory, exist_ok=True)
