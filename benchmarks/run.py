@@ -41,6 +41,8 @@ FULL = {
     "inference_shapes": [(1, 784, 1, 128), (64, 784, 1, 128)],
     "memory_shape": (128, 1000, 1, 128),
     "jit_shape": (128, 784, 1, 128),
+    "e2e_shape": (128, 784, 1, 128),
+    "e2e_steps": 40,
     "repeats": 5,
     "warmup": 2,
 }
@@ -49,6 +51,8 @@ QUICK = {
     "inference_shapes": [(1, 20, 1, 8)],
     "memory_shape": (8, 30, 1, 8),
     "jit_shape": (8, 20, 1, 8),
+    "e2e_shape": (8, 70, 1, 8),
+    "e2e_steps": 5,
     "repeats": 2,
     "warmup": 1,
 }
@@ -250,6 +254,83 @@ def bench_memory(config, layers=LAYERS):
     return {"shape": config["memory_shape"], "layers": results}
 
 
+def bench_end_to_end(config):
+    """`training.train` (pipeline included) against its bare training step.
+
+    The bare step is `train_on_batch` of the same model, optimizer and batch
+    shape on a fixed in-memory batch; the run is `python -m training.train` on
+    `digits` noise-padded to the same length (a real tf.data pipeline).
+    """
+    batch, steps, features, units = config["e2e_shape"]
+    x, y = _data(batch, steps, features)
+    import keras
+
+    import keras_antisym
+
+    model = keras.Sequential(
+        [
+            keras.Input((steps, features)),
+            keras_antisym.AntisymmetricRNN(units),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        keras.optimizers.SGD(0.01, momentum=0.9),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    bare = interleaved(
+        {"bare": lambda: model.train_on_batch(x, y)}, config["repeats"] * 2, config["warmup"]
+    )["bare"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "training.train",
+                "--task",
+                "digits",
+                "--timesteps",
+                str(steps),
+                "--units",
+                str(units),
+                "--batch-size",
+                str(batch),
+                "--steps",
+                str(config["e2e_steps"]),
+                "--optimizer",
+                "sgd",
+                "--learning-rate",
+                "0.01",
+                "--strategy",
+                "default",
+                "--log-every",
+                "1000",
+                "--checkpoint-every",
+                "100000",
+                "--output-dir",
+                tmp,
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-3000:])
+        with open(os.path.join(tmp, "metrics.json")) as handle:
+            metrics = json.load(handle)
+    bare_rate = batch / bare["median"]
+    return {
+        "shape": [batch, steps, features, units],
+        "bare_step": bare,
+        "bare_examples_per_second": bare_rate,
+        "train_examples_per_second": metrics["examples_per_second"],
+        "train_over_bare": metrics["examples_per_second"] / bare_rate,
+    }
+
+
 def run_backend(backend, quick, output):
     """Runs the JAX (or other) backend's training benchmark in a subprocess."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -310,6 +391,9 @@ def ratios(results):
         t = {k: v["median"] for k, v in jit["times"].items()}
         for name in LAYERS:
             out[f"{name} jit=True/jit=False"] = t[f"{name}|jit=True"] / t[f"{name}|jit=False"]
+    e2e = results.get("end_to_end")
+    if e2e:
+        out["training.train examples/s / bare step examples/s"] = e2e["train_over_bare"]
     memory = results.get("memory")
     if memory:
         lstm = memory["layers"]["LSTM"]["peak_growth_mib"]
@@ -379,7 +463,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
     parser.add_argument("--output", default=os.path.join("benchmarks", "results"))
     parser.add_argument("--training-only", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--skip", default="", help="comma list: jit,inference,memory,jax")
+    parser.add_argument("--skip", default="", help="comma list: jit,inference,memory,e2e,jax")
     args = parser.parse_args(argv)
     os.makedirs(args.output, exist_ok=True)
     config = QUICK if args.quick else FULL
@@ -407,6 +491,8 @@ def main(argv=None):
         results["inference"] = bench_inference(config)
     if "memory" not in skip:
         results["memory"] = bench_memory(config)
+    if "e2e" not in skip:
+        results["end_to_end"] = bench_end_to_end(config)
     if "jax" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             results["backends"] = {"jax": run_backend("jax", args.quick, tmp)}

@@ -1,0 +1,48 @@
+"""Smoke test of the benchmark suite on tiny shapes: it runs and writes its results."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_benchmark_runs_on_tiny_shapes(tmp_path):
+    env = {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "CUDA_VISIBLE_DEVICES": "",
+        "KERAS_BACKEND": "tensorflow",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--output", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    layers = {
+        "AntisymmetricRNN",
+        "GatedAntisymmetricRNN",
+        "RNN(AntisymmetricCell)",
+        "SimpleRNN",
+        "GRU",
+        "LSTM",
+    }
+    for entry in results["training"]:
+        assert set(entry["times"]) == layers
+        for timing in entry["times"].values():
+            assert 0 < timing["min"] <= timing["median"] <= timing["max"]
+            assert timing["repeats"] >= 2
+        assert entry["floor"]["median"] > 0
+    assert {f"{name}|saved_model" for name in layers} <= set(results["inference"][0]["times"])
+    assert set(results["memory"]["layers"]) == layers
+    assert set(results["backends"]["jax"]["training"][0]["times"]) == layers
+    assert results["end_to_end"]["train_examples_per_second"] > 0
+    assert "AntisymmetricRNN jit=True/jit=False" in results["ratios"]
+    assert "| training step (s) |" in (tmp_path / "results.md").read_text()
