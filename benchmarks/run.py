@@ -463,6 +463,11 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
     parser.add_argument("--output", default=os.path.join("benchmarks", "results"))
     parser.add_argument("--training-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--only",
+        choices=["e2e", "jit", "inference", "memory"],
+        help="rerun one section into the existing results in --output",
+    )
     parser.add_argument("--skip", default="", help="comma list: jit,inference,memory,e2e,jax")
     args = parser.parse_args(argv)
     os.makedirs(args.output, exist_ok=True)
@@ -483,6 +488,18 @@ def main(argv=None):
         parser.error("run the benchmark with KERAS_BACKEND=tensorflow (it runs JAX itself)")
 
     started = time.time()
+    if args.only:  # rerun one section into existing results
+        with open(os.path.join(args.output, "results.json")) as handle:
+            results = json.load(handle)
+        sections = {
+            "e2e": ("end_to_end", bench_end_to_end),
+            "jit": ("jit", bench_jit),
+            "inference": ("inference", bench_inference),
+            "memory": ("memory", bench_memory),
+        }
+        key, bench = sections[args.only]
+        results[key] = bench(config)
+        return _write(results, args.output)
     results = {"environment": environment(), "config": config}
     results["training"] = bench_training(config)
     if "jit" not in skip:
@@ -496,12 +513,16 @@ def main(argv=None):
     if "jax" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             results["backends"] = {"jax": run_backend("jax", args.quick, tmp)}
-    results["ratios"] = ratios(results)
     results["wall_seconds"] = time.time() - started
     results["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    with open(os.path.join(args.output, "results.json"), "w") as handle:
+    return _write(results, args.output)
+
+
+def _write(results, output):
+    results["ratios"] = ratios(results)
+    with open(os.path.join(output, "results.json"), "w") as handle:
         json.dump(results, handle, indent=2)
-    with open(os.path.join(args.output, "results.md"), "w") as handle:
+    with open(os.path.join(output, "results.md"), "w") as handle:
         handle.write(markdown(results))
     print(markdown(results))
     return 0
