@@ -177,6 +177,12 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         self.seed_generator = keras.random.SeedGenerator(seed=seed)
         self.state_size = units
         self.output_size = units
+        # XLA makes TensorFlow's recurrent while-loop slower, not faster: a
+        # training step at batch 128, T=784 took 1.15x longer with
+        # jit_compile=True on CPU (Keras' SimpleRNN: 1.24x). Declared so that
+        # jit_compile="auto"/True keeps the faster graph (benchmarks/). JAX
+        # always compiles.
+        self.supports_jit = keras.backend.backend() != "tensorflow"
         self._upper_indices = upper_triangle_indices(units) if antisymmetric else None
 
     def build(self, input_shape):

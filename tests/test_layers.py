@@ -300,3 +300,12 @@ def test_fused_layer_under_jit_compile():
     eager = np.asarray(layer(x))
     compiled = tf.function(lambda v: layer(v), jit_compile=True)
     np.testing.assert_allclose(compiled(x).numpy(), eager, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_tensorflow_backend_declares_no_xla(kind):
+    """XLA measured slower for these loops on TF: jit_compile=True falls back."""
+    model = keras.Sequential([keras.Input((5, 2)), make_layer(kind, False, 3)])
+    with pytest.warns(UserWarning, match="jit_compile"):
+        model.compile("sgd", "mse", jit_compile=True)
+    assert model.jit_compile is False

@@ -84,6 +84,40 @@ def add_distribution_arguments(parser):
     )
 
 
+def write_atomically(path, text):
+    """Writes `text` to `path` through a temporary file and a rename."""
+    import tempfile
+
+    directory = os.path.dirname(path) or "."
+    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as handle:
+        handle.write(text)
+    os.replace(handle.name, path)
+
+
+def run_command(parser, argv, body, expected_messages=("Received an invalid value",)):
+    """Parses `argv` and runs `body(args)`; bad options become one line and exit 2.
+
+    Errors of the user's making (`UsageError`, a missing data set, an unusable
+    strategy, a ValueError starting with one of `expected_messages`) print
+    `PROG: error: MESSAGE`; anything else is a real fault and raises.
+    """
+    from training.distribution import StrategyError
+    from training.tasks import DataError
+
+    args = parse_with_config(parser, argv)
+    try:
+        body(args)
+    except (UsageError, ValueError, RuntimeError) as error:
+        expected = isinstance(error, (UsageError, DataError, StrategyError)) or str(
+            error
+        ).startswith(tuple(expected_messages))
+        if not expected:
+            raise
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def parse_with_config(parser, argv):
     """Parses `argv`, taking defaults from the `--config` YAML file if given."""
     parser.add_argument("--config", default=None, help="YAML file of option defaults")

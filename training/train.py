@@ -66,13 +66,6 @@ def _validate_run(args):
     options._check(args.diagnostics >= 0, "diagnostics", "a non-negative integer", args.diagnostics)
 
 
-def _write_atomically(path, text):
-    directory = os.path.dirname(path) or "."
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as handle:
-        handle.write(text)
-    os.replace(handle.name, path)
-
-
 def weights_fingerprint(model):
     """SHA-256 of all weights' bytes: equal on workers that hold equal weights."""
     import hashlib
@@ -130,7 +123,7 @@ def run(args, log=print):
         tensorflow_version=tf.__version__,
     )
     if chief:
-        _write_atomically(
+        options.write_atomically(
             os.path.join(output_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=True)
         )
 
@@ -226,7 +219,7 @@ def run(args, log=print):
         partial = os.path.join(output_dir, "model.partial.keras")
         model.save(partial)
         os.replace(partial, model_path)
-        _write_atomically(
+        options.write_atomically(
             os.path.join(output_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n"
         )
     log(f"[{distribution.task_label(strategy)}] weights_sha256 {metrics['weights_sha256']}")
@@ -239,25 +232,14 @@ def run(args, log=print):
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = options.parse_with_config(parser, argv)
-    try:
+    def body(args):
         _validate_run(args)
         from training.distribution import split_cpu
 
         split_cpu(args.cpu_devices)
         run(args)
-    except (options.UsageError, ValueError, RuntimeError) as error:
-        from training.distribution import StrategyError
-        from training.tasks import DataError
 
-        if not isinstance(error, (options.UsageError, DataError, StrategyError)) and not str(
-            error
-        ).startswith("Received an invalid value"):
-            raise
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return options.run_command(build_parser(), argv, body)
 
 
 if __name__ == "__main__":

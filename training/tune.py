@@ -283,13 +283,6 @@ def format_table(rows):
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _write_atomically(path, text):
-    partial = f"{path}.partial"
-    with open(partial, "w") as handle:
-        handle.write(text)
-    os.replace(partial, path)
-
-
 def retrain(args, hyperparameters, log=print):
     """Trains the best configuration with `training.train` for `--retrain-steps` steps."""
     from training import train
@@ -398,7 +391,7 @@ def run(args, space, log=print):
     if args.retrain_steps:
         log(f"retraining trial {best_id} for {args.retrain_steps} steps")
         summary["retrained"] = retrain(args, hyperparameters, log=log)
-    _write_atomically(
+    options.write_atomically(
         os.path.join(args.directory, "best.json"), json.dumps(summary, indent=2) + "\n"
     )
     log(
@@ -409,25 +402,16 @@ def run(args, space, log=print):
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = options.parse_with_config(parser, argv)
-    try:
+    def body(args):
         space = _validate_tune(args)
         from training.distribution import split_cpu
 
         split_cpu(args.cpu_devices)
         run(args, space)
-    except (options.UsageError, ValueError, RuntimeError) as error:
-        from training.distribution import StrategyError
-        from training.tasks import DataError
 
-        if not isinstance(error, (options.UsageError, DataError, StrategyError)) and not str(
-            error
-        ).startswith(("Received an invalid value", "no trial of")):
-            raise
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return options.run_command(
+        build_parser(), argv, body, ("Received an invalid value", "no trial of")
+    )
 
 
 if __name__ == "__main__":
