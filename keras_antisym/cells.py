@@ -115,7 +115,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
     >>> import numpy as np, keras
     >>> from keras_antisym import AntisymmetricCell
     >>> layer = keras.layers.RNN(AntisymmetricCell(32, epsilon=0.1, gamma=0.01))
-    >>> layer(np.zeros((4, 100, 3), "float32")).shape
+    >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
     (4, 32)
     """
 
@@ -347,7 +347,7 @@ class GatedAntisymmetricCell(AntisymmetricCell):
     >>> import numpy as np, keras
     >>> from keras_antisym import GatedAntisymmetricCell
     >>> layer = keras.layers.RNN(GatedAntisymmetricCell(32), return_sequences=True)
-    >>> layer(np.zeros((4, 100, 3), "float32")).shape
+    >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
     (4, 100, 32)
     """
 
