@@ -471,7 +471,8 @@ class StabilityDiagnostics(keras.callbacks.Callback):
     - `m_eig_real_max`, `m_eig_abs_max`: of the eigenvalues of
       `M = W - Wᵀ - γI` (real parts `-γ` while `M + Mᵀ = -2γI`).
     - `euler_margin`: `max_i |1 + ε·λ_i(J_f)|` (Proposition 2), the maximum
-      over the probe batch at its last step (at `h = 0, x = 0` without probe).
+      over the probe batch at its last step, at `(h_{T-1}, x_T)` (at
+      `h = 0, x = 0` without probe).
     - with a probe and `jacobian=True`: `e2e_eig_abs_mean`, `e2e_eig_abs_std`,
       `e2e_sv_max`, `e2e_sv_min` of `∂h_T/∂h_0` over the probe sequences
       (truncated to `probe_steps`), the quantities of the paper's Figure 2.
@@ -605,15 +606,19 @@ class StabilityDiagnostics(keras.callbacks.Callback):
             seq = ops.convert_to_numpy(layer_inputs[index])
             if self.probe_steps is not None:
                 seq = seq[:, : self.probe_steps]
+            # The last processed step maps h_{T-1} to h_T reading x_T: the
+            # margin is that step's, at (h_{T-1}, x_T).
+            if _go_backwards(layer):
+                leading, last = seq[:, 1:], seq[:, 0]
+            else:
+                leading, last = seq[:, :-1], seq[:, -1]
+            jac, h_prev = end_to_end_jacobian(layer, leading, return_final_state=True)
             if self.jacobian:
-                jac, h_last = end_to_end_jacobian(layer, seq, return_final_state=True)
+                jac = np.matmul(step_jacobian(cell, h_prev, last), jac)
                 stats = eigenvalue_magnitude_stats(jac)
                 for name in ("eig_abs_mean", "eig_abs_std", "sv_max", "sv_min"):
                     values[f"{key}/e2e_{name}"] = stats[name]
-            else:
-                jac, h_last = end_to_end_jacobian(layer, seq[:, :1], return_final_state=True)
-            last = seq[:, 0] if _go_backwards(layer) else seq[:, -1]
-            values[f"{key}/euler_margin"] = float(np.max(stability_margin(cell, h_last, last)))
+            values[f"{key}/euler_margin"] = float(np.max(stability_margin(cell, h_prev, last)))
         values.update(self._gradient_norms(model))
         return values
 

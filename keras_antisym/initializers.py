@@ -1,6 +1,7 @@
 """The paper's weight initialization (Chang et al., 2019, Appendix C)."""
 
 import math
+import numbers
 
 import keras
 
@@ -31,7 +32,7 @@ class FanInNormal(keras.initializers.RandomNormal):
     def __init__(self, sigma=1.0, seed=None):
         if (
             isinstance(sigma, bool)
-            or not isinstance(sigma, (int, float))
+            or not isinstance(sigma, numbers.Real)
             or not math.isfinite(sigma)
             or sigma < 0
         ):

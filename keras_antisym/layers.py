@@ -146,9 +146,14 @@ class AntisymmetricRNN(keras.layers.RNN):
         if hoist:
             sequences = cell.project_inputs(sequences)
 
+        # RNN.call assigns the last state into the state variables in place;
+        # under torch autograd the loop must not hold those tensors (as RNN's own loop).
+        copy_states = keras.backend.backend() == "torch" and self.stateful
+
         def step(inputs, states):
             projected = inputs if hoist else cell.project_inputs(inputs)
-            h = cell.step(states[0], projected, operand, recurrent_mask)
+            h = ops.copy(states[0]) if copy_states else states[0]
+            h = cell.step(h, projected, operand, recurrent_mask)
             return h, [h]
 
         return rnn_loop(

@@ -65,6 +65,27 @@ def main(in_path, out_path):
         results[f"{kind}_roundtrip"] = np.array(
             [keras.ops.convert_to_numpy(model(xs)), keras.ops.convert_to_numpy(loaded(xs))]
         )
+    # Stateful training: the loop must not hold the state variables' tensors
+    # (torch autograd fails on their in-place update otherwise).
+    for kind in ("cell", "fused"):
+        model = keras.Sequential(
+            [
+                keras.Input(batch_shape=(16, 12, 2)),
+                make_layer(kind, False, 8, epsilon=0.5, stateful=True),
+                keras.layers.Dense(2),
+            ]
+        )
+        model.compile(
+            keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+        before = [w.copy() for w in model.get_weights()]
+        history = model.fit(xs, ys, epochs=3, batch_size=16, shuffle=False, verbose=0)
+        results[f"{kind}_stateful_loss"] = np.array(history.history["loss"])
+        results[f"{kind}_stateful_update"] = np.array(
+            sum(
+                float(np.abs(a - b).sum()) for a, b in zip(model.get_weights(), before, strict=True)
+            )
+        )
     np.savez(out_path, **results)
 
 

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -15,6 +16,23 @@ from keras_antisym import (  # noqa: E402
 )
 
 LAYER_KINDS = ["cell", "fused"]
+
+# The real MNIST subset and Fashion-MNIST in TFDS's format: `shared/` beside
+# the clone (as on the development machines and in CI), or KERAS_ANTISYM_TFDS_DIR.
+SHARED_TFDS = Path(
+    os.environ.get(
+        "KERAS_ANTISYM_TFDS_DIR",
+        Path(__file__).resolve().parents[2] / "shared" / "data" / "tfds",
+    )
+)
+
+
+@pytest.fixture
+def shared_tfds():
+    """The shared TFDS folder; tests that read real data skip without it."""
+    if not (SHARED_TFDS / "mnist").is_dir():
+        pytest.skip(f"no shared TFDS data at {SHARED_TFDS} (set KERAS_ANTISYM_TFDS_DIR)")
+    return str(SHARED_TFDS)
 
 
 def make_layer(kind, gated, units, **kwargs):

@@ -81,5 +81,8 @@ def test_backend_matches_numpy_reference(backend, probe_inputs, tmp_path):
     for kind in ("cell", "fused"):
         loss = out[f"{kind}_fit_loss"]
         assert np.all(np.isfinite(loss)) and loss[-1] < 0.8 * loss[0], (kind, loss)
+        stateful = out[f"{kind}_stateful_loss"]
+        assert np.all(np.isfinite(stateful)), (kind, stateful)
+        assert np.isfinite(out[f"{kind}_stateful_update"]) and out[f"{kind}_stateful_update"] > 0
         before, after = out[f"{kind}_roundtrip"]
         np.testing.assert_allclose(after, before, atol=1e-6)

@@ -300,3 +300,38 @@ def test_same_numbers_on_other_backend(backend, tmp_path):
 
 def test_module_exports():
     assert set(diagnostics.__all__) <= set(dir(diagnostics))
+
+
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_callback_margin_is_the_last_steps_against_numpy(go_backwards):
+    """The logged Euler margin is Proposition 2's at the last step: (h_{T-1}, x_T)."""
+    from tests import reference
+
+    rng = np.random.RandomState(3)
+    x = rng.standard_normal((3, 12, 2)).astype("float32")
+    model = keras.Sequential(
+        [
+            keras.Input((12, 2)),
+            make_layer(
+                "fused", False, 5, epsilon=0.4, gamma=0.05, go_backwards=go_backwards, name="arnn"
+            ),
+        ]
+    )
+    weights = [0.7 * rng.standard_normal(w.shape).astype("float32") for w in model.get_weights()]
+    model.set_weights(weights)
+    callback = StabilityDiagnostics(every_n_steps=1, probe_data=x, jacobian=False)
+    callback.set_model(model)
+    callback.on_train_begin()
+    margin = callback.compute()["stability/arnn/euler_margin"]
+    # NumPy: h_{T-1} from the reference, then the step Jacobian at (h_{T-1}, x_T).
+    leading, last = (x[:, 1:], x[:, 0]) if go_backwards else (x[:, :-1], x[:, -1])
+    _, h_prev = reference.run(
+        weights, leading, units=5, epsilon=0.4, gamma=0.05, go_backwards=go_backwards
+    )
+    m = reference.transition_matrix(weights[1], 5, 0.05)
+    expected = 0.0
+    for b in range(3):
+        a = m @ h_prev[b] + weights[0].T @ last[b] + weights[2]
+        jac = np.diag(1 - np.tanh(a) ** 2) @ m
+        expected = max(expected, np.max(np.abs(1 + 0.4 * np.linalg.eigvals(jac))))
+    np.testing.assert_allclose(margin, expected, rtol=1e-5)

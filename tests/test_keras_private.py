@@ -87,7 +87,13 @@ def test_rnn_loop_signature_and_semantics():
         np.testing.assert_allclose(np.asarray(states[0])[0, 0], 7.0)
 
 
-def test_fused_layer_uses_the_formed_matrix():
-    layer = AntisymmetricRNN(4)
-    layer(np.ones((1, 3, 2), "float32"))
+class CountingRNN(AntisymmetricRNN):
+    cell_class = CountingCell
+
+
+def test_fused_layer_forms_the_matrix_once_per_call():
+    CountingCell.formed = 0
+    layer = CountingRNN(4, return_sequences=True)
+    layer(np.ones((1, 9, 2), "float32"))  # eager: 9 steps
+    assert CountingCell.formed == 1
     assert layer.cell._sequence_cache is None

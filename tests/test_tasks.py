@@ -1,15 +1,11 @@
 """Every task's pipeline: shapes, dtypes, ranges, permutation, noise, determinism."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from training import tasks
-
-SHARED_TFDS = Path(__file__).resolve().parents[2] / "shared" / "data" / "tfds"
 
 
 def _first_batch(task, split="train", batch_size=8, seed=0, **kwargs):
@@ -93,17 +89,17 @@ def test_fashion_mnist_runs_the_mnist_tasks(mock_images):
         assert x.shape[0] == 2 and task.spec.params["dataset"] == "fashion_mnist"
 
 
-def test_real_mnist_subset_reads_offline():
+def test_real_mnist_subset_reads_offline(shared_tfds):
     task = tasks.get_task("pixel_mnist")
-    inputs, targets = task.examples("test", data_dir=str(SHARED_TFDS))
+    inputs, targets = task.examples("test", data_dir=shared_tfds)
     assert inputs.shape == (1000, 28, 28, 1) and inputs.dtype == np.uint8
     assert set(np.unique(targets)) == set(range(10))
-    train, _ = task.examples("train", data_dir=str(SHARED_TFDS))
+    train, _ = task.examples("train", data_dir=shared_tfds)
     assert len(train) == 5000
 
 
-def test_tfds_data_dir_environment_variable(monkeypatch):
-    monkeypatch.setenv("TFDS_DATA_DIR", str(SHARED_TFDS))
+def test_tfds_data_dir_environment_variable(monkeypatch, shared_tfds):
+    monkeypatch.setenv("TFDS_DATA_DIR", shared_tfds)
     inputs, _ = tasks.get_task("pixel_mnist").examples("test")
     assert len(inputs) == 1000
 

@@ -19,7 +19,6 @@ from training.models import build_model
 from training.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_TFDS = ROOT.parent / "shared" / "data" / "tfds"
 CONFIGS = sorted((ROOT / "training" / "configs").glob("*.yaml"))
 OUTPUT_FILES = ("config.yaml", "metrics.json", "model.keras", "checkpoints/checkpoint")
 
@@ -89,7 +88,7 @@ def test_each_model_learns_on_mock_data_and_writes_every_output(tmp_path, model)
     assert loaded.count_params() == written["parameters"]
 
 
-def test_real_mnist_subset_gives_a_clear_learning_signal(tmp_path):
+def test_real_mnist_subset_gives_a_clear_learning_signal(tmp_path, shared_tfds):
     """Row-by-row real MNIST (T=28) for 150 steps: far above chance (10%)."""
     metrics = train.run(
         train.build_parser().parse_args(
@@ -113,7 +112,7 @@ def test_real_mnist_subset_gives_a_clear_learning_signal(tmp_path):
                 "--learning-rate",
                 "0.01",
                 "--data-dir",
-                str(SHARED_TFDS),
+                shared_tfds,
                 "--output-dir",
                 str(tmp_path),
                 "--strategy",
