@@ -78,3 +78,9 @@ def test_cell_rejects_wrong_rank_step():
 def test_unknown_feature_dimension():
     with pytest.raises(ValueError, match="known number of features"):
         AntisymmetricRNN(4)(keras.Input((None, None)))
+
+
+def test_fan_in_normal_accepts_numpy_scalars():
+    init = FanInNormal(np.float32(2.0), seed=1)
+    values = np.asarray(init((400, 300)))
+    assert init.sigma == 2.0 and abs(values.std() - 2.0 / np.sqrt(400)) < 0.01
