@@ -11,6 +11,10 @@ from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
 # of (batch, input_dim). Measured on a 2-core CPU (TF, batch 128, units 128,
 # T=784): for input_dim=1 hoisting made a training step 40% slower.
 HOIST_MIN_INPUT_DIM = 8
+# Euler steps per iteration of the time loop (sequences of a static length that
+# it divides, without mask or unroll). Measured as above: 2 steps per iteration
+# made a training step 12% faster (gated 9%); 4 gained less.
+STEPS_PER_ITERATION = 2
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
@@ -145,28 +149,49 @@ class AntisymmetricRNN(keras.layers.RNN):
         hoist = sequences.shape[-1] >= HOIST_MIN_INPUT_DIM
         if hoist:
             sequences = cell.project_inputs(sequences)
+        steps, width = sequences.shape[1], sequences.shape[-1]
+        chunk = STEPS_PER_ITERATION
+        if mask is not None or self.unroll or steps is None or steps % chunk:
+            chunk = 1
+        go_backwards = self.go_backwards
+        if chunk > 1:
+            # `chunk` Euler steps per loop iteration: the loop's own per-iteration
+            # work is shared by several steps. Reversal happens before chunking.
+            if go_backwards:
+                sequences = ops.flip(sequences, axis=1)
+                go_backwards = False
+            sequences = ops.reshape(sequences, (-1, steps // chunk, chunk * width))
 
         # RNN.call assigns the last state into the state variables in place;
         # under torch autograd the loop must not hold those tensors (as RNN's own loop).
         copy_states = keras.backend.backend() == "torch" and self.stateful
 
         def step(inputs, states):
-            projected = inputs if hoist else cell.project_inputs(inputs)
             h = ops.copy(states[0]) if copy_states else states[0]
-            h = cell.step(h, projected, operand, recurrent_mask)
-            return h, [h]
+            outputs = []
+            for j in range(chunk):
+                x_j = inputs if chunk == 1 else inputs[:, j * width : (j + 1) * width]
+                projected = x_j if hoist else cell.project_inputs(x_j)
+                h = cell.step(h, projected, operand, recurrent_mask)
+                outputs.append(h)
+            return (h if chunk == 1 else ops.concatenate(outputs, axis=-1)), [h]
 
-        return rnn_loop(
+        last_output, outputs, states = rnn_loop(
             step,
             sequences,
             [h0],
-            go_backwards=self.go_backwards,
+            go_backwards=go_backwards,
             mask=mask,
             unroll=self.unroll,
             input_length=sequences.shape[1],
             zero_output_for_mask=self.zero_output_for_mask,
             return_all_outputs=self.return_sequences,
         )
+        if chunk > 1:
+            last_output = states[0]
+            if self.return_sequences:
+                outputs = ops.reshape(outputs, (-1, steps, cell.units))
+        return last_output, outputs, states
 
     def transition_matrix(self):
         """The paper's `W - Wᵀ - γI` (see `AntisymmetricCell`)."""

@@ -23,8 +23,8 @@ BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 @pytest.fixture(scope="module")
 def probe_inputs(tmp_path_factory):
     rng = np.random.RandomState(0)
-    inputs = {f: rng.standard_normal((3, 9, f)).astype("float32") for f in (4, 9)}
-    mask = np.ones((3, 9), bool)
+    inputs = {f: rng.standard_normal((3, 10, f)).astype("float32") for f in (4, 9)}
+    mask = np.ones((3, 10), bool)
     mask[0, 6:] = False
     mask[2, [2, 3]] = False
     data = {"mask": mask, **{f"x{f}": x for f, x in inputs.items()}}

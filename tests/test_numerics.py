@@ -80,6 +80,31 @@ def test_mask_matches_numpy_reference(kind, gated, go_backwards, unroll, feature
     np.testing.assert_allclose(np.asarray(state), expected_state, atol=ATOL)
 
 
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("steps", [1, 7, 11])  # odd: the fused loop's one-step iterations
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_odd_lengths_match_numpy_reference(gated, steps, go_backwards):
+    x = _inputs(steps=steps)
+    args = dict(epsilon=0.3, gamma=0.05)
+    layer = make_layer(
+        "fused",
+        gated,
+        6,
+        return_sequences=True,
+        return_state=True,
+        go_backwards=go_backwards,
+        **args,
+    )
+    layer(x)
+    weights = random_weights(layer)
+    outputs, state = layer(x)
+    expected, expected_state = reference.run(
+        weights, x, units=6, gated=gated, go_backwards=go_backwards, **args
+    )
+    np.testing.assert_allclose(np.asarray(outputs), expected, atol=ATOL)
+    np.testing.assert_allclose(np.asarray(state), expected_state, atol=ATOL)
+
+
 @pytest.mark.parametrize("kind", LAYER_KINDS)
 def test_masking_layer_and_last_output(kind):
     x = _inputs()
