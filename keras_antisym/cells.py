@@ -228,8 +228,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
 
     def _upper_triangle_initializer(self, shape, dtype=None):
         full = self.recurrent_initializer((self.units, self.units), dtype=dtype)
-        rows, cols = np.triu_indices(self.units, 1)
-        flat_index = rows * self.units + cols
+        flat_index = self._upper_indices[:, 0] * self.units + self._upper_indices[:, 1]
         return ops.take(ops.reshape(full, (-1,)), flat_index)
 
     def recurrent_operand(self):

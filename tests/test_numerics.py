@@ -22,13 +22,8 @@ def _ragged_mask(batch=3, steps=12):
     return mask
 
 
-@pytest.mark.parametrize("kind", LAYER_KINDS)
-@pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("go_backwards", [False, True])
-@pytest.mark.parametrize("unroll", [False, True])
-@pytest.mark.parametrize("features", [3, 9])  # 9: the fused layers hoist V·x
-def test_matches_numpy_reference(kind, gated, go_backwards, unroll, features):
-    x = _inputs(features=features)
+def _check_against_reference(kind, gated, x, go_backwards, unroll):
+    """Outputs and last state of `kind` (a random-weight layer) equal the NumPy reference."""
     args = dict(epsilon=0.3, gamma=0.05)
     layer = make_layer(
         kind,
@@ -48,6 +43,15 @@ def test_matches_numpy_reference(kind, gated, go_backwards, unroll, features):
     )
     np.testing.assert_allclose(np.asarray(outputs), expected, atol=ATOL)
     np.testing.assert_allclose(np.asarray(state), expected_state, atol=ATOL)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("unroll", [False, True])
+@pytest.mark.parametrize("features", [3, 9])  # 9: the fused layers hoist V·x
+def test_matches_numpy_reference(kind, gated, go_backwards, unroll, features):
+    _check_against_reference(kind, gated, _inputs(features=features), go_backwards, unroll)
 
 
 @pytest.mark.parametrize("kind", LAYER_KINDS)
@@ -84,25 +88,7 @@ def test_mask_matches_numpy_reference(kind, gated, go_backwards, unroll, feature
 @pytest.mark.parametrize("steps", [1, 7, 11])  # odd: the fused loop's one-step iterations
 @pytest.mark.parametrize("go_backwards", [False, True])
 def test_odd_lengths_match_numpy_reference(gated, steps, go_backwards):
-    x = _inputs(steps=steps)
-    args = dict(epsilon=0.3, gamma=0.05)
-    layer = make_layer(
-        "fused",
-        gated,
-        6,
-        return_sequences=True,
-        return_state=True,
-        go_backwards=go_backwards,
-        **args,
-    )
-    layer(x)
-    weights = random_weights(layer)
-    outputs, state = layer(x)
-    expected, expected_state = reference.run(
-        weights, x, units=6, gated=gated, go_backwards=go_backwards, **args
-    )
-    np.testing.assert_allclose(np.asarray(outputs), expected, atol=ATOL)
-    np.testing.assert_allclose(np.asarray(state), expected_state, atol=ATOL)
+    _check_against_reference("fused", gated, _inputs(steps=steps), go_backwards, unroll=False)
 
 
 @pytest.mark.parametrize("kind", LAYER_KINDS)
