@@ -28,7 +28,8 @@ class AntisymmetricRNN(keras.layers.RNN):
     moves a model between the two), on the same time loop as Keras' own
     recurrent layers. `W - Wᵀ - γI` is formed once per call, and for inputs
     with at least `HOIST_MIN_INPUT_DIM` features the input projection
-    `V x_t + b` of all time steps is one matrix product before the loop.
+    `V x_t + b` of all time steps is one matrix product before the loop
+    (narrower inputs get a constant-1 feature that carries the bias).
 
     Args:
         units: Positive integer, the dimension of the hidden state.
@@ -140,15 +141,25 @@ class AntisymmetricRNN(keras.layers.RNN):
         cell = self.cell
         h0 = initial_state[0] if isinstance(initial_state, (list, tuple)) else initial_state
         # RNN.call has already drawn this call's dropout masks (one per
-        # sequence) and formed the transition matrix (once per sequence).
+        # sequence) and formed the per-sequence constants.
         dropout_mask = cell.get_dropout_mask(sequences[:, 0])
         if training and dropout_mask is not None:
             sequences = sequences * ops.expand_dims(dropout_mask, 1)
         recurrent_mask = cell.step_recurrent_dropout_mask(h0) if training else None
-        operand = cell.cached_sequence_constants()
+        operand, weights = cell.cached_sequence_constants()
+        blocks = len(weights)
         hoist = sequences.shape[-1] >= HOIST_MIN_INPUT_DIM
         if hoist:
-            sequences = cell.project_inputs(sequences)
+            sequences = ops.concatenate(cell.project_blocks(sequences, weights), axis=-1)
+        elif weights[0][1] is not None:
+            # A constant-1 input feature makes each bias a row of its kernel:
+            # one product per block and step instead of a product and a bias
+            # add, whose gradient is a per-step reduction (6% faster, gated 4%).
+            sequences = ops.concatenate([sequences, ops.ones_like(sequences[..., :1])], -1)
+            weights = [
+                (ops.concatenate([kernel, ops.expand_dims(bias, 0)], 0), None)
+                for kernel, bias in weights
+            ]
         steps, width = sequences.shape[1], sequences.shape[-1]
         chunk = STEPS_PER_ITERATION
         if mask is not None or self.unroll or steps is None or steps % chunk:
@@ -166,12 +177,23 @@ class AntisymmetricRNN(keras.layers.RNN):
         # under torch autograd the loop must not hold those tensors (as RNN's own loop).
         copy_states = keras.backend.backend() == "torch" and self.stateful
 
+        def step_blocks(inputs):
+            """The projected input blocks of each of the `chunk` steps."""
+            if hoist:
+                pieces = [inputs] if chunk * blocks == 1 else ops.split(inputs, chunk * blocks, -1)
+                return [pieces[j * blocks : (j + 1) * blocks] for j in range(chunk)]
+            # Strided slices of narrow raw inputs (measured faster than a split).
+            raw = (
+                [inputs]
+                if chunk == 1
+                else [inputs[:, j * width : (j + 1) * width] for j in range(chunk)]
+            )
+            return [cell.project_blocks(x_j, weights) for x_j in raw]
+
         def step(inputs, states):
             h = ops.copy(states[0]) if copy_states else states[0]
             outputs = []
-            for j in range(chunk):
-                x_j = inputs if chunk == 1 else inputs[:, j * width : (j + 1) * width]
-                projected = x_j if hoist else cell.project_inputs(x_j)
+            for projected in step_blocks(inputs):
                 h = cell.step(h, projected, operand, recurrent_mask)
                 outputs.append(h)
             return (h if chunk == 1 else ops.concatenate(outputs, axis=-1)), [h]
