@@ -15,8 +15,13 @@ Two pieces of `keras.layers.RNN` have no public equivalent:
   `keras.ops.scan` is 20% slower per training step on TensorFlow (it routes
   the carry through a TensorArray) and lacks these semantics.
 
-Both are checked against the pinned Keras range by tests/test_keras_private.py.
+A third, `accelerator_available`, asks Keras' PyTorch backend for its device:
+PyTorch has no `keras.distribution` backend to ask publicly.
+
+All are checked against the pinned Keras range by tests/test_keras_private.py.
 """
+
+import functools
 
 import keras
 
@@ -79,4 +84,18 @@ class SequenceConstantsCell(DropoutRNNCell):
         DropoutRNNCell.reset_recurrent_dropout_mask(self)
 
 
-__all__ = ["DropoutRNNCell", "SequenceConstantsCell", "rnn_loop"]
+@functools.cache
+def accelerator_available():
+    """Whether Keras computes on a GPU or TPU by default, rather than a CPU."""
+    if keras.backend.backend() == "torch":
+        from keras.src.backend.torch.core import get_device
+
+        return get_device() != "cpu"
+    try:
+        devices = keras.distribution.list_devices()
+    except (AttributeError, NotImplementedError):  # no distribution backend
+        return False
+    return any(not device.lower().startswith("cpu") for device in devices)
+
+
+__all__ = ["DropoutRNNCell", "SequenceConstantsCell", "accelerator_available", "rnn_loop"]

@@ -17,6 +17,15 @@ from keras_antisym import (  # noqa: E402
 
 LAYER_KINDS = ["cell", "fused"]
 
+
+@pytest.fixture
+def hoist_wide_inputs(monkeypatch):
+    """The fused layers hoist `V·x` for wide inputs as on a GPU (this CPU would not)."""
+    import keras_antisym.layers
+
+    monkeypatch.setattr(keras_antisym.layers, "HOIST_INPUTS", True)
+
+
 # The real MNIST subset and Fashion-MNIST in TFDS's format: `shared/` beside
 # the clone (as on the development machines and in CI), or KERAS_ANTISYM_TFDS_DIR.
 SHARED_TFDS = Path(

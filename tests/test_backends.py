@@ -76,6 +76,7 @@ def test_backend_matches_numpy_reference(backend, probe_inputs, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = np.load(out_path)
     assert str(out["backend"]) == backend
+    assert not out["accelerator"]  # CUDA_VISIBLE_DEVICES="" hides any GPU
     for name in expected:
         np.testing.assert_allclose(out[name], expected[name], atol=2e-5, err_msg=name)
     for kind in ("cell", "fused"):

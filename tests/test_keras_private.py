@@ -97,3 +97,30 @@ def test_fused_layer_forms_the_matrix_once_per_call():
     layer(np.ones((1, 9, 2), "float32"))  # eager: 9 steps
     assert CountingCell.formed == 1
     assert layer.cell._sequence_cache is None
+
+
+def test_accelerator_available_reads_keras_default_devices(monkeypatch):
+    import tensorflow as tf
+
+    _keras_private.accelerator_available.cache_clear()
+    try:
+        expected = bool(tf.config.list_physical_devices("GPU"))
+        assert _keras_private.accelerator_available() is expected
+        for devices, answer in ((["cpu:0"], False), (["gpu:0", "gpu:1"], True), (["tpu:0"], True)):
+            _keras_private.accelerator_available.cache_clear()
+            monkeypatch.setattr(keras.distribution, "list_devices", lambda d=devices: d)
+            assert _keras_private.accelerator_available() is answer
+    finally:
+        _keras_private.accelerator_available.cache_clear()
+
+
+def test_fused_layers_hoist_only_wide_inputs_on_accelerators(monkeypatch):
+    from keras_antisym import layers
+
+    for accelerator in (False, True):
+        monkeypatch.setattr(layers, "accelerator_available", lambda a=accelerator: a)
+        assert layers.hoists_inputs(layers.HOIST_MIN_INPUT_DIM) is accelerator
+        assert layers.hoists_inputs(layers.HOIST_MIN_INPUT_DIM - 1) is False
+        assert layers.hoists_inputs(None) is False
+    monkeypatch.setattr(layers, "HOIST_INPUTS", False)
+    assert layers.hoists_inputs(100) is False

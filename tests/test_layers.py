@@ -36,7 +36,8 @@ def _outputs_and_gradients(layer, x, mask=None):
 @pytest.mark.parametrize("antisymmetric", [True, False])
 @pytest.mark.parametrize("return_sequences", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("features", [3, 9])
+@pytest.mark.parametrize("features", [3, 9])  # 9: the fused layers hoist V·x
+@pytest.mark.usefixtures("hoist_wide_inputs")
 def test_fused_layer_equals_cell_outputs_and_gradients(
     gated, antisymmetric, return_sequences, masked, features
 ):

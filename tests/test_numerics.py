@@ -50,6 +50,7 @@ def _check_against_reference(kind, gated, x, go_backwards, unroll):
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("unroll", [False, True])
 @pytest.mark.parametrize("features", [3, 9])  # 9: the fused layers hoist V·x
+@pytest.mark.usefixtures("hoist_wide_inputs")
 def test_matches_numpy_reference(kind, gated, go_backwards, unroll, features):
     _check_against_reference(kind, gated, _inputs(features=features), go_backwards, unroll)
 
@@ -59,6 +60,7 @@ def test_matches_numpy_reference(kind, gated, go_backwards, unroll, features):
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("unroll", [False, True])
 @pytest.mark.parametrize("features", [3, 9])  # 9: the fused layers hoist V·x
+@pytest.mark.usefixtures("hoist_wide_inputs")
 def test_mask_matches_numpy_reference(kind, gated, go_backwards, unroll, features):
     x, mask = _inputs(features=features), _ragged_mask()
     args = dict(epsilon=0.2, gamma=0.01)
@@ -128,16 +130,19 @@ def test_ablation_model_matches_reference(kind, gated):
 
 
 @pytest.mark.parametrize("kind", LAYER_KINDS)
-def test_initial_state_and_no_bias(kind):
-    x = _inputs()
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("features", [4, 9])  # 9: the fused layers hoist V·x
+@pytest.mark.usefixtures("hoist_wide_inputs")
+def test_initial_state_and_no_bias(kind, gated, features):
+    x = _inputs(features=features)
     h0 = np.random.RandomState(7).standard_normal((3, 5)).astype("float32")
     layer = make_layer(
-        kind, False, 5, epsilon=0.4, gamma=0.3, use_bias=False, return_sequences=True
+        kind, gated, 5, epsilon=0.4, gamma=0.3, use_bias=False, return_sequences=True
     )
     layer(x)
     weights = random_weights(layer, seed=8)
     assert len(weights) == 2
-    expected, _ = reference.run(weights, x, units=5, epsilon=0.4, gamma=0.3, h0=h0)
+    expected, _ = reference.run(weights, x, units=5, epsilon=0.4, gamma=0.3, gated=gated, h0=h0)
     np.testing.assert_allclose(np.asarray(layer(x, initial_state=[h0])), expected, atol=ATOL)
 
 
