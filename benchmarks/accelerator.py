@@ -22,12 +22,21 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
-from benchmarks.run import FULL, LAYERS, QUICK, _data, floor_time, interleaved, make_model
+from benchmarks.run import (
+    FULL,
+    LAYERS,
+    QUICK,
+    _data,
+    interleaved,
+    make_model,
+    training_entry,
+    training_ratios,
+)
+from benchmarks.run import environment as run_environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,26 +70,8 @@ def jit_compile():
 
 def bench_training(config, results):
     """Appends one entry per shape to `results` (kept if a later shape is cut short)."""
-    for batch, steps, features, units in config["train_shapes"]:
-        x, y = _data(batch, steps, features)
-        models = {n: make_model(n, steps, features, units, jit_compile()) for n in LAYERS}
-        times = interleaved(
-            {n: _timed(lambda m=m, x=x, y=y: m.train_on_batch(x, y)) for n, m in models.items()},
-            config["repeats"],
-            config["warmup"],
-        )
-        floor = floor_time(batch, steps, units, config["repeats"], config["warmup"])
-        results.append(
-            {
-                "batch": batch,
-                "steps": steps,
-                "features": features,
-                "units": units,
-                "jit_compile": jit_compile(),
-                "times": times,
-                "floor": floor,
-            }
-        )
+    for shape in config["train_shapes"]:
+        results.append(training_entry(config, shape, jit_compile(), synced=_timed))
         yield
 
 
@@ -175,13 +166,7 @@ def bench_memory(config, results):
 def environment():
     import keras
 
-    info = {
-        "backend": keras.backend.backend(),
-        "keras": keras.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-    }
+    info = run_environment()
     if keras.backend.backend() == "torch":
         import torch
 
@@ -222,15 +207,8 @@ def run_child(config, output):
 def ratios(results):
     out = {}
     for entry in results.get("training", []):
-        t = {k: v["median"] for k, v in entry["times"].items()}
         key = f"B{entry['batch']} T{entry['steps']} m{entry['features']} n{entry['units']}"
-        out[key] = {
-            "AntisymmetricRNN/SimpleRNN": t["AntisymmetricRNN"] / t["SimpleRNN"],
-            "GatedAntisymmetricRNN/SimpleRNN": t["GatedAntisymmetricRNN"] / t["SimpleRNN"],
-            "RNN(AntisymmetricCell)/SimpleRNN": t["RNN(AntisymmetricCell)"] / t["SimpleRNN"],
-            "AntisymmetricRNN/LSTM": t["AntisymmetricRNN"] / t["LSTM"],
-            "AntisymmetricRNN/floor": t["AntisymmetricRNN"] / entry["floor"]["median"],
-        }
+        out[key] = training_ratios(entry)
     memory = (results.get("memory") or {}).get("layers", {})
     if memory.get("LSTM") and memory["LSTM"]["peak_growth_mib"] > 0:
         for name in ("AntisymmetricRNN", "GatedAntisymmetricRNN", "RNN(AntisymmetricCell)"):

@@ -147,29 +147,32 @@ def floor_time(batch, steps, units, repeats, warmup):
     ]
 
 
+def training_entry(config, shape, jit_compile=False, layers=LAYERS, synced=lambda call: call):
+    """One shape's training-step timings of every layer, and the floor.
+
+    `synced` wraps each timed call (an accelerator backend waits for its device).
+    """
+    batch, steps, features, units = shape
+    x, y = _data(batch, steps, features)
+    models = {name: make_model(name, steps, features, units, jit_compile) for name in layers}
+    timings = interleaved(
+        {n: synced(lambda m=m: m.train_on_batch(x, y)) for n, m in models.items()},
+        config["repeats"],
+        config["warmup"],
+    )
+    return {
+        "batch": batch,
+        "steps": steps,
+        "features": features,
+        "units": units,
+        "jit_compile": jit_compile,
+        "times": timings,
+        "floor": floor_time(batch, steps, units, config["repeats"], config["warmup"]),
+    }
+
+
 def bench_training(config, jit_compile=False, layers=LAYERS):
-    results = []
-    for batch, steps, features, units in config["train_shapes"]:
-        x, y = _data(batch, steps, features)
-        models = {name: make_model(name, steps, features, units, jit_compile) for name in layers}
-        timings = interleaved(
-            {name: (lambda m=m, x=x, y=y: m.train_on_batch(x, y)) for name, m in models.items()},
-            config["repeats"],
-            config["warmup"],
-        )
-        floor = floor_time(batch, steps, units, config["repeats"], config["warmup"])
-        results.append(
-            {
-                "batch": batch,
-                "steps": steps,
-                "features": features,
-                "units": units,
-                "jit_compile": jit_compile,
-                "times": timings,
-                "floor": floor,
-            }
-        )
-    return results
+    return [training_entry(config, shape, jit_compile, layers) for shape in config["train_shapes"]]
 
 
 def bench_jit(config, layers=LAYERS):
@@ -381,19 +384,24 @@ def environment():
     return info
 
 
+def training_ratios(entry):
+    """One training entry's ratios to Keras' layers and to the floor (medians)."""
+    t = {k: v["median"] for k, v in entry["times"].items()}
+    return {
+        "AntisymmetricRNN/SimpleRNN": t["AntisymmetricRNN"] / t["SimpleRNN"],
+        "GatedAntisymmetricRNN/SimpleRNN": t["GatedAntisymmetricRNN"] / t["SimpleRNN"],
+        "RNN(AntisymmetricCell)/SimpleRNN": t["RNN(AntisymmetricCell)"] / t["SimpleRNN"],
+        "AntisymmetricRNN/LSTM": t["AntisymmetricRNN"] / t["LSTM"],
+        "AntisymmetricRNN/floor": t["AntisymmetricRNN"] / entry["floor"]["median"],
+    }
+
+
 def ratios(results):
     """The targets of the benchmark issue, as ratios measured in the same run."""
     out = {}
     for entry in results["training"]:
-        t = {k: v["median"] for k, v in entry["times"].items()}
         key = f"train_B{entry['batch']}_T{entry['steps']}_m{entry['features']}_n{entry['units']}"
-        out[key] = {
-            "AntisymmetricRNN/SimpleRNN": t["AntisymmetricRNN"] / t["SimpleRNN"],
-            "GatedAntisymmetricRNN/SimpleRNN": t["GatedAntisymmetricRNN"] / t["SimpleRNN"],
-            "RNN(AntisymmetricCell)/SimpleRNN": t["RNN(AntisymmetricCell)"] / t["SimpleRNN"],
-            "AntisymmetricRNN/LSTM": t["AntisymmetricRNN"] / t["LSTM"],
-            "AntisymmetricRNN/floor": t["AntisymmetricRNN"] / entry["floor"]["median"],
-        }
+        out[key] = training_ratios(entry)
     by_steps = {e["steps"]: e for e in results["training"] if e["features"] == 1}
     if len(by_steps) >= 2:
         short, long = sorted(by_steps)[-2:]
