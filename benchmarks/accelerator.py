@@ -9,6 +9,8 @@ of `benchmarks.run.LAYERS`, interleaved and repeated,
 - the training step (forward + backward + SGD) at the suite's shapes, with
   XLA on JAX (`jit_compile=True`, as Keras always does there) and eagerly on
   PyTorch, where Keras runs `LSTM` and `GRU` through cuDNN;
+- the fused layers' training step with the input projection hoisted out of
+  the loop and not, for wide inputs (m=96), which the layers decide by device;
 - forward inference (`predict_on_batch`) at batch 1 and 64;
 - the accelerator's peak memory of a training step at T=1000 (PyTorch:
   `max_memory_allocated`; JAX: `peak_bytes_in_use`, a fresh process per layer);
@@ -31,11 +33,14 @@ from benchmarks.run import (
     LAYERS,
     QUICK,
     _data,
+    hoist_markdown,
+    hoist_ratios,
     interleaved,
     make_model,
     training_entry,
     training_ratios,
 )
+from benchmarks.run import bench_hoist as run_bench_hoist
 from benchmarks.run import environment as run_environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +78,11 @@ def bench_training(config, results):
     for shape in config["train_shapes"]:
         results.append(training_entry(config, shape, jit_compile(), synced=_timed))
         yield
+
+
+def bench_hoist(config, results):
+    results.update(run_bench_hoist(config, synced=_timed, jit_compile=jit_compile()))
+    yield
 
 
 def bench_inference(config, results):
@@ -190,6 +200,7 @@ def run_child(config, output):
     results = {"environment": environment(), "config": config}
     sections = (
         ("training", bench_training, []),
+        ("hoist", bench_hoist, {}),
         ("inference", bench_inference, []),
         ("memory", bench_memory, {}),
     )
@@ -209,6 +220,8 @@ def ratios(results):
     for entry in results.get("training", []):
         key = f"B{entry['batch']} T{entry['steps']} m{entry['features']} n{entry['units']}"
         out[key] = training_ratios(entry)
+    if results.get("hoist"):
+        out.update(hoist_ratios(results["hoist"]))
     memory = (results.get("memory") or {}).get("layers", {})
     if memory.get("LSTM") and memory["LSTM"]["peak_growth_mib"] > 0:
         for name in ("AntisymmetricRNN", "GatedAntisymmetricRNN", "RNN(AntisymmetricCell)"):
@@ -238,6 +251,8 @@ def markdown(all_results):
                 + " | ".join(cells)
                 + f" | {entry['floor']['median']:.4f} |"
             )
+        if results.get("hoist"):
+            lines += hoist_markdown(results["hoist"])
         for entry in results.get("inference", []):
             lines += ["", f"| inference B{entry['batch']} T{entry['steps']} (s) | median |"]
             lines += ["|---|---|"] + [

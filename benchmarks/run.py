@@ -6,9 +6,12 @@ Everything is measured in one process per backend, interleaved (one repeat of
 every layer, then the next repeat) and repeated, reporting the median, min and
 max; results are stated as ratios to Keras' layers measured in the same run
 and as multiples of the floor, the compiled time of `T` chained
-`tanh(h @ W)` products. Peak memory is measured in a fresh subprocess per
-layer (`ru_maxrss` growth over one training step). Writes `results.json` and
-`results.md` in `--output`.
+`tanh(h @ W)` products. Sections: training steps at several shapes;
+`jit_compile` True against False; the fused layers with the input projection
+hoisted out of the loop or not (wide inputs); inference in process and through
+the SavedModel; peak memory, in a fresh subprocess per layer (`ru_maxrss`
+growth over one training step); `training.train` end to end; the JAX backend
+in a subprocess. Writes `results.json` and `results.md` in `--output`.
 """
 
 import argparse
@@ -41,6 +44,7 @@ FULL = {
     "inference_shapes": [(1, 784, 1, 128), (64, 784, 1, 128)],
     "memory_shape": (128, 1000, 1, 128),
     "jit_shape": (128, 784, 1, 128),
+    "hoist_shape": (128, 400, 96, 128),
     "e2e_shape": (128, 784, 1, 128),
     "e2e_steps": 40,
     "repeats": 5,
@@ -51,6 +55,7 @@ QUICK = {
     "inference_shapes": [(1, 20, 1, 8)],
     "memory_shape": (8, 30, 1, 8),
     "jit_shape": (8, 20, 1, 8),
+    "hoist_shape": (8, 20, 9, 8),
     "e2e_shape": (8, 70, 1, 8),
     "e2e_steps": 5,
     "repeats": 2,
@@ -191,6 +196,35 @@ def bench_jit(config, layers=LAYERS):
         "units": units,
         "times": interleaved(calls, config["repeats"], config["warmup"]),
     }
+
+
+def bench_hoist(config, synced=lambda call: call, jit_compile=False):
+    """Fused training step with the input projection hoisted or not, wide inputs.
+
+    The fused layers decide by device (`keras_antisym.layers.hoists_inputs`);
+    this measures both choices on this machine, interleaved.
+    """
+    import keras_antisym.layers
+
+    batch, steps, features, units = config["hoist_shape"]
+    x, y = _data(batch, steps, features)
+    calls = {}
+    for name in ("SimpleRNN", "AntisymmetricRNN", "GatedAntisymmetricRNN"):
+        for hoist in (False, True) if name != "SimpleRNN" else (None,):
+            model = make_model(name, steps, features, units, jit_compile)
+
+            def call(m=model, hoist=hoist):
+                # Read when the step is traced (the first, warm-up call) or,
+                # on an eager backend, at every call.
+                keras_antisym.layers.HOIST_INPUTS = hoist
+                m.train_on_batch(x, y)
+
+            calls[name if hoist is None else f"{name}|hoist={hoist}"] = synced(call)
+    try:
+        times = interleaved(calls, config["repeats"], config["warmup"])
+    finally:
+        keras_antisym.layers.HOIST_INPUTS = None
+    return {"batch": batch, "steps": steps, "features": features, "units": units, "times": times}
 
 
 def bench_inference(config, layers=LAYERS):
@@ -396,6 +430,15 @@ def training_ratios(entry):
     }
 
 
+def hoist_ratios(hoist):
+    t = {k: v["median"] for k, v in hoist["times"].items()}
+    shape = f"m={hoist['features']}, T={hoist['steps']}"
+    return {
+        f"{name} hoisted/not hoisted ({shape})": t[f"{name}|hoist=True"] / t[f"{name}|hoist=False"]
+        for name in ("AntisymmetricRNN", "GatedAntisymmetricRNN")
+    }
+
+
 def ratios(results):
     """The targets of the benchmark issue, as ratios measured in the same run."""
     out = {}
@@ -414,6 +457,9 @@ def ratios(results):
         t = {k: v["median"] for k, v in jit["times"].items()}
         for name in LAYERS:
             out[f"{name} jit=True/jit=False"] = t[f"{name}|jit=True"] / t[f"{name}|jit=False"]
+    hoist = results.get("hoist")
+    if hoist:
+        out.update(hoist_ratios(hoist))
     e2e = results.get("end_to_end")
     if e2e:
         out["training.train examples/s / bare step examples/s"] = e2e["train_over_bare"]
@@ -424,6 +470,13 @@ def ratios(results):
         for name in ours if lstm > 0 else ():  # tiny (--quick) shapes may not grow the peak
             out[f"{name} peak memory/LSTM"] = memory["layers"][name]["peak_growth_mib"] / lstm
     return out
+
+
+def hoist_markdown(hoist):
+    shape = f"B{hoist['batch']} T{hoist['steps']} m{hoist['features']} n{hoist['units']}"
+    lines = ["", f"| input projection, training step {shape} (s) | median |", "|---|---|"]
+    rows = [(name.replace("|", ", "), t["median"]) for name, t in hoist["times"].items()]
+    return lines + [f"| {name} | {median:.4f} |" for name, median in rows]
 
 
 def markdown(results):
@@ -442,6 +495,8 @@ def markdown(results):
             f"| B{entry['batch']} T{entry['steps']} m{entry['features']} "
             f"n{entry['units']} | " + " | ".join(cells) + f" | {entry['floor']['median']:.4f} |"
         )
+    if results.get("hoist"):
+        lines += hoist_markdown(results["hoist"])
     for entry in results.get("inference", []):
         lines += [
             "",
@@ -488,10 +543,10 @@ def main(argv=None):
     parser.add_argument("--training-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--only",
-        choices=["e2e", "jit", "inference", "memory"],
+        choices=["e2e", "jit", "hoist", "inference", "memory"],
         help="rerun one section into the existing results in --output",
     )
-    parser.add_argument("--skip", default="", help="comma list: jit,inference,memory,e2e,jax")
+    parser.add_argument("--skip", default="", help="comma list: jit,hoist,inference,memory,e2e,jax")
     args = parser.parse_args(argv)
     os.makedirs(args.output, exist_ok=True)
     config = QUICK if args.quick else FULL
@@ -517,6 +572,7 @@ def main(argv=None):
         sections = {
             "e2e": ("end_to_end", bench_end_to_end),
             "jit": ("jit", bench_jit),
+            "hoist": ("hoist", bench_hoist),
             "inference": ("inference", bench_inference),
             "memory": ("memory", bench_memory),
         }
@@ -527,6 +583,8 @@ def main(argv=None):
     results["training"] = bench_training(config)
     if "jit" not in skip:
         results["jit"] = bench_jit(config)
+    if "hoist" not in skip:
+        results["hoist"] = bench_hoist(config)
     if "inference" not in skip:
         results["inference"] = bench_inference(config)
     if "memory" not in skip:

@@ -8,9 +8,10 @@ from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
 
 # Hoisting `x·Vᵀ + b` of all steps out of the loop into one product. Measured
 # (training step, batch 128, units 128, T=400, m=96): on an H200 it made the
-# step 8-12% faster (gated 15-28%; JAX and PyTorch); on a 2-core CPU 16-32%
-# slower (gated 36-62%; TensorFlow and JAX), at m=16 too. So the fused layers
+# step 8-12% faster (gated 15-28%; JAX and PyTorch); on a 2-core CPU 16-35%
+# slower (gated 36-81%; TensorFlow and JAX), at m=16 too. So the fused layers
 # hoist on accelerators only, for inputs of at least HOIST_MIN_INPUT_DIM features.
+# `benchmarks` measures both choices on any machine (its `hoist` section).
 HOIST_MIN_INPUT_DIM = 8
 #: None: hoist on accelerators only; True or False: always or never.
 HOIST_INPUTS = None

@@ -30,6 +30,7 @@ def test_accelerator_benchmark_runs_on_tiny_shapes(tmp_path):
             assert set(entry["times"]) == set(LAYERS)
             for timing in entry["times"].values():
                 assert 0 < timing["min"] <= timing["median"] <= timing["max"]
+        assert "GatedAntisymmetricRNN|hoist=True" in results["hoist"]["times"]
         # No accelerator here: memory is recorded as unknown, not as a number.
         assert results["memory"]["layers"] == dict.fromkeys(LAYERS)
     text = (tmp_path / "accelerator.md").read_text()

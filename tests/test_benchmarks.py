@@ -45,4 +45,12 @@ def test_benchmark_runs_on_tiny_shapes(tmp_path):
     assert set(results["backends"]["jax"]["training"][0]["times"]) == layers
     assert results["end_to_end"]["train_examples_per_second"] > 0
     assert "AntisymmetricRNN jit=True/jit=False" in results["ratios"]
+    assert set(results["hoist"]["times"]) == {
+        "SimpleRNN",
+        "AntisymmetricRNN|hoist=False",
+        "AntisymmetricRNN|hoist=True",
+        "GatedAntisymmetricRNN|hoist=False",
+        "GatedAntisymmetricRNN|hoist=True",
+    }
+    assert results["hoist"]["features"] >= 8  # wide enough for the layers to hoist
     assert "| training step (s) |" in (tmp_path / "results.md").read_text()
