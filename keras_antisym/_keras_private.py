@@ -21,8 +21,6 @@ PyTorch has no `keras.distribution` backend to ask publicly.
 All are checked against the pinned Keras range by tests/test_keras_private.py.
 """
 
-import functools
-
 import keras
 
 # Keep in sync with `install_requires` in setup.cfg.
@@ -84,13 +82,17 @@ class SequenceConstantsCell(DropoutRNNCell):
         DropoutRNNCell.reset_recurrent_dropout_mask(self)
 
 
-@functools.cache
 def accelerator_available():
-    """Whether Keras computes on a GPU or TPU by default, rather than a CPU."""
+    """Whether Keras computes on a GPU or TPU by default, rather than a CPU.
+
+    Asked at each call (cheap): on PyTorch the answer follows a
+    `keras.device(...)` scope; on TensorFlow and JAX it is the machine's
+    default device type (`keras.distribution.list_devices`).
+    """
     if keras.backend.backend() == "torch":
         from keras.src.backend.torch.core import get_device
 
-        return get_device() != "cpu"
+        return not str(get_device()).lower().startswith("cpu")
     try:
         devices = keras.distribution.list_devices()
     except (AttributeError, NotImplementedError):  # no distribution backend

@@ -13,7 +13,8 @@ from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
 # hoist on accelerators only, for inputs of at least HOIST_MIN_INPUT_DIM features.
 # `benchmarks` measures both choices on any machine (its `hoist` section).
 HOIST_MIN_INPUT_DIM = 8
-#: None: hoist on accelerators only; True or False: always or never.
+#: None: on accelerators only; True or False: always or never (for inputs of at
+#: least HOIST_MIN_INPUT_DIM features).
 HOIST_INPUTS = None
 # Euler steps per iteration of the time loop (sequences of a static length that
 # it divides, without mask or unroll). Measured as above: 2 steps per iteration
@@ -160,10 +161,11 @@ class AntisymmetricRNN(keras.layers.RNN):
         recurrent_mask = cell.step_recurrent_dropout_mask(h0) if training else None
         operand, weights = cell.cached_sequence_constants()
         blocks = len(weights)
-        hoist = hoists_inputs(sequences.shape[-1])
+        features = sequences.shape[-1]
+        hoist = hoists_inputs(features)
         if hoist:
-            sequences = ops.concatenate(cell.project_blocks(sequences, weights), axis=-1)
-        elif weights[0][1] is not None:
+            sequences = cell.project_inputs(sequences)  # blocks side by side
+        elif features and weights[0][1] is not None:
             # A constant-1 input feature makes each bias a row of its kernel:
             # one product per block and step instead of a product and a bias
             # add, whose gradient is a per-step reduction (6% faster, gated 4%).
@@ -174,7 +176,7 @@ class AntisymmetricRNN(keras.layers.RNN):
             ]
         steps, width = sequences.shape[1], sequences.shape[-1]
         chunk = STEPS_PER_ITERATION
-        if mask is not None or self.unroll or steps is None or steps % chunk:
+        if mask is not None or self.unroll or steps is None or steps % chunk or not width:
             chunk = 1
         go_backwards = self.go_backwards
         if chunk > 1:

@@ -102,16 +102,11 @@ def test_fused_layer_forms_the_matrix_once_per_call():
 def test_accelerator_available_reads_keras_default_devices(monkeypatch):
     import tensorflow as tf
 
-    _keras_private.accelerator_available.cache_clear()
-    try:
-        expected = bool(tf.config.list_physical_devices("GPU"))
-        assert _keras_private.accelerator_available() is expected
-        for devices, answer in ((["cpu:0"], False), (["gpu:0", "gpu:1"], True), (["tpu:0"], True)):
-            _keras_private.accelerator_available.cache_clear()
-            monkeypatch.setattr(keras.distribution, "list_devices", lambda d=devices: d)
-            assert _keras_private.accelerator_available() is answer
-    finally:
-        _keras_private.accelerator_available.cache_clear()
+    expected = bool(tf.config.list_physical_devices("GPU"))
+    assert _keras_private.accelerator_available() is expected
+    for devices, answer in ((["cpu:0"], False), (["gpu:0", "gpu:1"], True), (["tpu:0"], True)):
+        monkeypatch.setattr(keras.distribution, "list_devices", lambda d=devices: d)
+        assert _keras_private.accelerator_available() is answer
 
 
 def test_fused_layers_hoist_only_wide_inputs_on_accelerators(monkeypatch):

@@ -166,3 +166,17 @@ def test_hand_computed_single_step():
     m = np.array([[-0.25, 2.0], [-2.0, -0.25]])
     h2 = h1 + 0.5 * np.tanh(m @ h1 + np.array([0.0, 0.5]))
     np.testing.assert_allclose(out, np.stack([h1, h2]), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("steps", [5, 6])  # 6: the fused loop's two-step iterations
+def test_inputs_without_features(kind, gated, steps):
+    # No input features: V·x = 0 and the state is driven by the bias alone.
+    x = np.zeros((2, steps, 0), "float32")
+    layer = make_layer(kind, gated, 4, epsilon=0.3, gamma=0.1, return_sequences=True)
+    layer(x)
+    weights = random_weights(layer, seed=3)
+    expected, _ = reference.run(weights, x, units=4, epsilon=0.3, gamma=0.1, gated=gated)
+    assert np.abs(expected).max() > 0.1
+    np.testing.assert_allclose(np.asarray(layer(x)), expected, atol=ATOL)
