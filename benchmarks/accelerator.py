@@ -57,7 +57,7 @@ def _sync():
             torch.cuda.synchronize()
 
 
-def _timed(call):
+def _synced(call):
     def run():
         call()
         _sync()
@@ -76,12 +76,12 @@ def jit_compile():
 def bench_training(config, results):
     """Appends one entry per shape to `results` (kept if a later shape is cut short)."""
     for shape in config["train_shapes"]:
-        results.append(training_entry(config, shape, jit_compile(), synced=_timed))
+        results.append(training_entry(config, shape, jit_compile(), synced=_synced))
         yield
 
 
 def bench_hoist(config, results):
-    results.update(run_bench_hoist(config, synced=_timed, jit_compile=jit_compile()))
+    results.update(run_bench_hoist(config, synced=_synced, jit_compile=jit_compile()))
     yield
 
 

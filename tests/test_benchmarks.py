@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.run import LAYERS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,14 +28,7 @@ def test_benchmark_runs_on_tiny_shapes(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    layers = {
-        "AntisymmetricRNN",
-        "GatedAntisymmetricRNN",
-        "RNN(AntisymmetricCell)",
-        "SimpleRNN",
-        "GRU",
-        "LSTM",
-    }
+    layers = set(LAYERS)
     for entry in results["training"]:
         assert set(entry["times"]) == layers
         for timing in entry["times"].values():
