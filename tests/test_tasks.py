@@ -1,18 +1,17 @@
-"""Every task's pipeline: shapes, dtypes, ranges, permutation, noise, determinism."""
+"""Every task's batches: shapes, dtypes, ranges, permutation, noise, determinism."""
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from training import tasks
+from training.trainer_tf import training_dataset
 
 
 def _first_batch(task, split="train", batch_size=8, seed=0, **kwargs):
     inputs, targets = task.examples(split, **kwargs)
-    ds = tasks.training_dataset(task, inputs, targets, batch_size, seed)
-    x, y = next(iter(ds))
-    return x.numpy(), y.numpy(), inputs, targets
+    x, y = tasks.TrainingBatches(task, inputs, targets, batch_size, seed)(0)
+    return x, y, inputs, targets
 
 
 @pytest.fixture
@@ -37,8 +36,8 @@ def test_pixel_tasks_shapes_and_ranges(mock_images, name, timesteps, features):
 def test_pixel_mnist_is_scanline_order(mock_images):
     task = tasks.get_task("pixel_mnist")
     inputs, targets = task.examples("test")
-    x, _ = task.make_batch(inputs[:2], targets[:2], tf.constant([0, 0]))
-    np.testing.assert_allclose(x.numpy()[:, :, 0], inputs[:2].reshape(2, 784) / 255.0, atol=1e-7)
+    x, _ = task.make_batch(inputs[:2], targets[:2], (0, 0))
+    np.testing.assert_allclose(x[:, :, 0], inputs[:2].reshape(2, 784) / 255.0, atol=1e-7)
 
 
 def test_permutation_is_fixed_and_invertible(mock_images):
@@ -49,10 +48,10 @@ def test_permutation_is_fixed_and_invertible(mock_images):
     assert sorted(perm) == list(range(784)) and not np.array_equal(perm, np.arange(784))
     assert permuted.spec.params["permutation_seed"] == tasks.PERMUTATION_SEED
     inputs, targets = plain.examples("test")
-    a, _ = plain.make_batch(inputs[:3], targets[:3], tf.constant([0, 0]))
-    b, _ = permuted.make_batch(inputs[:3], targets[:3], tf.constant([0, 0]))
+    a, _ = plain.make_batch(inputs[:3], targets[:3], (0, 0))
+    b, _ = permuted.make_batch(inputs[:3], targets[:3], (0, 0))
     inverse = np.argsort(perm)
-    np.testing.assert_array_equal(b.numpy()[:, inverse], a.numpy())
+    np.testing.assert_array_equal(b[:, inverse], a)
 
 
 @pytest.mark.parametrize(
@@ -62,8 +61,7 @@ def test_permutation_is_fixed_and_invertible(mock_images):
 def test_noise_padding(mock_images, name, steps, features, image_steps):
     task = tasks.get_task(name)
     inputs, targets = task.examples("train")
-    x, _ = task.make_batch(inputs[:16], targets[:16], tf.constant([3, 4]))
-    x = x.numpy()
+    x, _ = task.make_batch(inputs[:16], targets[:16], (3, 4))
     assert x.shape == (16, steps, features)
     rows = inputs[:16].reshape(16, image_steps, features) / 255.0
     np.testing.assert_allclose(x[:, :image_steps], rows, atol=1e-7)
@@ -71,8 +69,8 @@ def test_noise_padding(mock_images, name, steps, features, image_steps):
     assert abs(noise.mean()) < 0.01 and abs(noise.std() - 1.0) < 0.01
     # Independent across examples and steps: tiny correlations.
     assert abs(np.corrcoef(noise[0].ravel(), noise[1].ravel())[0, 1]) < 0.02
-    x2, _ = task.make_batch(inputs[:16], targets[:16], tf.constant([3, 4]))
-    np.testing.assert_array_equal(x2.numpy(), x)  # same seed, same noise
+    x2, _ = task.make_batch(inputs[:16], targets[:16], (3, 4))
+    np.testing.assert_array_equal(x2, x)  # same seed, same noise
 
 
 @pytest.mark.parametrize("timesteps", [100, 200, 400, 800])
@@ -166,48 +164,69 @@ def test_training_batches_depend_only_on_seed_and_step():
     task = tasks.get_task("digits")
     inputs, targets = task.examples("train")
     steps_per_epoch = len(targets) // 32
-    full = list(tasks.training_dataset(task, inputs, targets, 32, seed=5).take(steps_per_epoch + 3))
-    resumed = list(
-        tasks.training_dataset(
-            task, inputs, targets, 32, seed=5, start_step=steps_per_epoch + 1
-        ).take(2)
-    )
-    for a, b in zip(full[steps_per_epoch + 1 :], resumed, strict=True):
-        np.testing.assert_array_equal(a[0].numpy(), b[0].numpy())
+    batches = tasks.TrainingBatches(task, inputs, targets, 32, seed=5)
+    full = [batches(step) for step in range(steps_per_epoch + 3)]
+    # A fresh instance asked for later steps first (as a resumed run): the same batches.
+    resumed = tasks.TrainingBatches(task, inputs, targets, 32, seed=5)
+    for step in (steps_per_epoch + 2, steps_per_epoch + 1, 3):
+        np.testing.assert_array_equal(resumed(step)[0], full[step][0])
     # One epoch visits distinct examples; the next epoch uses a new order.
-    first_epoch = np.concatenate([y.numpy() for _, y in full[:steps_per_epoch]])
-    assert len(first_epoch) == steps_per_epoch * 32
-    other = list(tasks.training_dataset(task, inputs, targets, 32, seed=6).take(1))[0][0]
-    assert not np.array_equal(other.numpy(), full[0][0].numpy())
-    assert not np.array_equal(full[steps_per_epoch][0].numpy(), full[0][0].numpy())
+    first_epoch = np.concatenate([batches.order(0)[: steps_per_epoch * 32]])
+    assert len(set(first_epoch.tolist())) == steps_per_epoch * 32
+    other = tasks.TrainingBatches(task, inputs, targets, 32, seed=6)(0)[0]
+    assert not np.array_equal(other, full[0][0])
+    assert not np.array_equal(full[steps_per_epoch][0], full[0][0])
+    # Batch s is rows [o·B, (o+1)·B) of epoch e's permutation.
+    epoch, offset = divmod(steps_per_epoch + 1, steps_per_epoch)
+    rows = batches.order(epoch)[offset * 32 : (offset + 1) * 32]
+    np.testing.assert_array_equal(full[steps_per_epoch + 1][1], targets[rows])
 
 
-def test_replica_slices_recompose_the_global_batch():
+def test_noise_of_a_batch_depends_on_its_step():
+    task = tasks.get_task("digits", timesteps=80)
+    inputs, targets = task.examples("train")
+    batches = tasks.TrainingBatches(task, inputs, targets, 16, seed=0)
+    steps_per_epoch = batches.steps_per_epoch
+    # Same examples order position in two epochs, different steps: different noise.
+    a, b = batches(1)[0][:, 64:], batches(steps_per_epoch + 1)[0][:, 64:]
+    assert not np.array_equal(a, b) and a.shape == (16, 16, 1)
+
+
+def test_tf_dataset_replica_slices_recompose_the_global_batch():
     task = tasks.get_task("adding", timesteps=20)
     inputs, targets = task.examples("train")
-    whole = next(iter(tasks.training_dataset(task, inputs, targets, 8, seed=1)))
+    batches = tasks.TrainingBatches(task, inputs, targets, 8, seed=1)
+    whole = [batches(step) for step in range(3, 5)]
     slices = []
     for pipeline in range(2):  # 2 workers with 2 replicas each
-        ds = tasks.training_dataset(
-            task,
-            inputs,
-            targets,
-            8,
-            seed=1,
-            num_replicas=4,
-            replica_ids=(2 * pipeline, 2 * pipeline + 1),
+        ds = training_dataset(
+            batches, start_step=3, num_replicas=4, replica_ids=(2 * pipeline, 2 * pipeline + 1)
         )
-        slices += [x.numpy() for x, _ in ds.take(2)]
-    np.testing.assert_array_equal(np.concatenate(slices), whole[0].numpy())
+        slices.append([x.numpy() for x, _ in ds.take(4)])
+    for step in range(2):  # each pipeline yields its 2 slices of each step in order
+        got = np.concatenate(slices[0][2 * step : 2 * step + 2] + slices[1][2 * step : 2 * step + 2])
+        np.testing.assert_array_equal(got, whole[step][0])
 
 
 def test_evaluation_covers_every_example_once():
     task = tasks.get_task("digits")
     inputs, targets = task.examples("test")
     labels = np.concatenate(
-        [y.numpy() for _, y in tasks.evaluation_dataset(task, inputs, targets, 50, 0)]
+        [y for _, y in tasks.evaluation_batches(task, inputs, targets, 50, 0)]
     )
     np.testing.assert_array_equal(labels, targets)
+
+
+def test_exported_npz_loads_without_tfds(tmp_path, mock_images):
+    task = tasks.get_task("pixel_mnist", dataset="fashion_mnist")
+    from training import data
+
+    data.export("fashion_mnist", None, str(tmp_path))
+    for split in ("train", "test"):
+        from_tfds = task.examples(split)
+        from_npz = task.examples(split, data_dir=str(tmp_path))
+        for a, b in zip(from_tfds, from_npz, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize(

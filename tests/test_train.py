@@ -23,15 +23,20 @@ CONFIGS = sorted((ROOT / "training" / "configs").glob("*.yaml"))
 OUTPUT_FILES = ("config.yaml", "metrics.json", "model.keras", "checkpoints/checkpoint")
 
 
-def _env():
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+def _env(backend="tensorflow"):
+    return {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "CUDA_VISIBLE_DEVICES": "",
+        "KERAS_BACKEND": backend,
+    }
 
 
-def _run_cli(args, timeout=240):
+def _run_cli(args, timeout=240, backend="tensorflow"):
     return subprocess.run(
         [sys.executable, "-m", "training.train", *args],
         cwd=ROOT,
-        env=_env(),
+        env=_env(backend),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -199,7 +204,12 @@ def _weights(path):
     return keras.saving.load_model(path).get_weights()
 
 
-def test_kill_and_resume_finishes_with_nothing_lost(tmp_path):
+# The checkpoint index each backend's trainer writes last, after a complete save.
+CHECKPOINT_INDEX = {"tensorflow": "checkpoint", "jax": "checkpoint.json", "torch": "checkpoint.json"}
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_kill_and_resume_finishes_with_nothing_lost(tmp_path, backend):
     common = [
         "--task",
         "digits",
@@ -220,12 +230,12 @@ def test_kill_and_resume_finishes_with_nothing_lost(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "training.train", *common, "--output-dir", str(killed_dir)],
         cwd=ROOT,
-        env=_env(),
+        env=_env(backend),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    index = killed_dir / "checkpoints" / "checkpoint"
+    index = killed_dir / "checkpoints" / CHECKPOINT_INDEX[backend]
     deadline = time.monotonic() + 180
     while not index.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -234,7 +244,7 @@ def test_kill_and_resume_finishes_with_nothing_lost(tmp_path):
     proc.wait(timeout=30)
     assert not (killed_dir / "metrics.json").exists(), "the run finished before the kill"
 
-    resumed = _run_cli([*common, "--output-dir", str(killed_dir)])
+    resumed = _run_cli([*common, "--output-dir", str(killed_dir)], backend=backend)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
     metrics = json.loads((killed_dir / "metrics.json").read_text())
@@ -242,7 +252,7 @@ def test_kill_and_resume_finishes_with_nothing_lost(tmp_path):
     assert metrics["steps_this_run"] == 300 - metrics["resumed_from_step"]
 
     whole_dir = tmp_path / "whole"
-    assert _run_cli([*common, "--output-dir", str(whole_dir)]).returncode == 0
+    assert _run_cli([*common, "--output-dir", str(whole_dir)], backend=backend).returncode == 0
     whole = json.loads((whole_dir / "metrics.json").read_text())
     # The same batches from the restored step on: the same model.
     for a, b in zip(
@@ -251,7 +261,7 @@ def test_kill_and_resume_finishes_with_nothing_lost(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
     assert abs(metrics["test_loss"] - whole["test_loss"]) < 1e-4
 
-    again = _run_cli([*common, "--output-dir", str(killed_dir)])  # already finished
+    again = _run_cli([*common, "--output-dir", str(killed_dir)], backend=backend)  # finished
     assert (
         again.returncode == 0
         and json.loads((killed_dir / "metrics.json").read_text())["steps"] == 300

@@ -1,11 +1,17 @@
-"""The `--strategy` choices: one device, mirrored GPUs/CPUs, multi-worker, TPU."""
+"""The `--strategy` choices.
+
+TensorFlow: one device, mirrored GPUs/CPUs, multi-worker, TPU (`tf.distribute`).
+JAX: one device or `keras.distribution.DataParallel` over every device of
+every process (multi-host after `keras.distribution.initialize`). PyTorch: one
+device. TensorFlow is imported only on its backend.
+"""
 
 import json
 import os
 
-import tensorflow as tf
-
-STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
+STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu", "data_parallel")
+TF_STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
+KERAS_STRATEGIES = {"jax": ("auto", "default", "data_parallel"), "torch": ("auto", "default")}
 
 
 class StrategyError(RuntimeError):
@@ -13,11 +19,22 @@ class StrategyError(RuntimeError):
 
 
 def split_cpu(devices):
-    """Splits the host CPU into `devices` logical devices (before TF starts).
+    """Splits the host CPU into `devices` logical devices (before the backend starts).
 
-    Lets MirroredStrategy (and tests) run several replicas on one CPU.
+    Lets MirroredStrategy, DataParallel on JAX (and tests) run several
+    replicas on one CPU. PyTorch has no such devices.
     """
-    if devices and devices > 1:
+    import keras
+
+    if not devices or devices < 2:
+        return
+    if keras.backend.backend() == "jax":
+        flag = f"--xla_force_host_platform_device_count={devices}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+        return
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * devices
@@ -39,6 +56,35 @@ def _workers(config):
     return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
 
 
+def _check_strategy(name, allowed, backend):
+    if name not in allowed:
+        raise StrategyError(
+            f"Received an invalid value for argument `--strategy`, expected one of "
+            f"{', '.join(allowed)} on the {backend} backend, got {name!r}."
+        )
+
+
+def make_keras_distribution(name):
+    """The `keras.distribution.Distribution` for `name` on JAX or PyTorch (None: one device).
+
+    "auto" picks DataParallel when JAX sees several devices (all processes'
+    after `keras.distribution.initialize`, which runs when JAX's coordinator
+    variables are set).
+    """
+    import keras
+
+    backend = keras.backend.backend()
+    _check_strategy(name, KERAS_STRATEGIES[backend], backend)
+    if backend != "jax" or name == "default":
+        return None
+    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES"):
+        keras.distribution.initialize()
+    devices = keras.distribution.list_devices()
+    if name == "auto" and len(devices) < 2:
+        return None
+    return keras.distribution.DataParallel(devices=devices)
+
+
 def make_strategy(name, tpu=None):
     """The `tf.distribute.Strategy` called `name` (see `STRATEGIES`).
 
@@ -47,8 +93,9 @@ def make_strategy(name, tpu=None):
     when there are several (or over the logical CPUs when the CPU was split),
     and the default one-device strategy otherwise.
     """
-    if name not in STRATEGIES:
-        raise StrategyError(f"unknown strategy {name!r}, expected one of {', '.join(STRATEGIES)}")
+    import tensorflow as tf
+
+    _check_strategy(name, TF_STRATEGIES, "tensorflow")
     if name == "auto":
         if tpu or os.environ.get("TPU_NAME"):
             name = "tpu"
@@ -88,6 +135,8 @@ def make_strategy(name, tpu=None):
 
 def strategy_name(strategy):
     """The public `tf.distribute` name of `strategy` (its class may be private)."""
+    import tensorflow as tf
+
     for public, name in (
         (tf.distribute.MultiWorkerMirroredStrategy, "MultiWorkerMirroredStrategy"),
         (tf.distribute.MirroredStrategy, "MirroredStrategy"),
@@ -100,6 +149,8 @@ def strategy_name(strategy):
 
 def is_chief(strategy):
     """Whether this process writes the run's outputs."""
+    import tensorflow as tf
+
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True
@@ -116,6 +167,8 @@ def is_chief(strategy):
 
 
 def task_label(strategy):
+    import tensorflow as tf
+
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return "chief"

@@ -118,13 +118,6 @@ class SearchSpace:
         return {"log_scale": self.log_scale, **{k: list(v) for k, v in self.values.items()}}
 
 
-class _NoCheckpoints:
-    """A CheckpointManager stand-in: a trial is short and is rerun, not resumed."""
-
-    def save(self, checkpoint_number=None):
-        return None
-
-
 class RNNHyperModel(keras_tuner.HyperModel):
     """A `training.models` model with its hyperparameters drawn from a `SearchSpace`.
 
@@ -145,8 +138,8 @@ class RNNHyperModel(keras_tuner.HyperModel):
         validation_fraction: Fraction of the training data held out to score
             trials.
         momentum, clipnorm: As in `training.options.make_optimizer`.
-        strategy: The `tf.distribute.Strategy` a trial trains under (None:
-            the current one).
+        strategy: What a trial trains under: a `training.distribution.STRATEGIES`
+            name, a `tf.distribute.Strategy` or a `keras.distribution.Distribution`.
         data_dir: TFDS data directory of the image tasks.
         eval_batch_size: Batch size of validation.
         log: Called with progress lines.
@@ -164,7 +157,7 @@ class RNNHyperModel(keras_tuner.HyperModel):
         validation_fraction=0.1,
         momentum=0.9,
         clipnorm=None,
-        strategy=None,
+        strategy="default",
         data_dir=None,
         eval_batch_size=256,
         log=print,
@@ -220,40 +213,46 @@ class RNNHyperModel(keras_tuner.HyperModel):
     def fit(self, hp, model, *args, start_step=0, steps=None, **kwargs):
         """Trains steps `start_step .. steps - 1`; returns validation metrics.
 
-        Extra arguments (keras-tuner's callbacks) are ignored: the custom loop
-        runs no Keras callbacks.
+        Extra arguments (keras-tuner's callbacks) are ignored: the loop runs
+        no Keras callbacks. A trial whose loss stops being finite scores 0.
         """
-        import tensorflow as tf
-
         from training import loop
+        from training.summaries import ScalarWriter
+        from training.trainers import make_trainer
 
         steps = self.steps_per_trial if steps is None else steps
-        strategy = self.strategy or tf.distribute.get_strategy()
         (train_x, train_y), (val_x, val_y) = self.data()
-        with strategy.scope():
-            optimizer = options.make_optimizer(
+
+        def build():
+            return model, options.make_optimizer(
                 hp["optimizer"], hp["learning_rate"], self.momentum, self.clipnorm
             )
-            optimizer.build(model.trainable_variables)
-        loop.train(
-            model=model,
-            optimizer=optimizer,
-            strategy=strategy,
-            task=self.task,
-            inputs=train_x,
-            targets=train_y,
+
+        trainer = make_trainer(
+            self.task,
+            build,
+            train_x,
+            train_y,
             batch_size=self.batch_size,
             seed=self.seed,
-            start_step=start_step,
-            steps=steps,
-            manager=_NoCheckpoints(),
-            checkpoint_every=steps,
-            log_every=max(1, steps - start_step),
-            writer=tf.summary.create_noop_writer(),
-            log=self.log,
+            strategy=self.strategy,
         )
+        trainer.optimizer.iterations.assign(start_step)
+        try:
+            loop.train(
+                trainer,
+                start_step,
+                steps,
+                checkpoint_every=steps,
+                log_every=max(1, steps - start_step),
+                writer=ScalarWriter(None),
+                log=self.log,
+            )
+        except loop.DivergenceError as error:
+            self.log(f"trial diverged: {error}")
+            return {"val_accuracy": 0.0, "val_loss": float("inf")}
         val_loss, val_accuracy = loop.evaluate(
-            model, self.task, val_x, val_y, self.eval_batch_size, self.seed
+            trainer.predict, self.task, val_x, val_y, self.eval_batch_size, self.seed
         )
         if not math.isfinite(val_loss):  # a diverged trial: keep its metrics JSON-safe
             val_loss = float("inf")

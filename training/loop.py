@@ -1,107 +1,83 @@
-"""The custom training loop shared by every strategy, and evaluation."""
+"""The training loop shared by every backend, evaluation and stability diagnostics.
 
+A trainer (`training.trainers`) owns the backend's side: the model, the
+optimizer, the batches and the checkpoints. This loop drives it step by step:
+logging, TensorBoard scalars, periodic evaluation (the learning curve),
+checkpoints, and a clear stop when the loss stops being finite.
+"""
+
+import math
 import time
 
 import numpy as np
-import tensorflow as tf
 
 from training.objectives import per_example_correct, per_example_loss
-from training.tasks import evaluation_dataset, training_dataset
 
 
-def _replica_ids(context, replicas):
-    per_pipeline = replicas // context.num_input_pipelines
-    first = context.input_pipeline_id * per_pipeline
-    return tuple(range(first, first + per_pipeline))
+class DivergenceError(RuntimeError):
+    """The training loss became NaN or infinite."""
 
 
 def train(
-    model,
-    optimizer,
-    strategy,
-    task,
-    inputs,
-    targets,
-    batch_size,
-    seed,
+    trainer,
     start_step,
     steps,
-    manager,
+    *,
     checkpoint_every,
     log_every,
     writer,
-    jit_compile=False,
     log=print,
     diagnostics=None,
+    curve=None,
 ):
     """Runs training steps `start_step .. steps - 1`, checkpointing as it goes.
 
-    Returns a summary: steps run, examples/s (excluding the first, tracing,
-    step), wall time, and the last logged loss and accuracy.
+    Args:
+        trainer: A `training.trainers` trainer (restored to `start_step`).
+        start_step, steps: The first step to run and the step to stop at.
+        checkpoint_every, log_every: Step periods of checkpoints and log lines.
+        writer: A `training.summaries.ScalarWriter`.
+        log: Called with progress lines.
+        diagnostics: A `Diagnostics`, or None.
+        curve: A `LearningCurve`, or None: evaluated every `curve.every` steps.
+
+    Returns:
+        A summary: steps run, examples/s (excluding the first step, which
+        compiles), training wall time, and the last logged loss and accuracy.
+
+    Raises:
+        DivergenceError: the loss of a step is not finite (the run stops
+            there; its last checkpoint is before the divergence).
     """
-    spec = task.spec
-    replicas = strategy.num_replicas_in_sync
-
-    def dataset_fn(context):
-        return training_dataset(
-            task,
-            inputs,
-            targets,
-            batch_size,
-            seed,
-            start_step=start_step,
-            num_replicas=replicas,
-            replica_ids=_replica_ids(context, replicas),
-        )
-
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-
-    def step_fn(x, y):
-        with tf.GradientTape() as tape:
-            outputs = model(x, training=True)
-            losses = per_example_loss(spec, y, outputs)
-            loss = tf.nn.compute_average_loss(losses, global_batch_size=batch_size)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        variables = model.trainable_variables
-        gradients = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(gradients, variables, strict=True))
-        return tf.reduce_sum(losses), tf.reduce_sum(per_example_correct(spec, y, outputs))
-
-    @tf.function(jit_compile=jit_compile)
-    def replica_step(x, y):
-        return step_fn(x, y)
-
-    @tf.function
-    def train_step(iterator):
-        x, y = next(iterator)
-        loss_sum, correct_sum = strategy.run(replica_step if jit_compile else step_fn, args=(x, y))
-        total = strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None)
-        correct = strategy.reduce(tf.distribute.ReduceOp.SUM, correct_sum, axis=None)
-        return total / batch_size, correct / batch_size
-
+    batch_size = trainer.batch_size
     summary = {
         "steps": 0,
-        "examples_per_second": 0.0,
+        "examples_per_second": None,
         "wall_time_seconds": 0.0,
         "final_loss": None,
         "final_accuracy": None,
     }
     started = time.perf_counter()
-    timed_from, timed_steps = None, 0
+    timed_from, timed_steps, paused = None, 0, 0.0
     window_loss, window_correct, window_count = 0.0, 0.0, 0
     window_start = time.perf_counter()
     step = start_step
     while step < steps:
-        loss, accuracy = train_step(iterator)
+        loss, accuracy = trainer.step()
         step += 1
+        if not math.isfinite(loss):
+            raise DivergenceError(
+                f"training diverged at step {step}: the loss is {loss}. The last checkpoint "
+                f"is from before it; lower --learning-rate, set --clipnorm, or lower "
+                f"--epsilon (see the README's stable ranges)."
+            )
         summary["steps"] += 1
-        if timed_from is None:  # the first step traces the graph: not timed
+        if timed_from is None:  # the first step compiles: not timed
             timed_from = time.perf_counter()
         else:
             timed_steps += 1
-        window_loss += float(loss)
-        window_correct += float(accuracy)
+        window_loss += loss
+        window_correct += accuracy
         window_count += 1
         if step % log_every == 0 or step == steps:
             elapsed = max(time.perf_counter() - window_start, 1e-9)
@@ -112,45 +88,100 @@ def train(
                 f"step {step}/{steps} loss {mean_loss:.4f} accuracy {mean_accuracy:.4f} "
                 f"{rate:.0f} examples/s"
             )
-            with writer.as_default():
-                tf.summary.scalar("train/loss", mean_loss, step=step)
-                tf.summary.scalar("train/accuracy", mean_accuracy, step=step)
-                tf.summary.scalar("train/examples_per_second", rate, step=step)
+            writer.scalar("train/loss", mean_loss, step)
+            writer.scalar("train/accuracy", mean_accuracy, step)
+            writer.scalar("train/examples_per_second", rate, step)
             summary["final_loss"], summary["final_accuracy"] = mean_loss, mean_accuracy
             window_loss, window_correct, window_count = 0.0, 0.0, 0
             window_start = time.perf_counter()
+        pause_start = time.perf_counter()
         if diagnostics is not None and step % diagnostics.every == 0:
             diagnostics(step, writer, log)
+        if curve is not None and (step % curve.every == 0 or step == steps):
+            train_seconds = pause_start - started - paused
+            curve.record(trainer, step, train_seconds, writer, log)
         if step % checkpoint_every == 0 or step == steps:
-            manager.save(checkpoint_number=step)
+            trainer.save(step)
+            if curve is not None:
+                curve.save()
+        paused += time.perf_counter() - pause_start
+        window_start += time.perf_counter() - pause_start
     if timed_steps:
         summary["examples_per_second"] = (
-            timed_steps * batch_size / (time.perf_counter() - timed_from)
+            timed_steps * batch_size / (time.perf_counter() - timed_from - paused)
         )
-    summary["wall_time_seconds"] = time.perf_counter() - started
+    summary["wall_time_seconds"] = time.perf_counter() - started - paused
     writer.flush()
     return summary
 
 
-def evaluate(model, task, inputs, targets, batch_size, seed):
-    """Mean loss and accuracy of `model` over every example of a split."""
-    spec = task.spec
-
-    @tf.function
-    def sums(x, y):
-        outputs = model(x, training=False)
-        return (
-            tf.reduce_sum(per_example_loss(spec, y, outputs)),
-            tf.reduce_sum(per_example_correct(spec, y, outputs)),
-        )
+def evaluate(predict, task, inputs, targets, batch_size, seed):
+    """Mean loss and accuracy of `predict` (batch -> outputs) over every example of a split."""
+    from training.tasks import evaluation_batches
 
     loss, correct = 0.0, 0.0
-    for x, y in evaluation_dataset(task, inputs, targets, batch_size, seed):
-        batch_loss, batch_correct = sums(x, y)
-        loss += float(batch_loss)
-        correct += float(batch_correct)
+    for x, y in evaluation_batches(task, inputs, targets, batch_size, seed):
+        outputs = predict(x)
+        loss += float(np.sum(np.asarray(per_example_loss(task.spec, y, outputs))))
+        correct += float(np.sum(np.asarray(per_example_correct(task.spec, y, outputs))))
     count = len(targets)
     return loss / count, correct / count
+
+
+class LearningCurve:
+    """Accuracy on an evaluation split every `every` steps, against steps and seconds.
+
+    Kept in `path` (JSON, written atomically with the checkpoints); a resumed
+    run drops the points after its checkpoint and continues the clock from
+    the last point it keeps.
+
+    Args:
+        path: The JSON file.
+        every: Evaluation period in steps.
+        split: The split's name ("validation" or "test").
+        examples: `(inputs, targets)` of the split.
+        task, batch_size, seed: As for `evaluate`.
+    """
+
+    def __init__(self, path, every, split, examples, task, batch_size, seed):
+        self.path, self.every, self.split = path, every, split
+        self.examples, self.task = examples, task
+        self.batch_size, self.seed = batch_size, seed
+        self.points = []
+        self.seconds_before = 0.0
+
+    def resume(self, start_step):
+        """Keeps the points up to `start_step` (the restored checkpoint)."""
+        import json
+        import os
+
+        if os.path.isfile(self.path):
+            with open(self.path) as handle:
+                points = json.load(handle).get("points", [])
+            self.points = [p for p in points if p["step"] <= start_step]
+        self.seconds_before = self.points[-1]["train_seconds"] if self.points else 0.0
+
+    def record(self, trainer, step, train_seconds, writer, log):
+        loss, accuracy = evaluate(trainer.predict, self.task, *self.examples, self.batch_size,
+                                  self.seed)
+        point = {
+            "step": int(step),
+            "train_seconds": self.seconds_before + train_seconds,
+            f"{self.split}_accuracy": accuracy,
+            f"{self.split}_loss": loss,
+        }
+        self.points = [p for p in self.points if p["step"] < step] + [point]
+        writer.scalar(f"{self.split}/accuracy", accuracy, step)
+        writer.scalar(f"{self.split}/loss", loss, step)
+        log(f"step {step} {self.split}_accuracy {accuracy:.4f} {self.split}_loss {loss:.4f}")
+
+    def save(self):
+        import json
+
+        from training.options import write_atomically
+
+        body = {"split": self.split, "every": self.every, "points": self.points}
+        write_atomically(self.path, json.dumps(body, indent=1) + "\n")
 
 
 class Diagnostics:
@@ -169,7 +200,7 @@ class Diagnostics:
 
         self.every = every
         count = min(probe_size, len(targets))
-        x, y = task.make_batch(inputs[:count], targets[:count], tf.constant([0, 0]))
+        x, y = task.make_batch(inputs[:count], targets[:count], (0, 0))
         probe = (np.asarray(x), np.asarray(y))
         self.callback = keras_antisym.StabilityDiagnostics(every, probe_data=probe)
         self.callback.set_model(model)
@@ -184,9 +215,8 @@ class Diagnostics:
 
     def __call__(self, step, writer, log):
         self.latest = self.callback.compute()
-        with writer.as_default():
-            for name, value in self.latest.items():
-                tf.summary.scalar(name, value, step=step)
+        for name, value in self.latest.items():
+            writer.scalar(name, value, step)
         shown = {
             k.split("/", 1)[1]: v
             for k, v in self.latest.items()

@@ -1,31 +1,31 @@
-"""Per-example loss and correctness for each kind of task head."""
+"""Per-example loss and correctness for each kind of task head (`keras.ops`: any backend)."""
 
-import tensorflow as tf
+from keras import ops
 
 
 def per_example_loss(spec, targets, outputs):
     """Loss of each example, shape `(batch,)`, from the model's raw outputs."""
-    outputs = tf.cast(outputs, tf.float32)
+    outputs = ops.cast(outputs, "float32")
     if spec.head == "regression":
-        return tf.reduce_mean(tf.square(outputs - tf.cast(targets, tf.float32)), axis=-1)
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.cast(targets, tf.int32), logits=outputs
+        return ops.mean(ops.square(outputs - ops.cast(targets, "float32")), axis=-1)
+    losses = ops.sparse_categorical_crossentropy(
+        ops.cast(targets, "int32"), outputs, from_logits=True
     )
     if spec.head == "sequence":
-        losses = tf.reduce_mean(losses, axis=-1)
+        losses = ops.mean(losses, axis=-1)
     return losses
 
 
 def per_example_correct(spec, targets, outputs):
     """How correct each example is, in [0, 1], shape `(batch,)`."""
-    outputs = tf.cast(outputs, tf.float32)
+    outputs = ops.cast(outputs, "float32")
     if spec.head == "regression":
-        error = tf.abs(outputs - tf.cast(targets, tf.float32))
-        return tf.reduce_mean(tf.cast(error < spec.tolerance, tf.float32), axis=-1)
-    hits = tf.cast(
-        tf.equal(tf.argmax(outputs, axis=-1, output_type=tf.int32), tf.cast(targets, tf.int32)),
-        tf.float32,
+        error = ops.abs(outputs - ops.cast(targets, "float32"))
+        return ops.mean(ops.cast(error < spec.tolerance, "float32"), axis=-1)
+    hits = ops.cast(
+        ops.equal(ops.cast(ops.argmax(outputs, axis=-1), "int32"), ops.cast(targets, "int32")),
+        "float32",
     )
     if spec.head == "sequence":
-        hits = tf.reduce_mean(hits[:, -spec.scored_steps :], axis=-1)
+        hits = ops.mean(hits[:, -spec.scored_steps :], axis=-1)
     return hits

@@ -102,13 +102,16 @@ def run_command(parser, argv, body, expected_messages=("Received an invalid valu
     `PROG: error: MESSAGE`; anything else is a real fault and raises.
     """
     from training.distribution import StrategyError
+    from training.loop import DivergenceError
     from training.tasks import DataError
 
     args = parse_with_config(parser, argv)
     try:
         body(args)
     except (UsageError, ValueError, RuntimeError) as error:
-        expected = isinstance(error, (UsageError, DataError, StrategyError)) or str(
+        expected = isinstance(
+            error, (UsageError, DataError, StrategyError, DivergenceError)
+        ) or str(
             error
         ).startswith(tuple(expected_messages))
         if not expected:

@@ -1,18 +1,18 @@
-"""The paper's sequence tasks as deterministic, step-indexed tf.data pipelines.
+"""The paper's sequence tasks as deterministic, step-indexed NumPy batches.
 
 Every training batch is a pure function of `(seed, global step)`: batch `s`
 takes positions `[o·B, (o+1)·B)` of the permutation of epoch `e`, with
-`(e, o) = divmod(s, steps_per_epoch)`, and draws its noise from a stateless
-seed `(seed, s)`. A resumed run therefore sees exactly the batches it would
-have seen, and a distributed run sees exactly the global batches of a
-single-device run, split row-wise over the replicas.
+`(e, o) = divmod(s, steps_per_epoch)`, and draws its noise from the generator
+seeded with `(seed, s)`. A resumed run therefore sees exactly the batches it
+would have seen, and a distributed run sees exactly the global batches of a
+single-device run, split row-wise over the replicas. The batches are NumPy on
+every backend (TensorFlow wraps them in `tf.data`), so no task needs TensorFlow.
 """
 
 import dataclasses
 import os
 
 import numpy as np
-import tensorflow as tf
 
 MNIST_DATASETS = ("mnist", "fashion_mnist")
 PERMUTATION_SEED = 92916  # the fixed permutation of permuted_mnist; recorded in the config
@@ -59,16 +59,40 @@ def _invalid(name, expected, value):
     )
 
 
-def _load_tfds(name, split, data_dir):
-    """All examples of a TFDS split as uint8 images and int32 labels."""
-    import tensorflow_datasets as tfds
+def npz_path(data_dir, name):
+    """Where `python -m training.data export` keeps data set `name` in `data_dir`."""
+    return os.path.join(data_dir, f"{name}.npz")
 
+
+def _load_images(name, split, data_dir):
+    """All examples of a split ("train"/"test") as uint8 images and int32 labels.
+
+    `data_dir` (or TFDS_DATA_DIR) is a TFDS data directory or a folder of
+    `NAME.npz` files in `keras.datasets`' layout (`x_train`, `y_train`,
+    `x_test`, `y_test`), as `python -m training.data export` writes them; the
+    `.npz` needs neither TensorFlow nor TFDS.
+    """
     data_dir = data_dir or os.environ.get("TFDS_DATA_DIR")
     if data_dir is not None and not os.path.isdir(data_dir):
         raise DataError(
             f"Received an invalid value for argument `--data-dir`, expected an existing "
-            f"TFDS data directory, got {data_dir!r}."
+            f"TFDS data directory or a folder of .npz files, got {data_dir!r}."
         )
+    if data_dir is not None and os.path.isfile(npz_path(data_dir, name)):
+        with np.load(npz_path(data_dir, name)) as arrays:
+            return arrays[f"x_{split}"].astype("uint8"), arrays[f"y_{split}"].astype("int32")
+    return _load_tfds(name, split, data_dir)
+
+
+def _load_tfds(name, split, data_dir):
+    """All examples of a TFDS split as uint8 images and int32 labels."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise DataError(
+            f"data set {name!r} needs tensorflow-datasets or an exported "
+            f"{name}.npz in --data-dir (python -m training.data export)"
+        ) from None
     try:
         ds = tfds.load(name, split=split, as_supervised=True, data_dir=data_dir, download=False)
     except (AssertionError, tfds.core.registered.DatasetNotFoundError, OSError) as error:
@@ -82,6 +106,20 @@ def _load_tfds(name, split, data_dir):
         images.append(x)
         labels.append(y)
     return np.concatenate(images).astype("uint8"), np.concatenate(labels).astype("int32")
+
+
+def batch_generator(seed):
+    """A NumPy generator that is a pure function of `seed`, a sequence of integers."""
+    return np.random.default_rng([int(value) % (1 << 63) for value in np.ravel(seed)])
+
+
+def _pad_with_noise(x, timesteps, seed):
+    """Appends N(0, 1) noise drawn from `seed` to `(B, steps, m)` up to `timesteps`."""
+    padding = timesteps - x.shape[1]
+    if not padding:
+        return x
+    noise = batch_generator(seed).standard_normal((len(x), padding, x.shape[2]), "float32")
+    return np.concatenate([x, noise], axis=1)
 
 
 def _split_validation(images, labels, split, validation_fraction):
@@ -109,7 +147,8 @@ class Task:
     def make_batch(self, inputs, targets, seed):
         """Turns a batch of raw examples into `(x (B, T, m) float32, y)`.
 
-        `seed` is a stateless seed (shape `[2]` int32) for any noise.
+        `seed` is a sequence of integers (`(seed, stream, step)`) that
+        seeds any noise (`batch_generator`): the batch is a pure function of it.
         """
         raise NotImplementedError
 
@@ -140,23 +179,17 @@ class ImageSequenceTask(Task):
 
     def examples(self, split, data_dir=None, validation_fraction=0.0):
         source = "test" if split == "test" else "train"
-        images, labels = _load_tfds(self.dataset, source, data_dir)
+        images, labels = _load_images(self.dataset, source, data_dir)
         if split != "test":
             images, labels = _split_validation(images, labels, split, validation_fraction)
         return images, labels
 
     def make_batch(self, inputs, targets, seed):
-        x = tf.cast(inputs, tf.float32) / 255.0
-        x = tf.reshape(x, (-1, self.image_steps, self.spec.features))
+        x = np.asarray(inputs, "float32") / np.float32(255.0)
+        x = x.reshape(-1, self.image_steps, self.spec.features)
         if self.permutation is not None:
-            x = tf.gather(x, self.permutation, axis=1)
-        padding = self.spec.timesteps - self.image_steps
-        if padding:
-            noise = tf.random.stateless_normal(
-                (tf.shape(x)[0], padding, self.spec.features), seed=seed
-            )
-            x = tf.concat([x, noise], axis=1)
-        return x, targets
+            x = x[:, self.permutation]
+        return _pad_with_noise(x, self.spec.timesteps, seed), np.asarray(targets)
 
 
 class DigitsTask(Task):
@@ -189,12 +222,8 @@ class DigitsTask(Task):
         return images, labels
 
     def make_batch(self, inputs, targets, seed):
-        x = tf.reshape(tf.cast(inputs, tf.float32) / 16.0, (-1, 64, 1))
-        padding = self.spec.timesteps - 64
-        if padding:
-            noise = tf.random.stateless_normal((tf.shape(x)[0], padding, 1), seed=seed)
-            x = tf.concat([x, noise], axis=1)
-        return x, targets
+        x = (np.asarray(inputs, "float32") / np.float32(16.0)).reshape(-1, 64, 1)
+        return _pad_with_noise(x, self.spec.timesteps, seed), np.asarray(targets)
 
 
 class SyntheticTask(Task):
@@ -236,16 +265,17 @@ class AddingTask(SyntheticTask):
         )
 
     def make_batch(self, inputs, targets, seed):
-        batch, steps = tf.shape(inputs)[0], self.spec.timesteps
-        values = tf.random.stateless_uniform((batch, steps), seed=seed)
+        batch, steps = len(inputs), self.spec.timesteps
+        rng = batch_generator(seed)
+        values = rng.random((batch, steps), dtype="float32")
         half = steps // 2
-        first = tf.random.stateless_uniform((batch,), seed=seed + 1, maxval=half, dtype=tf.int32)
-        second = half + tf.random.stateless_uniform(
-            (batch,), seed=seed + 2, maxval=steps - half, dtype=tf.int32
-        )
-        markers = tf.one_hot(first, steps) + tf.one_hot(second, steps)
-        x = tf.stack([values, markers], axis=-1)
-        y = tf.reduce_sum(values * markers, axis=1, keepdims=True)
+        first = rng.integers(0, half, batch)
+        second = rng.integers(half, steps, batch)
+        markers = np.zeros((batch, steps), "float32")
+        markers[np.arange(batch), first] = 1.0
+        markers[np.arange(batch), second] = 1.0
+        x = np.stack([values, markers], axis=-1)
+        y = np.sum(values * markers, axis=1, keepdims=True)
         return x, y
 
 
@@ -271,15 +301,14 @@ class CopyTask(SyntheticTask):
         )
 
     def make_batch(self, inputs, targets, seed):
-        batch, steps = tf.shape(inputs)[0], self.spec.timesteps
-        symbols = tf.random.stateless_uniform(
-            (batch, 10), seed=seed, minval=1, maxval=9, dtype=tf.int32
-        )
-        blanks = tf.zeros((batch, steps - 21), tf.int32)
-        delimiter = tf.fill((batch, 1), 9)
-        sequence = tf.concat([symbols, blanks, delimiter, tf.zeros((batch, 10), tf.int32)], 1)
-        target = tf.concat([tf.zeros((batch, steps - 10), tf.int32), symbols], 1)
-        return tf.one_hot(sequence, self.SYMBOLS), target
+        batch, steps = len(inputs), self.spec.timesteps
+        symbols = batch_generator(seed).integers(1, 9, (batch, 10), dtype="int32")
+        sequence = np.zeros((batch, steps), "int32")
+        sequence[:, :10] = symbols
+        sequence[:, steps - 11] = 9
+        target = np.zeros((batch, steps), "int32")
+        target[:, steps - 10 :] = symbols
+        return np.eye(self.SYMBOLS, dtype="float32")[sequence], target
 
 
 TASK_NAMES = (
@@ -339,68 +368,40 @@ def get_task(name, timesteps=None, dataset=None):
     return CopyTask(timesteps)
 
 
-def training_dataset(
-    task, inputs, targets, batch_size, seed, start_step=0, num_replicas=1, replica_ids=(0,)
-):
-    """Endless training batches from `start_step` on, as described in the module doc.
+class TrainingBatches:
+    """Training batch `s` as a pure function of `(seed, s)` (see the module doc).
 
     Args:
         task: A `Task`.
         inputs, targets: The training examples (from `task.examples`).
         batch_size: The global batch size `B`.
         seed: Integer seed of the shuffling and noise.
-        start_step: The global step of the first batch (resuming).
-        num_replicas: Replicas the global batch is split over.
-        replica_ids: The replicas this pipeline feeds; it yields their
-            `(B / num_replicas)`-row slices of each global batch in order.
-
-    Returns:
-        A `tf.data.Dataset` of `(x, y)`.
     """
-    count = len(targets)
-    steps_per_epoch = count // batch_size
-    if steps_per_epoch == 0:
-        raise _invalid("batch_size", f"at most the {count} training examples", batch_size)
-    per_replica = batch_size // num_replicas
-    inputs = tf.constant(inputs)
-    targets = tf.constant(targets)
-    replica_ids = tf.constant(list(replica_ids), tf.int32)
 
-    def global_batch(step):
-        epoch, offset = step // steps_per_epoch, step % steps_per_epoch
-        order = tf.random.experimental.stateless_shuffle(
-            tf.range(count, dtype=tf.int64), seed=tf.stack([tf.cast(seed, tf.int64), epoch])
-        )
-        index = order[offset * batch_size : (offset + 1) * batch_size]
-        noise_seed = tf.cast(tf.stack([tf.cast(seed, tf.int64) + 1, step]), tf.int32)
-        x, y = task.make_batch(tf.gather(inputs, index), tf.gather(targets, index), noise_seed)
-        # Rows of the replicas this pipeline feeds, one slice per replica.
-        rows = tf.reshape(replica_ids[:, None] * per_replica + tf.range(per_replica)[None, :], [-1])
-        shape_x = tf.concat([[len(replica_ids), per_replica], tf.shape(x)[1:]], 0)
-        shape_y = tf.concat([[len(replica_ids), per_replica], tf.shape(y)[1:]], 0)
-        return (
-            tf.reshape(tf.gather(x, rows), shape_x),
-            tf.reshape(tf.gather(y, rows), shape_y),
-        )
+    def __init__(self, task, inputs, targets, batch_size, seed):
+        count = len(targets)
+        self.steps_per_epoch = count // batch_size
+        if self.steps_per_epoch == 0:
+            raise _invalid("batch_size", f"at most the {count} training examples", batch_size)
+        self.task, self.inputs, self.targets = task, inputs, targets
+        self.batch_size, self.seed = batch_size, seed
+        self._epoch, self._order = None, None
 
-    ds = tf.data.Dataset.range(start_step, np.iinfo(np.int64).max)
-    ds = ds.map(global_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.unbatch()  # one element per replica slice
-    return ds.prefetch(tf.data.AUTOTUNE)
+    def order(self, epoch):
+        """The permutation of the examples in epoch `epoch`."""
+        if epoch != self._epoch:  # one epoch's order is reused by its steps
+            rng = batch_generator((self.seed, 0, epoch))
+            self._epoch, self._order = epoch, rng.permutation(len(self.targets))
+        return self._order
+
+    def __call__(self, step):
+        epoch, offset = divmod(int(step), self.steps_per_epoch)
+        index = self.order(epoch)[offset * self.batch_size : (offset + 1) * self.batch_size]
+        return self.task.make_batch(self.inputs[index], self.targets[index], (self.seed, 1, step))
 
 
-def evaluation_dataset(task, inputs, targets, batch_size, seed):
-    """Every example of an evaluation split once, in order, in batches."""
-    count = len(targets)
-    inputs = tf.constant(inputs)
-    targets = tf.constant(targets)
-
-    def batch(number):
-        start = number * batch_size
-        index = tf.range(start, tf.minimum(start + batch_size, count))
-        noise_seed = tf.cast(tf.stack([tf.cast(seed, tf.int64) + 2, number]), tf.int32)
-        return task.make_batch(tf.gather(inputs, index), tf.gather(targets, index), noise_seed)
-
-    batches = -(-count // batch_size)
-    ds = tf.data.Dataset.range(batches).map(batch, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE)
+def evaluation_batches(task, inputs, targets, batch_size, seed):
+    """Every example of an evaluation split once, in order, as `(x, y)` batches."""
+    for number, start in enumerate(range(0, len(targets), batch_size)):
+        end = start + batch_size
+        yield task.make_batch(inputs[start:end], targets[start:end], (seed, 2, number))

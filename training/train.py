@@ -1,22 +1,22 @@
-"""Train a model on a task, on any `tf.distribute` strategy, resuming after a crash.
+"""Train a model on a task, on any Keras backend and strategy, resuming after a crash.
 
     python -m training.train --task pixel_mnist --model antisymmetric --units 128 \\
         --epsilon 0.01 --gamma 0.01 --optimizer sgd --learning-rate 0.1 \\
         --batch-size 128 --steps 50000 --output-dir runs/x
 
-One custom training loop (`strategy.run`, `distribute_datasets_from_function`,
-`compute_average_loss`) serves every strategy: `model.fit` fails under
-MultiWorkerMirroredStrategy (keras-team/keras#20585). The output directory
+`KERAS_BACKEND` picks the backend: TensorFlow trains under `tf.distribute`,
+JAX under `keras.distribution` (`--strategy data_parallel`), PyTorch on one
+device (`training.trainers`); all see the same batches. The output directory
 receives `config.yaml` (the resolved options), `checkpoints/` (atomic: the
-`checkpoint` index moves only after a save is complete), `logs/` (TensorBoard),
-`metrics.json` and `model.keras`. Running the same command again resumes from
-the last checkpoint.
+index moves only after a save is complete), `logs/` (TensorBoard),
+`curve.json` (with `--eval-every`), `metrics.json` and `model.keras`. Running
+the same command again resumes from the last checkpoint. A non-finite loss
+stops the run with exit status 2.
 """
 
 import json
 import os
 import sys
-import tempfile
 
 from training import options
 
@@ -41,6 +41,13 @@ def build_parser():
         default=0.0,
         help="hold out this fraction of the training data and report val_accuracy",
     )
+    group.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="evaluate every N steps (validation split if any, else test) into curve.json",
+    )
     group.add_argument("--jit-compile", action="store_true", help="XLA-compile the train step")
     group.add_argument(
         "--diagnostics",
@@ -64,6 +71,7 @@ def _validate_run(args):
         args.validation_fraction,
     )
     options._check(args.diagnostics >= 0, "diagnostics", "a non-negative integer", args.diagnostics)
+    options._check(args.eval_every >= 0, "eval-every", "a non-negative integer", args.eval_every)
 
 
 def weights_fingerprint(model):
@@ -76,29 +84,58 @@ def weights_fingerprint(model):
     return digest.hexdigest()
 
 
-def run(args, log=print):
-    """Trains as `args` says and returns the metrics (also written to disk)."""
+def _describe_device():
+    """One line: the backend and the devices it computes on."""
     import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        devices = jax.devices()
+        return f"jax on {len(devices)} x {devices[0].device_kind} ({devices[0].platform})"
+    if backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            return f"torch on {torch.cuda.get_device_name(0)} (cuda)"
+        return "torch on cpu"
     import tensorflow as tf
-    import yaml
+
+    gpus = tf.config.list_logical_devices("GPU")
+    return f"tensorflow on {len(gpus)} GPU(s)" if gpus else "tensorflow on cpu"
+
+
+def _versions():
+    import keras
 
     import keras_antisym
-    from training import distribution, loop, tasks
+
+    versions = {
+        "keras_antisym_version": keras_antisym.__version__,
+        "keras_version": keras.__version__,
+        "backend": keras.backend.backend(),
+    }
+    module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}[versions["backend"]]
+    versions[f"{module}_version"] = str(__import__(module).__version__)
+    return versions
+
+
+def run(args, log=print):
+    """Trains as `args` says and returns the metrics (also written to disk)."""
+    import yaml
+
+    from training import loop, tasks
     from training.models import build_model
+    from training.summaries import ScalarWriter
+    from training.trainers import make_trainer
 
     task = tasks.get_task(args.task, timesteps=args.timesteps, dataset=args.dataset)
     spec = task.spec
-    strategy = distribution.make_strategy(args.strategy, tpu=args.tpu)
-    replicas = strategy.num_replicas_in_sync
-    options._check(
-        args.batch_size % replicas == 0,
-        "batch-size",
-        f"a multiple of the {replicas} replicas",
-        args.batch_size,
-    )
-    chief = distribution.is_chief(strategy)
     output_dir = args.output_dir or os.path.join("runs", f"{args.task}-{args.model}")
     os.makedirs(output_dir, exist_ok=True)
+    device = _describe_device()
+    log(f"training on {device}")
 
     train_x, train_y = task.examples("train", args.data_dir, args.validation_fraction)
     test_x, test_y = task.examples("test", args.data_dir)
@@ -108,27 +145,10 @@ def run(args, log=print):
         else None
     )
 
-    config = {k: v for k, v in vars(args).items() if k != "config"}
-    config.update(
-        output_dir=output_dir,
-        task_params=spec.params,
-        timesteps=spec.timesteps,
-        features=spec.features,
-        strategy_class=distribution.strategy_name(strategy),
-        replicas=replicas,
-        train_examples=int(len(train_y)),
-        test_examples=int(len(test_y)),
-        keras_antisym_version=keras_antisym.__version__,
-        keras_version=keras.__version__,
-        tensorflow_version=tf.__version__,
-    )
-    if chief:
-        options.write_atomically(
-            os.path.join(output_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=True)
-        )
+    def build():
+        import keras
 
-    keras.utils.set_random_seed(args.seed)
-    with strategy.scope():
+        keras.utils.set_random_seed(args.seed)
         model = build_model(
             spec,
             args.model,
@@ -141,92 +161,118 @@ def run(args, log=print):
         optimizer = options.make_optimizer(
             args.optimizer, args.learning_rate, args.momentum, args.clipnorm
         )
-        optimizer.build(model.trainable_variables)
+        return model, optimizer
 
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    # Every worker saves (the save may synchronize); only the chief keeps its copy.
-    checkpoint_dir = os.path.join(output_dir, "checkpoints")
-    if not chief:
-        checkpoint_dir = os.path.join(tempfile.mkdtemp(), distribution.task_label(strategy))
-    manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, max_to_keep=3)
-    restore_from = tf.train.latest_checkpoint(os.path.join(output_dir, "checkpoints"))
-    if restore_from:
-        checkpoint.restore(restore_from).assert_existing_objects_matched()
-    start_step = int(optimizer.iterations.numpy())
-    if restore_from:
-        log(f"resumed from {restore_from} at step {start_step}")
-
-    writer = (
-        tf.summary.create_file_writer(os.path.join(output_dir, "logs"))
-        if chief
-        else tf.summary.create_noop_writer()
+    trainer = make_trainer(
+        task,
+        build,
+        train_x,
+        train_y,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        strategy=args.strategy,
+        tpu=args.tpu,
+        checkpoint_dir=os.path.join(output_dir, "checkpoints"),
+        jit_compile=args.jit_compile,
     )
+    model = trainer.model
+    config = {k: v for k, v in vars(args).items() if k != "config"}
+    config.update(
+        output_dir=output_dir,
+        task_params=spec.params,
+        timesteps=spec.timesteps,
+        features=spec.features,
+        strategy_class=trainer.strategy_name,
+        replicas=trainer.replicas,
+        device=device,
+        train_examples=int(len(train_y)),
+        test_examples=int(len(test_y)),
+        **_versions(),
+    )
+    if trainer.chief:
+        options.write_atomically(
+            os.path.join(output_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=True)
+        )
+
+    start_step, restored = trainer.restore()
+    if restored:
+        log(f"resumed from {restored} at step {start_step}")
+    writer = ScalarWriter(os.path.join(output_dir, "logs") if trainer.chief else None)
     diagnostics = None
     if args.diagnostics:
         diagnostics = loop.Diagnostics(model, task, test_x, test_y, args.diagnostics)
+    curve = None
+    if args.eval_every:
+        split, examples = ("validation", val) if val is not None else ("test", (test_x, test_y))
+        curve = loop.LearningCurve(
+            os.path.join(output_dir, "curve.json"),
+            args.eval_every,
+            split,
+            examples,
+            task,
+            args.eval_batch_size,
+            args.seed,
+        )
+        curve.resume(start_step)
 
     history = loop.train(
-        model=model,
-        optimizer=optimizer,
-        strategy=strategy,
-        task=task,
-        inputs=train_x,
-        targets=train_y,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        start_step=start_step,
-        steps=args.steps,
-        manager=manager,
+        trainer,
+        start_step,
+        args.steps,
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,
         writer=writer,
-        jit_compile=args.jit_compile,
         log=log,
         diagnostics=diagnostics,
+        curve=curve,
     )
 
     test_loss, test_accuracy = loop.evaluate(
-        model, task, test_x, test_y, args.eval_batch_size, args.seed
+        trainer.predict, task, test_x, test_y, args.eval_batch_size, args.seed
     )
+    steps_done = int(start_step + history["steps"])
     metrics = {
         "weights_sha256": weights_fingerprint(model),
         "task": args.task,
         "model": args.model,
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
-        "steps": int(optimizer.iterations.numpy()),
+        "steps": steps_done,
         "steps_this_run": history["steps"],
         "examples_per_second": history["examples_per_second"],
         "wall_time_seconds": history["wall_time_seconds"],
+        "train_seconds": (curve.points[-1]["train_seconds"] if curve and curve.points else None),
         "final_train_loss": history["final_loss"],
         "final_train_accuracy": history["final_accuracy"],
         "resumed_from_step": start_step,
         "parameters": int(model.count_params()),
-        "replicas": replicas,
+        "replicas": trainer.replicas,
+        "device": device,
+        "backend": config["backend"],
     }
     if diagnostics is not None:
         metrics["diagnostics"] = diagnostics.latest
     if val is not None:
         metrics["val_loss"], metrics["val_accuracy"] = loop.evaluate(
-            model, task, val[0], val[1], args.eval_batch_size, args.seed
+            trainer.predict, task, val[0], val[1], args.eval_batch_size, args.seed
         )
-    with writer.as_default():
-        tf.summary.scalar("test/accuracy", test_accuracy, step=metrics["steps"])
-        tf.summary.scalar("test/loss", test_loss, step=metrics["steps"])
-    writer.flush()
-    if chief:
+    writer.scalar("test/accuracy", test_accuracy, metrics["steps"])
+    writer.scalar("test/loss", test_loss, metrics["steps"])
+    writer.close()
+    if trainer.chief:
         model_path = os.path.join(output_dir, "model.keras")
         partial = os.path.join(output_dir, "model.partial.keras")
-        model.save(partial)
+        trainer.save_model(partial)
         os.replace(partial, model_path)
         options.write_atomically(
             os.path.join(output_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n"
         )
-    log(f"[{distribution.task_label(strategy)}] weights_sha256 {metrics['weights_sha256']}")
+    log(f"[{trainer.label}] weights_sha256 {metrics['weights_sha256']}")
+    rate = metrics["examples_per_second"]
+    shown_rate = f"{rate:.0f} examples/s" if rate else "no new steps"
     log(
         f"test_accuracy {test_accuracy:.4f} test_loss {test_loss:.4f} "
-        f"steps {metrics['steps']} ({metrics['examples_per_second']:.0f} examples/s) "
-        f"-> {output_dir}"
+        f"steps {metrics['steps']} ({shown_rate}) -> {output_dir}"
     )
     return metrics
 

@@ -199,7 +199,12 @@ def _describe(values):
 
 
 def make_tuner(args, space, strategy, log=print):
-    """The keras-tuner tuner of `args` over `space`, resuming an existing project."""
+    """The keras-tuner tuner of `args` over `space`, resuming an existing project.
+
+    `strategy`: the `tf.distribute.Strategy` (TensorFlow) or
+    `keras.distribution.Distribution` (JAX) trials train under, or None.
+    """
+    import keras
     import keras_tuner
 
     from training import tasks
@@ -217,7 +222,7 @@ def make_tuner(args, space, strategy, log=print):
         validation_fraction=args.validation_fraction,
         momentum=args.momentum,
         clipnorm=args.clipnorm,
-        strategy=strategy,
+        strategy=strategy if strategy is not None else "default",
         data_dir=args.data_dir,
         eval_batch_size=args.eval_batch_size,
         log=log,
@@ -229,7 +234,7 @@ def make_tuner(args, space, strategy, log=print):
         directory=args.directory,
         project_name=args.project_name or f"{args.task}-{args.model}",
         overwrite=False,  # the same command continues an interrupted search
-        distribution_strategy=strategy,
+        distribution_strategy=strategy if keras.backend.backend() == "tensorflow" else None,
     )
     tuner_class = _tuner_classes()[args.tuner]
     if args.tuner == "hyperband":
@@ -324,27 +329,29 @@ def retrain(args, hyperparameters, log=print):
 
 def run(args, space, log=print):
     """Runs (or continues) the search; returns the best-trial summary (None on a worker)."""
-    import tensorflow as tf
+    import keras
 
     from training import distribution
+    from training.trainers import check_batch_size
 
-    strategy = distribution.make_strategy(args.strategy, tpu=args.tpu)
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        raise options.UsageError(
-            "Received an invalid value for argument `--strategy`, expected a single-worker "
-            "strategy (keras-tuner runs trials on one worker: default, mirrored or tpu), "
-            f"got {args.strategy!r} (a multi-worker cluster)."
-        )
-    replicas = strategy.num_replicas_in_sync
-    options._check(
-        args.batch_size % replicas == 0,
-        "batch-size",
-        f"a multiple of the {replicas} replicas",
-        args.batch_size,
-    )
-    log(f"trials run on {distribution.strategy_name(strategy)} ({replicas} replicas)")
-    if distribution.strategy_name(strategy) == "default":
-        strategy = None
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        strategy = distribution.make_strategy(args.strategy, tpu=args.tpu)
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            raise options.UsageError(
+                "Received an invalid value for argument `--strategy`, expected a single-worker "
+                "strategy (keras-tuner runs trials on one worker: default, mirrored or tpu), "
+                f"got {args.strategy!r} (a multi-worker cluster)."
+            )
+        replicas = strategy.num_replicas_in_sync
+        name = distribution.strategy_name(strategy)
+    else:
+        strategy = distribution.make_keras_distribution(args.strategy)
+        replicas = 1 if strategy is None else len(strategy.device_mesh.devices.flat)
+        name = "default" if strategy is None else type(strategy).__name__
+    check_batch_size(args.batch_size, replicas)
+    log(f"trials run on {name} ({replicas} replicas)")
     os.makedirs(args.directory, exist_ok=True)
     tuner = make_tuner(args, space, strategy, log=log)
     tuner.search(verbose=1)

@@ -1,0 +1,143 @@
+"""The JAX and PyTorch trainer: Keras' own train step, NumPy checkpoints.
+
+The model is compiled with the task's loss and accuracy (`training.objectives`)
+and trained with `train_on_batch` on `TrainingBatches`, computed ahead in
+threads (NumPy's generators release the GIL). On JAX a
+`keras.distribution.DataParallel` splits each global batch over the devices.
+Checkpoints are `.npz` files of the model's and the optimizer's variables,
+written to a temporary file and renamed; `checkpoint.json` then names the
+newest, so a crash at any moment leaves a complete one.
+"""
+
+import collections
+import concurrent.futures
+import json
+import os
+
+import keras
+import numpy as np
+
+from training.objectives import per_example_correct, per_example_loss
+from training.tasks import TrainingBatches
+from training.trainers import check_batch_size
+
+INDEX = "checkpoint.json"
+KEEP = 3
+
+
+class KerasTrainer:
+    """Trains with `model.train_on_batch` (see `training.trainers`)."""
+
+    def __init__(self, task, build, inputs, targets, *, distribution, batch_size, seed,
+                 checkpoint_dir=None, jit_compile=False, prefetch=4):
+        del jit_compile  # JAX always compiles the step; PyTorch runs eagerly.
+        self.task, self.batch_size = task, batch_size
+        self.distribution = distribution
+        self.replicas = 1 if distribution is None else len(distribution.device_mesh.devices.flat)
+        check_batch_size(batch_size, self.replicas)
+        self.strategy_name = "default" if distribution is None else type(distribution).__name__
+        self.chief = _process_index() == 0
+        self.label = "chief" if self.chief else f"worker{_process_index()}"
+        self.batches = TrainingBatches(task, inputs, targets, batch_size, seed)
+        self.checkpoint_dir = checkpoint_dir
+        keras.distribution.set_distribution(distribution)
+        spec = task.spec
+        self.model, self.optimizer = build()
+        self.model.compile(
+            optimizer=self.optimizer,
+            loss=lambda y, outputs: per_example_loss(spec, y, outputs),
+            metrics=[
+                keras.metrics.MeanMetricWrapper(
+                    lambda y, outputs: per_example_correct(spec, y, outputs), name="accuracy"
+                )
+            ],
+        )
+        self.optimizer.build(self.model.trainable_variables)
+        self._pool = concurrent.futures.ThreadPoolExecutor(prefetch)
+        self._prefetch = prefetch
+        self._pending = collections.deque()
+        self._next_step = None
+
+    def restore(self):
+        path = self._latest()
+        if path is not None:
+            with np.load(path) as arrays:
+                for prefix, variables in self._variables().items():
+                    for index, variable in enumerate(variables):
+                        variable.assign(arrays[f"{prefix}/{index}"])
+        return int(keras.ops.convert_to_numpy(self.optimizer.iterations)), path
+
+    def save(self, step):
+        if self.checkpoint_dir is None or not self.chief:
+            return
+        os.makedirs(self.checkpoint_dir, exist_ok=True)
+        arrays = {
+            f"{prefix}/{index}": keras.ops.convert_to_numpy(variable)
+            for prefix, variables in self._variables().items()
+            for index, variable in enumerate(variables)
+        }
+        name = f"ckpt-{step}.npz"
+        partial = os.path.join(self.checkpoint_dir, name + ".partial")
+        with open(partial, "wb") as handle:
+            np.savez(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, os.path.join(self.checkpoint_dir, name))
+        index = self._index()
+        kept = [n for n in index.get("all", []) if n != name] + [name]
+        from training.options import write_atomically
+
+        write_atomically(
+            os.path.join(self.checkpoint_dir, INDEX),
+            json.dumps({"latest": name, "all": kept[-KEEP:]}) + "\n",
+        )
+        for old in kept[:-KEEP]:
+            try:
+                os.remove(os.path.join(self.checkpoint_dir, old))
+            except FileNotFoundError:
+                pass
+
+    def step(self):
+        if self._next_step is None:
+            self._next_step = int(keras.ops.convert_to_numpy(self.optimizer.iterations))
+        while len(self._pending) < self._prefetch:
+            upcoming = self._next_step + len(self._pending)
+            self._pending.append(self._pool.submit(self.batches, upcoming))
+        x, y = self._pending.popleft().result()
+        self._next_step += 1
+        self.model.reset_metrics()
+        logs = self.model.train_on_batch(x, y, return_dict=True)
+        return float(logs["loss"]), float(logs["accuracy"])
+
+    def predict(self, x):
+        return self.model.predict_on_batch(x)
+
+    def save_model(self, path):
+        """Saves the model as `.keras`, without the compiled task loss (as on TensorFlow)."""
+        clone = type(self.model).from_config(self.model.get_config())
+        clone.set_weights(self.model.get_weights())
+        clone.save(path)
+
+    def _variables(self):
+        return {"model": self.model.weights, "optimizer": self.optimizer.variables}
+
+    def _index(self):
+        path = os.path.join(self.checkpoint_dir, INDEX)
+        if not os.path.isfile(path):
+            return {}
+        with open(path) as handle:
+            return json.load(handle)
+
+    def _latest(self):
+        if self.checkpoint_dir is None:
+            return None
+        name = self._index().get("latest")
+        return None if name is None else os.path.join(self.checkpoint_dir, name)
+
+
+def _process_index():
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.process_index()
+    return 0
