@@ -204,16 +204,16 @@ def test_tf_dataset_replica_slices_recompose_the_global_batch():
         )
         slices.append([x.numpy() for x, _ in ds.take(4)])
     for step in range(2):  # each pipeline yields its 2 slices of each step in order
-        got = np.concatenate(slices[0][2 * step : 2 * step + 2] + slices[1][2 * step : 2 * step + 2])
+        got = np.concatenate(
+            slices[0][2 * step : 2 * step + 2] + slices[1][2 * step : 2 * step + 2]
+        )
         np.testing.assert_array_equal(got, whole[step][0])
 
 
 def test_evaluation_covers_every_example_once():
     task = tasks.get_task("digits")
     inputs, targets = task.examples("test")
-    labels = np.concatenate(
-        [y for _, y in tasks.evaluation_batches(task, inputs, targets, 50, 0)]
-    )
+    labels = np.concatenate([y for _, y in tasks.evaluation_batches(task, inputs, targets, 50, 0)])
     np.testing.assert_array_equal(labels, targets)
 
 

@@ -205,7 +205,11 @@ def _weights(path):
 
 
 # The checkpoint index each backend's trainer writes last, after a complete save.
-CHECKPOINT_INDEX = {"tensorflow": "checkpoint", "jax": "checkpoint.json", "torch": "checkpoint.json"}
+CHECKPOINT_INDEX = {
+    "tensorflow": "checkpoint",
+    "jax": "checkpoint.json",
+    "torch": "checkpoint.json",
+}
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])

@@ -1,4 +1,5 @@
 """Training, tuning and paper experiments for keras-antisym (not shipped in the wheel)."""
+
 import os
 
 # The CLIs start quietly: TensorFlow reads this when it is first imported.

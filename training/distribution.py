@@ -64,6 +64,20 @@ def _check_strategy(name, allowed, backend):
         )
 
 
+def make(name, tpu=None):
+    """What `--strategy name` means on the current backend.
+
+    A `tf.distribute.Strategy` on TensorFlow (made before any other
+    TensorFlow op runs: multi-worker collectives must be configured first), a
+    `keras.distribution.Distribution` or None on JAX and PyTorch.
+    """
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        return make_strategy(name, tpu=tpu)
+    return make_keras_distribution(name)
+
+
 def make_keras_distribution(name):
     """The `keras.distribution.Distribution` for `name` on JAX or PyTorch (None: one device).
 
@@ -77,7 +91,9 @@ def make_keras_distribution(name):
     _check_strategy(name, KERAS_STRATEGIES[backend], backend)
     if backend != "jax" or name == "default":
         return None
-    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES"):
+    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get(
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES"
+    ):
         keras.distribution.initialize()
     devices = keras.distribution.list_devices()
     if name == "auto" and len(devices) < 2:

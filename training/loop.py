@@ -162,8 +162,9 @@ class LearningCurve:
         self.seconds_before = self.points[-1]["train_seconds"] if self.points else 0.0
 
     def record(self, trainer, step, train_seconds, writer, log):
-        loss, accuracy = evaluate(trainer.predict, self.task, *self.examples, self.batch_size,
-                                  self.seed)
+        loss, accuracy = evaluate(
+            trainer.predict, self.task, *self.examples, self.batch_size, self.seed
+        )
         point = {
             "step": int(step),
             "train_seconds": self.seconds_before + train_seconds,

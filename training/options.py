@@ -111,9 +111,7 @@ def run_command(parser, argv, body, expected_messages=("Received an invalid valu
     except (UsageError, ValueError, RuntimeError) as error:
         expected = isinstance(
             error, (UsageError, DataError, StrategyError, DivergenceError)
-        ) or str(
-            error
-        ).startswith(tuple(expected_messages))
+        ) or str(error).startswith(tuple(expected_messages))
         if not expected:
             raise
         print(f"{parser.prog}: error: {error}", file=sys.stderr)

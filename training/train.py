@@ -125,13 +125,14 @@ def run(args, log=print):
     """Trains as `args` says and returns the metrics (also written to disk)."""
     import yaml
 
-    from training import loop, tasks
+    from training import distribution, loop, tasks
     from training.models import build_model
     from training.summaries import ScalarWriter
     from training.trainers import make_trainer
 
     task = tasks.get_task(args.task, timesteps=args.timesteps, dataset=args.dataset)
     spec = task.spec
+    strategy = distribution.make(args.strategy, tpu=args.tpu)  # before any other TF op
     output_dir = args.output_dir or os.path.join("runs", f"{args.task}-{args.model}")
     os.makedirs(output_dir, exist_ok=True)
     device = _describe_device()
@@ -170,8 +171,7 @@ def run(args, log=print):
         train_y,
         batch_size=args.batch_size,
         seed=args.seed,
-        strategy=args.strategy,
-        tpu=args.tpu,
+        strategy=strategy,
         checkpoint_dir=os.path.join(output_dir, "checkpoints"),
         jit_compile=args.jit_compile,
     )

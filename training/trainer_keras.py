@@ -28,8 +28,20 @@ KEEP = 3
 class KerasTrainer:
     """Trains with `model.train_on_batch` (see `training.trainers`)."""
 
-    def __init__(self, task, build, inputs, targets, *, distribution, batch_size, seed,
-                 checkpoint_dir=None, jit_compile=False, prefetch=4):
+    def __init__(
+        self,
+        task,
+        build,
+        inputs,
+        targets,
+        *,
+        distribution,
+        batch_size,
+        seed,
+        checkpoint_dir=None,
+        jit_compile=False,
+        prefetch=4,
+    ):
         del jit_compile  # JAX always compiles the step; PyTorch runs eagerly.
         self.task, self.batch_size = task, batch_size
         self.distribution = distribution

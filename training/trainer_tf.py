@@ -61,8 +61,19 @@ def _replica_ids(context, replicas):
 class TFTrainer:
     """Trains under a `tf.distribute.Strategy` (see `training.trainers`)."""
 
-    def __init__(self, task, build, inputs, targets, *, strategy, batch_size, seed,
-                 checkpoint_dir=None, jit_compile=False):
+    def __init__(
+        self,
+        task,
+        build,
+        inputs,
+        targets,
+        *,
+        strategy,
+        batch_size,
+        seed,
+        checkpoint_dir=None,
+        jit_compile=False,
+    ):
         self.task, self.strategy = task, strategy
         self.replicas = strategy.num_replicas_in_sync
         check_batch_size(batch_size, self.replicas)

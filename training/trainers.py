@@ -22,8 +22,19 @@ import keras
 from training import distribution
 
 
-def make_trainer(task, build, inputs, targets, *, batch_size, seed, strategy="auto",
-                 tpu=None, checkpoint_dir=None, jit_compile=False):
+def make_trainer(
+    task,
+    build,
+    inputs,
+    targets,
+    *,
+    batch_size,
+    seed,
+    strategy="auto",
+    tpu=None,
+    checkpoint_dir=None,
+    jit_compile=False,
+):
     """A trainer for the current Keras backend.
 
     Args:
@@ -40,18 +51,19 @@ def make_trainer(task, build, inputs, targets, *, batch_size, seed, strategy="au
         checkpoint_dir: Where checkpoints live (None: no checkpoints).
         jit_compile: XLA-compile the train step (JAX compiles it always).
     """
-    kwargs = dict(batch_size=batch_size, seed=seed, checkpoint_dir=checkpoint_dir,
-                  jit_compile=jit_compile)
+    kwargs = dict(
+        batch_size=batch_size, seed=seed, checkpoint_dir=checkpoint_dir, jit_compile=jit_compile
+    )
     if keras.backend.backend() == "tensorflow":
         from training.trainer_tf import TFTrainer
 
         if isinstance(strategy, str):
-            strategy = distribution.make_strategy(strategy, tpu=tpu)
+            strategy = distribution.make(strategy, tpu=tpu)
         return TFTrainer(task, build, inputs, targets, strategy=strategy, **kwargs)
     from training.trainer_keras import KerasTrainer
 
     if isinstance(strategy, str):
-        strategy = distribution.make_keras_distribution(strategy)
+        strategy = distribution.make(strategy)
     return KerasTrainer(task, build, inputs, targets, distribution=strategy, **kwargs)
 
 

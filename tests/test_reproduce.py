@@ -1,0 +1,128 @@
+"""`training.reproduce` and `training.report`: the suite end to end on tiny budgets, resumption,
+and the report's numbers against hand-built runs."""
+
+import json
+import os
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from training import report, reproduce
+
+
+def test_smoke_suite_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
+    runs, docs = tmp_path / "runs", tmp_path / "docs"
+    argv = ["--suite", "smoke", "--mock-data", "--runs-dir", str(runs), "--report-dir", str(docs)]
+    assert reproduce.main(argv) == 0
+    results = json.loads((docs / "reproduction" / "results.json").read_text())
+    rows = {row["name"]: row for row in results["runs"]}
+    assert set(rows) == {run.name for run in reproduce.SUITES["smoke"]}
+    for run in reproduce.SUITES["smoke"]:
+        row = rows[run.name]
+        metrics = json.loads((runs / run.name / "metrics.json").read_text())
+        assert row["status"] == "finished" and row["steps"] == run.steps == metrics["steps"]
+        assert row["test_accuracy"] == metrics["test_accuracy"]
+        assert row["curve"][-1]["step"] == run.steps
+        assert row["command"].startswith("python -m training.train --config training/configs/")
+    # The mock CIFAR-10 row ran the noise-padded CIFAR-10 config at its overridden length.
+    config = (runs / "smoke_noise_padded_cifar10_gated" / "config.yaml").read_text()
+    assert "task: noise_padded_cifar10" in config and "timesteps: 40" in config
+    markdown = (docs / "reproduction.md").read_text()
+    assert "## smoke (digits)" in markdown and "`smoke_digits_lstm`" in markdown
+    pictures = sorted(os.listdir(docs / "reproduction"))
+    assert "curves_smoke__digits.png" in pictures
+    for name in pictures:
+        if name.endswith(".png"):
+            image = matplotlib.image.imread(docs / "reproduction" / name)
+            assert image.ndim == 3 and image.shape[0] > 100 and image.std() > 0
+
+    # Resumable: finished runs are kept, not redone.
+    before = (runs / "smoke_digits_lstm" / "metrics.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert reproduce.main(argv) == 0
+    assert "smoke_digits_lstm: finished, kept" in capsys.readouterr().out
+    assert (runs / "smoke_digits_lstm" / "metrics.json").stat().st_mtime_ns == before
+
+
+def test_rows_without_data_say_so_with_the_command_to_run(tmp_path):
+    docs = tmp_path / "docs"
+    argv = ["--report-only", "--runs-dir", str(tmp_path / "none"), "--report-dir", str(docs)]
+    assert reproduce.main(argv) == 0
+    markdown = (docs / "reproduction.md").read_text()
+    assert "| 54.7% | — |" in markdown  # the paper's gated noise-padded CIFAR-10, not ours
+    assert "not run here (no data)" in markdown
+    assert "--config training/configs/noise_padded_cifar10_gated.yaml" in markdown
+    assert "noise_padded_cifar10_gated --data-dir DATA_DIR" in markdown
+
+
+def test_budget_scales_the_steps_of_every_run():
+    run = reproduce.SUITES["paper"][0]
+    argv = reproduce.train_argv(run, 300, "runs", None)
+    assert argv[argv.index("--steps") + 1] == "300"
+    assert argv[argv.index("--eval-every") + 1] == "15"
+    assert ["--dataset", "mnist"] == argv[argv.index("--dataset") : argv.index("--dataset") + 2]
+
+
+def test_bad_budget_is_rejected_with_the_argument_named(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main(["--budget", "0"])
+    assert exit_info.value.code == 2
+    assert "argument `--budget`, expected a positive float, got 0.0" in capsys.readouterr().err
+
+
+def _row(name, model, accuracy, seconds, table="t", curve=None):
+    return {
+        "name": name, "model": model, "table": table, "test_accuracy": accuracy,
+        "train_seconds": seconds, "status": "finished", "steps": 100,
+        "curve": curve or [{"step": 100, "seconds": seconds, "accuracy": accuracy}],
+    }  # fmt: skip
+
+
+def test_accuracy_at_equal_time_reads_the_curve():
+    row = _row("a", "gated", 0.9, 30, curve=[
+        {"step": 10, "seconds": 10, "accuracy": 0.5},
+        {"step": 20, "seconds": 20, "accuracy": 0.7},
+        {"step": 30, "seconds": 30, "accuracy": 0.9},
+    ])  # fmt: skip
+    assert report.accuracy_at(row, 25) == 0.7
+    assert report.accuracy_at(row, 20) == 0.7
+    assert report.accuracy_at(row, 5) is None
+
+
+def test_targets_compare_the_best_model_with_the_best_rival():
+    rows = [
+        _row("g", "gated", 0.84, 100),
+        _row("a", "antisymmetric", 0.60, 100),
+        _row("l1", "lstm", 0.10, 100),
+        _row("l2", "lstm", 0.30, 100),
+        _row("x", "gated", 0.99, 100, table="other"),
+    ]
+    table = report.targets_markdown(rows, [("task", "t", ("antisymmetric", "gated"), 0.80,
+                                            "lstm", 0.30)])  # fmt: skip
+    line = table.splitlines()[-1]
+    assert "84.0% (`g`" in line and "| met |" in line
+    assert "+54.0 / +54.0 points (target ≥ +30)" in line  # 0.84 - 0.30, not - 0.10
+    missed = report.targets_markdown(rows, [("task", "t", ("antisymmetric",), 0.80, "lstm", 0)])
+    assert "missed by 20.0 points" in missed
+
+
+def test_heatmap_cells_are_the_mean_validation_accuracy(tmp_path):
+    trials = [
+        {"epsilon": 0.01, "gamma": 0.1, "score": 0.5},
+        {"epsilon": 0.01, "gamma": 0.1, "score": 0.7},
+        {"epsilon": 0.1, "gamma": 1.0, "score": 0.2},
+    ]
+    grid = report.plot_heatmap(trials, "t", str(tmp_path / "h.png"))
+    np.testing.assert_allclose(grid, [[0.6, np.nan], [np.nan, 0.2]])
+    assert matplotlib.image.imread(tmp_path / "h.png").shape[-1] in (3, 4)
+
+
+def test_search_csv_keeps_completed_trials(tmp_path):
+    path = tmp_path / "trials.csv"
+    path.write_text(
+        "trial_id,status,score,val_loss,epsilon,gamma,learning_rate\n"
+        "1,COMPLETED,0.6,1.0,0.01,1.0,0.002\n"
+        "2,RUNNING,,,0.1,1.0,0.002\n"
+    )
+    assert report.read_search(str(path)) == [{"score": 0.6, "epsilon": 0.01, "gamma": 1.0}]

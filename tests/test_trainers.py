@@ -1,0 +1,221 @@
+"""Training on every backend: JAX and PyTorch trainers, no-TensorFlow runs, data parallelism,
+learning curves, divergence, and export of a JAX-trained model."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from training import data, loop
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(backend, **extra):
+    return {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "CUDA_VISIBLE_DEVICES": "",
+        "KERAS_BACKEND": backend,
+        **extra,
+    }
+
+
+def _train(backend, args, timeout=300, **env):
+    return subprocess.run(
+        [sys.executable, "-m", "training.train", *args],
+        cwd=ROOT,
+        env=_env(backend, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _blocked_path(tmp_path):
+    """A PYTHONPATH entry under which `import tensorflow` (and TFDS) fails."""
+    for name in ("tensorflow", "tensorflow_datasets"):
+        package = tmp_path / "blocked" / name
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
+    return str(tmp_path / "blocked")
+
+
+def _weights(path):
+    return keras.saving.load_model(path).get_weights()
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_every_mnist_family_and_synthetic_task_trains_without_tensorflow(tmp_path, backend):
+    with tfds.testing.mock_data(num_examples=32):
+        for dataset in ("mnist", "fashion_mnist"):
+            data.export(dataset, None, str(tmp_path / "data"))
+    runs = [
+        ("pixel_mnist", "mnist", None),
+        ("permuted_mnist", "fashion_mnist", None),
+        ("noise_padded_mnist", "fashion_mnist", 40),
+        ("adding", None, 12),
+        ("copy", None, 24),
+        ("digits", None, None),
+    ]
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from training import train
+        assert "tensorflow" not in sys.modules
+        for task, dataset, timesteps in {runs!r}:
+            argv = ["--task", task, "--units", "8", "--batch-size", "8", "--steps", "2",
+                    "--eval-batch-size", "64", "--output-dir", f"{tmp_path}/" + task,
+                    "--data-dir", "{tmp_path}/data"]
+            argv += ["--dataset", dataset] if dataset else []
+            argv += ["--timesteps", str(timesteps)] if timesteps else []
+            assert train.main(argv) == 0, task
+        try:
+            import tensorflow  # noqa: F401
+        except ImportError:
+            print("tensorflow-free")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=_env(backend, PYTHONPATH=_blocked_path(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tensorflow-free" in done.stdout
+    for task, _, _ in runs:
+        metrics = json.loads((tmp_path / task / "metrics.json").read_text())
+        assert metrics["steps"] == 2 and metrics["backend"] == backend
+        assert 0.0 <= metrics["test_accuracy"] <= 1.0
+        assert (tmp_path / task / "model.keras").is_file()
+        assert list((tmp_path / task / "logs").iterdir()), "no TensorBoard event file"
+
+
+def test_jax_data_parallel_over_two_devices_matches_one_device(tmp_path):
+    common = ["--task", "digits", "--units", "16", "--batch-size", "32", "--steps", "15",
+              "--checkpoint-every", "5"]  # fmt: skip
+    single = _train("jax", [*common, "--strategy", "default", "--output-dir", str(tmp_path / "a")])
+    assert single.returncode == 0, single.stderr[-2000:]
+    parallel = _train(
+        "jax", [*common, "--cpu-devices", "2", "--output-dir", str(tmp_path / "b")]
+    )  # auto picks DataParallel over the 2 devices
+    assert parallel.returncode == 0, parallel.stderr[-2000:]
+    config = (tmp_path / "b" / "config.yaml").read_text()
+    assert "strategy_class: DataParallel" in config and "replicas: 2" in config
+    for a, b in zip(
+        _weights(tmp_path / "a" / "model.keras"),
+        _weights(tmp_path / "b" / "model.keras"),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    bad = _train("torch", [*common, "--strategy", "mirrored", "--output-dir", str(tmp_path / "c")])
+    assert bad.returncode == 2 and "argument `--strategy`" in bad.stderr
+
+
+def test_learning_curve_records_the_evaluations_it_logs(tmp_path):
+    out = tmp_path / "run"
+    done = _train(
+        "jax",
+        ["--task", "digits", "--units", "16", "--batch-size", "32", "--steps", "30",
+         "--eval-every", "10", "--output-dir", str(out)],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    curve = json.loads((out / "curve.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert curve["split"] == "test" and [p["step"] for p in curve["points"]] == [10, 20, 30]
+    seconds = [p["train_seconds"] for p in curve["points"]]
+    assert all(0 < a < b for a, b in zip(seconds, seconds[1:], strict=False))
+    # The last point evaluates the final weights on the test split: the final metrics.
+    assert curve["points"][-1]["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+    assert curve["points"][-1]["test_loss"] == pytest.approx(metrics["test_loss"], rel=1e-5)
+    for point in curve["points"]:
+        assert f"step {point['step']} test_accuracy {point['test_accuracy']:.4f}" in done.stdout
+
+
+def test_learning_curve_resume_drops_points_after_the_checkpoint(tmp_path):
+    curve = loop.LearningCurve(str(tmp_path / "curve.json"), 5, "test", None, None, 8, 0)
+    curve.points = [{"step": s, "train_seconds": s / 10} for s in (5, 10, 15)]
+    curve.save()
+    resumed = loop.LearningCurve(str(tmp_path / "curve.json"), 5, "test", None, None, 8, 0)
+    resumed.resume(10)
+    assert [p["step"] for p in resumed.points] == [5, 10]
+    assert resumed.seconds_before == pytest.approx(1.0)
+
+
+class _FakeTrainer:
+    batch_size = 4
+
+    def __init__(self, losses):
+        self.losses, self.saved = list(losses), []
+
+    def step(self):
+        return self.losses.pop(0), 0.5
+
+    def save(self, step):
+        self.saved.append(step)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_loop_stops_at_the_first_non_finite_loss(bad):
+    from training.summaries import ScalarWriter
+
+    trainer = _FakeTrainer([1.0, 0.9, bad, 0.8])
+    with pytest.raises(loop.DivergenceError, match="diverged at step 3"):
+        loop.train(trainer, 0, 4, checkpoint_every=2, log_every=1, writer=ScalarWriter(None),
+                   log=lambda line: None)  # fmt: skip
+    assert trainer.saved == [2]  # the checkpoint before the divergence, none after
+
+
+def test_cli_stops_on_divergence_with_a_clear_message(tmp_path):
+    done = _train(
+        "tensorflow",
+        ["--task", "adding", "--timesteps", "20", "--optimizer", "sgd", "--learning-rate",
+         "1000000", "--steps", "50", "--output-dir", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "error: training diverged at step" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_jax_trained_model_exports_and_serves_the_same_predictions(tmp_path):
+    import tensorflow as tf
+
+    from serving.export import export_model
+
+    out = tmp_path / "run"
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, keras
+        from training import train, tasks
+        assert train.main(["--task", "digits", "--units", "16", "--batch-size", "32",
+                           "--steps", "20", "--output-dir", "{out}"]) == 0
+        task = tasks.get_task("digits")
+        images, labels = task.examples("test")
+        x, _ = task.make_batch(images[:8], labels[:8], (0, 0))
+        np.save("{tmp_path}/x.npy", x)
+        model = keras.saving.load_model("{out}/model.keras")
+        np.save("{tmp_path}/logits.npy", np.asarray(model.predict_on_batch(x)))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=_env("jax"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    version = export_model(str(out / "model.keras"), str(tmp_path / "export"), 1)
+    served = tf.saved_model.load(version).signatures["serving_default"]
+    x = np.load(tmp_path / "x.npy")
+    answer = served(sequence=tf.constant(x))
+    jax_logits = np.load(tmp_path / "logits.npy")
+    np.testing.assert_allclose(answer["logits"].numpy(), jax_logits, rtol=1e-5, atol=1e-5)
+    assert answer["class_id"].numpy().tolist() == jax_logits.argmax(-1).tolist()

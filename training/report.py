@@ -1,0 +1,273 @@
+"""The reproduction report: tables, one JSON of every run, learning curves and the heatmap.
+
+Reads the runs folder of `training.reproduce` (each run's `config.yaml`,
+`curve.json` and `metrics.json`; finished or not) and writes
+`REPORT_DIR/reproduction.md` and `REPORT_DIR/reproduction/` (`results.json`,
+`curves_*.png`, `heatmap_*.png`).
+"""
+
+import csv
+import json
+import os
+import shlex
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display on training machines or CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+MODEL_LABELS = {
+    "antisymmetric": "AntisymmetricRNN",
+    "gated": "AntisymmetricRNN w/ gating",
+    "ablation": "Ablation model",
+    "lstm": "LSTM",
+}
+
+
+def _read(path, loader):
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        return loader(handle)
+
+
+def collect(run, runs_dir, data_dir):
+    """What the runs folder knows of `run`: status, accuracy, steps, time, hardware, command."""
+    import yaml
+
+    from training.reproduce import data_available, train_argv
+
+    run_dir = os.path.join(runs_dir, run.name)
+    config = _read(os.path.join(run_dir, "config.yaml"), yaml.safe_load) or {}
+    metrics = _read(os.path.join(run_dir, "metrics.json"), json.load)
+    curve = _read(os.path.join(run_dir, "curve.json"), json.load) or {"points": []}
+    points = curve["points"]
+    key = f"{curve.get('split', 'test')}_accuracy"
+    steps = config.get("steps", run.steps)
+    row = {
+        "name": run.name,
+        "table": run.table,
+        "model": run.options()["model"],
+        "data": run.data,
+        "paper": run.paper,
+        "steps_planned": steps,
+        "device": config.get("device"),
+        "backend": config.get("backend"),
+        "command": "python -m training.train "
+        + shlex.join(train_argv(run, steps, runs_dir, data_dir or "DATA_DIR")),
+        "curve": [
+            {"step": p["step"], "seconds": p["train_seconds"], "accuracy": p[key]} for p in points
+        ],
+    }
+    if metrics is not None:
+        row.update(
+            status="finished",
+            test_accuracy=metrics["test_accuracy"],
+            steps=metrics["steps"],
+            train_seconds=metrics.get("train_seconds") or metrics.get("wall_time_seconds"),
+            parameters=metrics.get("parameters"),
+        )
+    elif points:
+        row.update(
+            status="partial",
+            test_accuracy=points[-1][key] if key == "test_accuracy" else None,
+            steps=points[-1]["step"],
+            train_seconds=points[-1]["train_seconds"],
+        )
+    else:
+        available = run.data == "digits" or data_available(run, data_dir)
+        row.update(status="not run" if available else "not run here (no data)")
+    return row
+
+
+def accuracy_at(row, seconds):
+    """The curve's last accuracy at or before `seconds` of training (None if none)."""
+    points = [p for p in row["curve"] if p["seconds"] <= seconds + 1e-9]
+    return points[-1]["accuracy"] if points else None
+
+
+def _percent(value):
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def table_markdown(rows):
+    """One markdown table: paper, ours at equal steps and at equal wall time."""
+    timed = [r["train_seconds"] for r in rows if r.get("train_seconds") and r["curve"]]
+    equal = min(timed) if len(timed) > 1 else None
+    lines = [
+        f"| model | paper | ours (test) | at equal time ({equal:.0f} s) | steps | train s "
+        "| status | hardware |"
+        if equal
+        else "| model | paper | ours (test) | — | steps | train s | status | hardware |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        at_equal = accuracy_at(r, equal) if equal else None
+        seconds = r.get("train_seconds")
+        paper = "—" if r["paper"] is None else f"{r['paper']}%"
+        lines.append(
+            f"| {MODEL_LABELS.get(r['model'], r['model'])} (`{r['name']}`) | {paper} "
+            f"| {_percent(r.get('test_accuracy'))} | {_percent(at_equal)} "
+            f"| {r.get('steps', '—')} | {'—' if seconds is None else f'{seconds:.0f}'} "
+            f"| {r['status']} | {r['device'] or '—'} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_curves(title, rows, path):
+    """Accuracy against steps and against seconds, every model of a table on one plot."""
+    rows = [r for r in rows if r["curve"]]
+    if not rows:
+        return False
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in rows:
+        steps = [p["step"] for p in r["curve"]]
+        seconds = [p["seconds"] for p in r["curve"]]
+        accuracy = [p["accuracy"] for p in r["curve"]]
+        axes[0].plot(steps, accuracy, marker=".", label=r["name"])
+        axes[1].plot(seconds, accuracy, marker=".", label=r["name"])
+    axes[0].set_xlabel("training steps")
+    axes[1].set_xlabel("training seconds")
+    for axis in axes:
+        axis.set_ylabel("test accuracy")
+        axis.set_ylim(0, 1)
+        axis.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return True
+
+
+def read_search(path):
+    """Completed trials of a `training.tune` `trials.csv` as dicts of floats."""
+    rows = _read(path, lambda handle: list(csv.DictReader(handle))) or []
+    return [
+        {k: float(v) for k, v in row.items() if k in ("epsilon", "gamma", "score")}
+        for row in rows
+        if row.get("status") == "COMPLETED" and row.get("score")
+    ]
+
+
+def plot_heatmap(trials, title, path):
+    """Validation accuracy over ε × γ (the mean over trials of each cell)."""
+    epsilons = sorted({t["epsilon"] for t in trials})
+    gammas = sorted({t["gamma"] for t in trials})
+    grid = np.full((len(epsilons), len(gammas)), np.nan)
+    for i, e in enumerate(epsilons):
+        for j, g in enumerate(gammas):
+            scores = [t["score"] for t in trials if t["epsilon"] == e and t["gamma"] == g]
+            if scores:
+                grid[i, j] = np.mean(scores)
+    figure, axis = plt.subplots(figsize=(5, 3.6))
+    image = axis.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="lower")
+    axis.set_xticks(range(len(gammas)), [f"{g:g}" for g in gammas])
+    axis.set_yticks(range(len(epsilons)), [f"{e:g}" for e in epsilons])
+    axis.set_xlabel("γ (diffusion)")
+    axis.set_ylabel("ε (step size)")
+    for i in range(len(epsilons)):
+        for j in range(len(gammas)):
+            if not np.isnan(grid[i, j]):
+                axis.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", color="w")
+    figure.colorbar(image, label="validation accuracy")
+    axis.set_title(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return grid
+
+
+def targets_markdown(rows, targets):
+    """Each target: the best counted model's accuracy, its margin, and its lead on the rival."""
+    lines = [
+        "| target | measured | margin | lead over the best LSTM (equal steps / time) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for what, table, models, threshold, rival, lead in targets:
+        members = [r for r in rows if r["table"] == table]
+        counted = [r for r in members if r["model"] in models and r.get("test_accuracy")]
+        rivals = [r for r in members if r["model"] == rival and r.get("test_accuracy")]
+        if not counted:
+            lines.append(f"| {what} ≥ {threshold:.0%} | not run | — | — |")
+            continue
+        best = max(counted, key=lambda r: r["test_accuracy"])
+        margin = best["test_accuracy"] - threshold
+        verdict = "met" if margin >= 0 else f"missed by {-margin * 100:.1f} points"
+        lead_text = "—"
+        if rivals:  # the rival at its best setting: its own tuning
+            other = max(rivals, key=lambda r: r["test_accuracy"])
+            equal = min(best.get("train_seconds") or 0, other.get("train_seconds") or 0)
+            at_equal = (accuracy_at(best, equal) or 0) - (accuracy_at(other, equal) or 0)
+            steps_lead = best["test_accuracy"] - other["test_accuracy"]
+            lead_text = f"{steps_lead * 100:+.1f} / {at_equal * 100:+.1f} points"
+            if lead:
+                lead_text += f" (target ≥ +{lead * 100:.0f})"
+        lines.append(
+            f"| {what} ≥ {threshold:.0%} | {best['test_accuracy']:.1%} (`{best['name']}`, "
+            f"{best['status']} at step {best['steps']}) | {verdict} | {lead_text} |"
+        )
+    return "\n".join(lines)
+
+
+def _previous(assets):
+    """Rows of an earlier `results.json`, by name (runs made on other machines)."""
+    old = _read(os.path.join(assets, "results.json"), json.load) or {}
+    return {row["name"]: row for row in old.get("runs", []) if row.get("curve")}
+
+
+def write(runs, runs_dir, report_dir, search_csv=None, data_dir=None, targets=()):
+    """Writes the report of `runs` (a suite); returns the markdown file's path.
+
+    A run the runs folder knows nothing of keeps its row from the report's
+    previous `results.json` (a run made on another machine stays reported).
+    """
+    assets = os.path.join(report_dir, "reproduction")
+    os.makedirs(assets, exist_ok=True)
+    previous = _previous(assets)
+    rows = [collect(run, runs_dir, data_dir) for run in runs]
+    rows = [previous[r["name"]] if not r["curve"] and r["name"] in previous else r for r in rows]
+    tables = list(dict.fromkeys(r["table"] for r in rows))
+    lines = [
+        "# Reproduction",
+        "",
+        "Written by `python -m training.reproduce` from its runs folder: every number below "
+        "is a run of `python -m training.train` (the command is in `results.json`). "
+        "*ours (test)*: test accuracy after the run's steps (for a partial run, the last "
+        "evaluation of its learning curve); *at equal time*: each model's accuracy at the "
+        "training seconds of the table's fastest-finishing run.",
+        "",
+    ]
+    if targets:
+        lines += ["## Targets", "", targets_markdown(rows, targets), ""]
+    for table in tables:
+        members = [r for r in rows if r["table"] == table]
+        slug = "".join(c if c.isalnum() else "_" for c in table).strip("_")
+        lines += [f"## {table}", "", table_markdown(members), ""]
+        if plot_curves(table, members, os.path.join(assets, f"curves_{slug}.png")):
+            lines += [f"![{table}](reproduction/curves_{slug}.png)", ""]
+        missing = [r for r in members if r["status"].startswith("not run here")]
+        if missing:
+            lines += ["Not run here (no data on this machine); with the data:", "", "```sh"]
+            lines += [r["command"] for r in missing] + ["```", ""]
+    trials = read_search(search_csv) if search_csv else []
+    if not trials:
+        trials = (_read(os.path.join(assets, "results.json"), json.load) or {}).get("search", [])
+    if trials:
+        title = "noise-padded Fashion-MNIST T=1000, gated, validation accuracy"
+        plot_heatmap(trials, title, os.path.join(assets, "heatmap_noise_padded.png"))
+        lines += [
+            "## ε × γ search",
+            "",
+            f"{title} ({len(trials)} trials): ",
+            "![heatmap](reproduction/heatmap_noise_padded.png)",
+            "",
+        ]
+    with open(os.path.join(assets, "results.json"), "w") as handle:
+        json.dump({"runs": rows, "search": trials}, handle, indent=1)
+    path = os.path.join(report_dir, "reproduction.md")
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return path
