@@ -7,7 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_antisym._keras_private import SequenceConstantsCell
+from keras_antisym._keras_private import SequenceConstantsCell, accelerator_available
 from keras_antisym.initializers import FanInNormal
 
 
@@ -177,12 +177,10 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         self.seed_generator = keras.random.SeedGenerator(seed=seed)
         self.state_size = units
         self.output_size = units
-        # XLA makes TensorFlow's recurrent while-loop slower, not faster: a
-        # training step at batch 128, T=784 took 1.15x longer with
-        # jit_compile=True on CPU (Keras' SimpleRNN: 1.24x). Declared so that
-        # jit_compile="auto"/True keeps the faster graph (benchmarks/). JAX
-        # always compiles.
-        self.supports_jit = keras.backend.backend() != "tensorflow"
+        # On a CPU, XLA makes TensorFlow's recurrent while-loop slower (see
+        # benchmarks/), so jit_compile="auto"/True keeps the plain graph there;
+        # on a GPU/TPU XLA is what makes the loop fast (as on JAX).
+        self.supports_jit = keras.backend.backend() != "tensorflow" or accelerator_available()
         self._upper_indices = upper_triangle_indices(units) if antisymmetric else None
 
     def build(self, input_shape):

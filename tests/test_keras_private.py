@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 from keras_antisym import AntisymmetricCell, AntisymmetricRNN, _keras_private
 
@@ -119,3 +120,14 @@ def test_fused_layers_hoist_only_wide_inputs_on_accelerators(monkeypatch):
         assert layers.hoists_inputs(None) is False
     monkeypatch.setattr(layers, "HOIST_INPUTS", False)
     assert layers.hoists_inputs(100) is False
+
+
+def test_tensorflow_allows_xla_only_on_an_accelerator(monkeypatch):
+    import keras_antisym.cells
+
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the choice is TensorFlow's; JAX always compiles")
+    assert not keras_antisym.cells.AntisymmetricCell(4).supports_jit  # this CPU
+    monkeypatch.setattr(keras_antisym.cells, "accelerator_available", lambda: True)
+    assert keras_antisym.cells.AntisymmetricCell(4).supports_jit
+    assert keras_antisym.cells.GatedAntisymmetricCell(4).supports_jit

@@ -219,3 +219,40 @@ def test_jax_trained_model_exports_and_serves_the_same_predictions(tmp_path):
     jax_logits = np.load(tmp_path / "logits.npy")
     np.testing.assert_allclose(answer["logits"].numpy(), jax_logits, rtol=1e-5, atol=1e-5)
     assert answer["class_id"].numpy().tolist() == jax_logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_library_runs_without_tensorflow(tmp_path, backend):
+    script = textwrap.dedent(
+        """
+        import numpy as np, keras
+        from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN
+        x = np.ones((2, 5, 3), "float32")
+        for layer in (AntisymmetricRNN(4), GatedAntisymmetricRNN(4)):
+            assert keras.ops.convert_to_numpy(layer(x)).shape == (2, 4)
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT,
+        env=_env(backend, PYTHONPATH=_blocked_path(tmp_path)),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_tune_runs_its_trials_on_jax(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "training.tune", "--task", "digits", "--model", "antisymmetric",
+         "--units", "8", "--batch-size", "32", "--tuner", "grid", "--epsilon-values",
+         "0.01,0.1", "--gamma-values", "0.01", "--sigma-w-values", "1", "--optimizer-values",
+         "adam", "--learning-rate-values", "0.01", "--max-trials", "2", "--steps-per-trial",
+         "5", "--directory", str(tmp_path)],
+        cwd=ROOT, env=_env("jax"), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["completed_trials"] == 2
+    assert best["hyperparameters"]["epsilon"] in (0.01, 0.1)
+    rows = (tmp_path / "trials.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("trial_id,status,score")
