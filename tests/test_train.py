@@ -302,3 +302,19 @@ def test_diagnostics_flag_logs_stability_measures(tmp_path):
     assert values["stability/antisymmetric/euler_margin"] > 0
     assert values["stability/grad_norm/antisymmetric"] > 0
     assert 0 < values["stability/antisymmetric/e2e_eig_abs_mean"] < 10
+
+
+def test_resume_refuses_other_settings_and_rewrites_nothing(tmp_path):
+    out = tmp_path / "run"
+    common = ["--task", "digits", "--units", "8", "--batch-size", "32", "--output-dir", str(out)]
+    assert _run_cli([*common, "--steps", "20"]).returncode == 0
+    config = (out / "config.yaml").read_text()
+    changed = _run_cli([*common, "--steps", "40", "--learning-rate", "0.5"])
+    assert changed.returncode == 2 and "Traceback" not in changed.stderr
+    assert "argument `--learning-rate`, expected 0.01 as in" in changed.stderr
+    fewer = _run_cli([*common, "--steps", "10"])
+    assert fewer.returncode == 2 and "expected at least the 20 steps" in fewer.stderr
+    assert (out / "config.yaml").read_text() == config
+    extended = _run_cli([*common, "--steps", "30", "--log-every", "5"])  # more steps: allowed
+    assert extended.returncode == 0, extended.stderr[-2000:]
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 30

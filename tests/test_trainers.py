@@ -256,3 +256,21 @@ def test_tune_runs_its_trials_on_jax(tmp_path):
     assert best["hyperparameters"]["epsilon"] in (0.01, 0.1)
     rows = (tmp_path / "trials.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("trial_id,status,score")
+
+
+def test_a_truncated_checkpoint_falls_back_to_the_one_before(tmp_path):
+    out = tmp_path / "run"
+    common = ["--task", "digits", "--units", "8", "--batch-size", "32", "--checkpoint-every",
+              "5", "--output-dir", str(out)]  # fmt: skip
+    assert _train("jax", [*common, "--steps", "15"]).returncode == 0
+    index = json.loads((out / "checkpoints" / "checkpoint.json").read_text())
+    assert index["all"] == ["ckpt-5.npz", "ckpt-10.npz", "ckpt-15.npz"]
+    newest = out / "checkpoints" / "ckpt-15.npz"
+    newest.write_bytes(newest.read_bytes()[:100])  # torn by a crash of the disk
+    (out / "checkpoints" / "ckpt-20.npz.partial").write_bytes(b"killed mid-save")
+    resumed = _train("jax", [*common, "--steps", "20"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "skipping unreadable checkpoint" in resumed.stdout
+    assert "at step 10" in resumed.stdout
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 20
+    assert not list((out / "checkpoints").glob("*.partial"))

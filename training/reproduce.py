@@ -171,7 +171,16 @@ def _smoke_rows():
             paper=54.7,
             data="cifar10",
             overrides=(("units", 8), ("batch_size", 16), ("timesteps", 40)),
-        )
+        ),
+        Run(
+            "smoke_pixel_cifar10_antisymmetric",
+            "smoke (mock cifar10)",
+            "pixel_cifar10_antisymmetric.yaml",
+            steps=2,
+            paper=58.7,
+            data="cifar10",
+            overrides=(("units", 8), ("batch_size", 16)),
+        ),
     ]
 
 

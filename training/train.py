@@ -84,6 +84,32 @@ def weights_fingerprint(model):
     return digest.hexdigest()
 
 
+# What a checkpoint was trained with: a resumed run must keep these (more --steps extend it;
+# logging, evaluation and checkpoint periods may change).
+RUN_IDENTITY = (
+    "task", "dataset", "timesteps", "model", "units", "epsilon", "gamma", "sigma_w",
+    "optimizer", "learning_rate", "momentum", "clipnorm", "batch_size", "seed",
+    "validation_fraction",
+)  # fmt: skip
+
+
+def check_resumable(path, config):
+    """Refuses (one line, nothing rewritten) to resume a run with other settings."""
+    import yaml
+
+    if not os.path.isfile(path):
+        return
+    with open(path) as handle:
+        before = yaml.safe_load(handle) or {}
+    for key in RUN_IDENTITY:
+        if key in before and before[key] != config.get(key):
+            raise options.UsageError(
+                f"Received an invalid value for argument `--{key.replace('_', '-')}`, expected "
+                f"{before[key]!r} as in {path} (a resumed run keeps its settings; start a new "
+                f"one with another --output-dir), got {config.get(key)!r}."
+            )
+
+
 def _describe_device():
     """One line: the backend and the devices it computes on."""
     import keras
@@ -189,14 +215,20 @@ def run(args, log=print):
         test_examples=int(len(test_y)),
         **_versions(),
     )
+    start_step, restored = trainer.restore()
+    if restored:
+        check_resumable(os.path.join(output_dir, "config.yaml"), config)
+        options._check(
+            args.steps >= start_step,
+            "steps",
+            f"at least the {start_step} steps the run in {output_dir} has trained",
+            args.steps,
+        )
+        log(f"resumed from {restored} at step {start_step}")
     if trainer.chief:
         options.write_atomically(
             os.path.join(output_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=True)
         )
-
-    start_step, restored = trainer.restore()
-    if restored:
-        log(f"resumed from {restored} at step {start_step}")
     writer = ScalarWriter(os.path.join(output_dir, "logs") if trainer.chief else None)
     diagnostics = None
     if args.diagnostics:

@@ -13,6 +13,7 @@ import collections
 import concurrent.futures
 import json
 import os
+import zipfile
 
 import keras
 import numpy as np
@@ -71,18 +72,31 @@ class KerasTrainer:
         self._next_step = None
 
     def restore(self):
-        path = self._latest()
-        if path is not None:
-            with np.load(path) as arrays:
-                for prefix, variables in self._variables().items():
-                    for index, variable in enumerate(variables):
-                        variable.assign(arrays[f"{prefix}/{index}"])
-        return int(keras.ops.convert_to_numpy(self.optimizer.iterations)), path
+        """Loads the newest readable checkpoint (an unreadable one falls back to the one before)."""
+        for path in reversed(self._checkpoints()):
+            try:
+                with np.load(path) as arrays:
+                    values = {key: arrays[key] for key in arrays.files}
+                pairs = [
+                    (variable, values[f"{prefix}/{index}"])
+                    for prefix, variables in self._variables().items()
+                    for index, variable in enumerate(variables)
+                ]
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+                print(f"skipping unreadable checkpoint {path}: {error}")
+                continue
+            for variable, value in pairs:
+                variable.assign(value)
+            return int(keras.ops.convert_to_numpy(self.optimizer.iterations)), path
+        return int(keras.ops.convert_to_numpy(self.optimizer.iterations)), None
 
     def save(self, step):
         if self.checkpoint_dir is None or not self.chief:
             return
         os.makedirs(self.checkpoint_dir, exist_ok=True)
+        for stale in os.listdir(self.checkpoint_dir):  # left by a save that was killed
+            if stale.endswith(".partial"):
+                os.remove(os.path.join(self.checkpoint_dir, stale))
         arrays = {
             f"{prefix}/{index}": keras.ops.convert_to_numpy(variable)
             for prefix, variables in self._variables().items()
@@ -140,11 +154,11 @@ class KerasTrainer:
         with open(path) as handle:
             return json.load(handle)
 
-    def _latest(self):
+    def _checkpoints(self):
+        """Paths of the kept checkpoints, oldest first."""
         if self.checkpoint_dir is None:
-            return None
-        name = self._index().get("latest")
-        return None if name is None else os.path.join(self.checkpoint_dir, name)
+            return []
+        return [os.path.join(self.checkpoint_dir, name) for name in self._index().get("all", [])]
 
 
 def _process_index():
