@@ -126,3 +126,20 @@ def test_search_csv_keeps_completed_trials(tmp_path):
         "2,RUNNING,,,0.1,1.0,0.002\n"
     )
     assert report.read_search(str(path)) == [{"score": 0.6, "epsilon": 0.01, "gamma": 1.0}]
+
+
+def test_length_plot_puts_each_models_accuracy_against_t(tmp_path):
+    def row(name, model, timesteps, accuracy):
+        return {"name": name, "model": model, "task": "noise_padded_mnist",
+                "timesteps": timesteps, "test_accuracy": accuracy}  # fmt: skip
+
+    rows = [
+        row("noise_padded_fashion_mnist_gated", "gated", 1000, 0.7),
+        row("noise_padded_fashion_mnist_t100_gated", "gated", 100, 0.8),
+        row("noise_padded_fashion_mnist_t300_gated", "gated", 300, 0.75),
+        row("np_gated_eps0.1_gamma1", "gated", 1000, 0.2),  # a variant, not the main config
+        row("noise_padded_fashion_mnist_lstm", "lstm", 1000, 0.1),  # one point: no line
+    ]
+    lines = report.plot_length(rows, "noise_padded_mnist", str(tmp_path / "l.png"))
+    assert lines == {"gated": [(100, 0.8), (300, 0.75), (1000, 0.7)]}
+    assert (tmp_path / "l.png").is_file()

@@ -6,21 +6,18 @@ override it.
 """
 
 import argparse
-import math
 import os
 import sys
 
 import yaml
 
+from training.config import RunConfig, UsageError, check
 from training.distribution import STRATEGIES
 from training.models import MODEL_NAMES
 from training.tasks import MNIST_DATASETS, TASK_NAMES
 
 OPTIMIZERS = ("sgd", "adagrad", "adam")
-
-
-class UsageError(ValueError):
-    """A bad option: reported as one line, exit status 2."""
+DEFAULTS = RunConfig()
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -32,7 +29,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def add_data_arguments(parser):
     group = parser.add_argument_group("task")
-    group.add_argument("--task", default="digits", choices=TASK_NAMES)
+    group.add_argument("--task", default=DEFAULTS.task, choices=TASK_NAMES)
     group.add_argument(
         "--dataset",
         default=None,
@@ -46,30 +43,34 @@ def add_data_arguments(parser):
         help="sequence length of noise-padded, digits, adding and copy tasks",
     )
     group.add_argument("--data-dir", default=None, help="TFDS data directory (or TFDS_DATA_DIR)")
-    group.add_argument("--seed", type=int, default=0, help="seed of data order, noise and init")
+    group.add_argument(
+        "--seed", type=int, default=DEFAULTS.seed, help="seed of data order, noise and init"
+    )
 
 
 def add_model_arguments(parser):
     group = parser.add_argument_group("model")
-    group.add_argument("--model", default="antisymmetric", choices=MODEL_NAMES)
-    group.add_argument("--units", type=int, default=64)
-    group.add_argument("--epsilon", type=float, default=0.1)
-    group.add_argument("--gamma", type=float, default=0.01)
+    group.add_argument("--model", default=DEFAULTS.model, choices=MODEL_NAMES)
+    group.add_argument("--units", type=int, default=DEFAULTS.units)
+    group.add_argument("--epsilon", type=float, default=DEFAULTS.epsilon)
+    group.add_argument("--gamma", type=float, default=DEFAULTS.gamma)
     group.add_argument(
         "--sigma-w",
         type=float,
-        default=1.0,
+        default=DEFAULTS.sigma_w,
         help="hidden-to-hidden init N(0, sigma_w^2/n) (paper: 0, 1, 2, 4, 8, 16)",
     )
 
 
 def add_optimizer_arguments(parser):
     group = parser.add_argument_group("optimizer")
-    group.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    group.add_argument("--learning-rate", type=float, default=0.01)
-    group.add_argument("--momentum", type=float, default=0.9, help="for sgd")
+    group.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=OPTIMIZERS)
+    group.add_argument("--learning-rate", type=float, default=DEFAULTS.learning_rate)
+    group.add_argument("--momentum", type=float, default=DEFAULTS.momentum, help="for sgd")
     group.add_argument("--clipnorm", type=float, default=None, help="per-variable clipping")
-    group.add_argument("--batch-size", type=int, default=64, help="global batch size")
+    group.add_argument(
+        "--batch-size", type=int, default=DEFAULTS.batch_size, help="global batch size"
+    )
 
 
 def add_distribution_arguments(parser):
@@ -79,7 +80,7 @@ def add_distribution_arguments(parser):
     group.add_argument(
         "--cpu-devices",
         type=int,
-        default=0,
+        default=DEFAULTS.cpu_devices,
         help="split the CPU into this many logical devices (mirrored training on CPU)",
     )
 
@@ -143,55 +144,12 @@ def parse_with_config(parser, argv):
 
 
 def _check(condition, option, expected, value):
-    if not condition:
-        raise UsageError(
-            f"Received an invalid value for argument `--{option}`, expected {expected}, "
-            f"got {value!r}."
-        )
+    check(condition, option, expected, value)
 
 
 def validate(args):
-    """Range checks argparse cannot do; raises `UsageError`."""
-    _check(args.units > 0, "units", "a positive integer", args.units)
-    _check(
-        math.isfinite(args.epsilon) and args.epsilon > 0,
-        "epsilon",
-        "a positive float",
-        args.epsilon,
-    )
-    _check(
-        math.isfinite(args.gamma) and args.gamma >= 0, "gamma", "a non-negative float", args.gamma
-    )
-    _check(
-        math.isfinite(args.sigma_w) and args.sigma_w >= 0,
-        "sigma-w",
-        "a non-negative float",
-        args.sigma_w,
-    )
-    _check(
-        math.isfinite(args.learning_rate) and args.learning_rate > 0,
-        "learning-rate",
-        "a positive float",
-        args.learning_rate,
-    )
-    _check(0 <= args.momentum < 1, "momentum", "a float in [0, 1)", args.momentum)
-    _check(
-        args.clipnorm is None or args.clipnorm > 0, "clipnorm", "a positive float", args.clipnorm
-    )
-    _check(args.batch_size > 0, "batch-size", "a positive integer", args.batch_size)
-    _check(
-        args.timesteps is None or args.timesteps > 0,
-        "timesteps",
-        "a positive integer",
-        args.timesteps,
-    )
-    _check(
-        args.data_dir is None or os.path.isdir(args.data_dir),
-        "data-dir",
-        "an existing TFDS data directory",
-        args.data_dir,
-    )
-    _check(args.cpu_devices >= 0, "cpu-devices", "a non-negative integer", args.cpu_devices)
+    """Range checks argparse cannot do (`RunConfig.validate`); raises `UsageError`."""
+    RunConfig.from_namespace(args).validate()
 
 
 def make_optimizer(name, learning_rate, momentum=0.9, clipnorm=None):

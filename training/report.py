@@ -46,10 +46,13 @@ def collect(run, runs_dir, data_dir):
     points = curve["points"]
     key = f"{curve.get('split', 'test')}_accuracy"
     steps = config.get("steps", run.steps)
+    options = run.options()
     row = {
         "name": run.name,
         "table": run.table,
-        "model": run.options()["model"],
+        "task": options["task"],
+        "timesteps": options.get("timesteps"),
+        "model": options["model"],
         "data": run.data,
         "paper": run.paper,
         "steps_planned": steps,
@@ -140,6 +143,31 @@ def plot_curves(title, rows, path):
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return True
+
+
+def plot_length(rows, task, path):
+    """Test accuracy against the sequence length T, one line per model (the main configs)."""
+    chosen = [r for r in rows if r.get("task") == task and r.get("test_accuracy") is not None
+              and r["name"].startswith(task.replace("mnist", "fashion_mnist"))]  # fmt: skip
+    models = sorted({r["model"] for r in chosen})
+    lines = {m: sorted((r["timesteps"], r["test_accuracy"]) for r in chosen if r["model"] == m)
+             for m in models}  # fmt: skip
+    lines = {m: points for m, points in lines.items() if len(points) > 1}
+    if not lines:
+        return None
+    figure, axis = plt.subplots(figsize=(5.5, 3.6))
+    for model, points in lines.items():
+        axis.plot(*zip(*points, strict=True), marker="o", label=MODEL_LABELS.get(model, model))
+    axis.set_xscale("log")
+    axis.set_xlabel("sequence length T (28 image rows, then noise)")
+    axis.set_ylabel("test accuracy")
+    axis.set_ylim(0, 1)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return lines
 
 
 def read_search(path):
@@ -237,7 +265,10 @@ def write(runs, runs_dir, report_dir, search_csv=None, data_dir=None, targets=()
         "is a run of `python -m training.train` (the command is in `results.json`). "
         "*ours (test)*: test accuracy after the run's steps (for a partial run, the last "
         "evaluation of its learning curve); *at equal time*: each model's accuracy at the "
-        "training seconds of the table's fastest-finishing run.",
+        "training seconds of the table's fastest-finishing run. Seconds are each run's own "
+        "training wall time (evaluations excluded) on the hardware shown; runs that shared a "
+        "machine with other runs (`--parallel`) ran slower, so compare seconds only between "
+        "runs made together.",
         "",
     ]
     if targets:
@@ -252,11 +283,23 @@ def write(runs, runs_dir, report_dir, search_csv=None, data_dir=None, targets=()
         if missing:
             lines += ["Not run here (no data on this machine); with the data:", "", "```sh"]
             lines += [r["command"] for r in missing] + ["```", ""]
+    length = plot_length(rows, "noise_padded_mnist", os.path.join(assets, "length.png"))
+    if length:
+        lines += [
+            "## Accuracy against the sequence length",
+            "",
+            "Noise-padded Fashion-MNIST, each model's main config at T = 100, 300, 1000 "
+            "(the T=1000 points are the table above; partial runs count with their "
+            "last evaluation):",
+            "",
+            "![length](reproduction/length.png)",
+            "",
+        ]
     trials = read_search(search_csv) if search_csv else []
     if not trials:
         trials = (_read(os.path.join(assets, "results.json"), json.load) or {}).get("search", [])
     if trials:
-        title = "noise-padded Fashion-MNIST T=1000, gated, validation accuracy"
+        title = "noise-padded Fashion-MNIST, T=1000, gated: validation accuracy"
         plot_heatmap(trials, title, os.path.join(assets, "heatmap_noise_padded.png"))
         lines += [
             "## ε × γ search",

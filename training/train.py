@@ -7,7 +7,7 @@
 `KERAS_BACKEND` picks the backend: TensorFlow trains under `tf.distribute`,
 JAX under `keras.distribution` (`--strategy data_parallel`), PyTorch on one
 device (`training.trainers`); all see the same batches. The output directory
-receives `config.yaml` (the resolved options), `checkpoints/` (atomic: the
+receives `config.yaml` (the resolved `training.config.RunConfig`), `checkpoints/` (atomic: the
 index moves only after a save is complete), `logs/` (TensorBoard),
 `curve.json` (with `--eval-every`), `metrics.json` and `model.keras`. Running
 the same command again resumes from the last checkpoint. A non-finite loss
@@ -57,21 +57,6 @@ def build_parser():
         help="log stability diagnostics every N steps (0: off)",
     )
     return parser
-
-
-def _validate_run(args):
-    options.validate(args)
-    for name in ("steps", "checkpoint_every", "log_every", "eval_batch_size"):
-        value = getattr(args, name)
-        options._check(value > 0, name.replace("_", "-"), "a positive integer", value)
-    options._check(
-        0 <= args.validation_fraction < 1,
-        "validation-fraction",
-        "a float in [0, 1)",
-        args.validation_fraction,
-    )
-    options._check(args.diagnostics >= 0, "diagnostics", "a non-negative integer", args.diagnostics)
-    options._check(args.eval_every >= 0, "eval-every", "a non-negative integer", args.eval_every)
 
 
 def weights_fingerprint(model):
@@ -147,8 +132,12 @@ def _versions():
     return versions
 
 
-def run(args, log=print):
-    """Trains as `args` says and returns the metrics (also written to disk)."""
+def train_and_evaluate(config, workdir=None, log=print):
+    """Trains as `config` (a validated `RunConfig`) says; returns the metrics.
+
+    Everything is written to `workdir` (default `runs/<task>-<model>`): the
+    outputs listed in the module doc. Rerunning resumes from its checkpoint.
+    """
     import yaml
 
     from training import distribution, loop, tasks
@@ -156,37 +145,37 @@ def run(args, log=print):
     from training.summaries import ScalarWriter
     from training.trainers import make_trainer
 
-    task = tasks.get_task(args.task, timesteps=args.timesteps, dataset=args.dataset)
+    task = tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
     spec = task.spec
-    strategy = distribution.make(args.strategy, tpu=args.tpu)  # before any other TF op
-    output_dir = args.output_dir or os.path.join("runs", f"{args.task}-{args.model}")
+    strategy = distribution.make(config.strategy, tpu=config.tpu)  # before any other TF op
+    output_dir = workdir or os.path.join("runs", f"{config.task}-{config.model}")
     os.makedirs(output_dir, exist_ok=True)
     device = _describe_device()
     log(f"training on {device}")
 
-    train_x, train_y = task.examples("train", args.data_dir, args.validation_fraction)
-    test_x, test_y = task.examples("test", args.data_dir)
+    train_x, train_y = task.examples("train", config.data_dir, config.validation_fraction)
+    test_x, test_y = task.examples("test", config.data_dir)
     val = (
-        task.examples("validation", args.data_dir, args.validation_fraction)
-        if args.validation_fraction
+        task.examples("validation", config.data_dir, config.validation_fraction)
+        if config.validation_fraction
         else None
     )
 
     def build():
         import keras
 
-        keras.utils.set_random_seed(args.seed)
+        keras.utils.set_random_seed(config.seed)
         model = build_model(
             spec,
-            args.model,
-            units=args.units,
-            epsilon=args.epsilon,
-            gamma=args.gamma,
-            sigma_w=args.sigma_w,
-            seed=args.seed,
+            config.model,
+            units=config.units,
+            epsilon=config.epsilon,
+            gamma=config.gamma,
+            sigma_w=config.sigma_w,
+            seed=config.seed,
         )
         optimizer = options.make_optimizer(
-            args.optimizer, args.learning_rate, args.momentum, args.clipnorm
+            config.optimizer, config.learning_rate, config.momentum, config.clipnorm
         )
         return model, optimizer
 
@@ -195,15 +184,15 @@ def run(args, log=print):
         build,
         train_x,
         train_y,
-        batch_size=args.batch_size,
-        seed=args.seed,
+        batch_size=config.batch_size,
+        seed=config.seed,
         strategy=strategy,
         checkpoint_dir=os.path.join(output_dir, "checkpoints"),
-        jit_compile=args.jit_compile,
+        jit_compile=config.jit_compile,
     )
     model = trainer.model
-    config = {k: v for k, v in vars(args).items() if k != "config"}
-    config.update(
+    recorded = config.to_dict()
+    recorded.update(
         output_dir=output_dir,
         task_params=spec.params,
         timesteps=spec.timesteps,
@@ -217,42 +206,42 @@ def run(args, log=print):
     )
     start_step, restored = trainer.restore()
     if restored:
-        check_resumable(os.path.join(output_dir, "config.yaml"), config)
+        check_resumable(os.path.join(output_dir, "config.yaml"), recorded)
         options._check(
-            args.steps >= start_step,
+            config.steps >= start_step,
             "steps",
             f"at least the {start_step} steps the run in {output_dir} has trained",
-            args.steps,
+            config.steps,
         )
         log(f"resumed from {restored} at step {start_step}")
     if trainer.chief:
         options.write_atomically(
-            os.path.join(output_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=True)
+            os.path.join(output_dir, "config.yaml"), yaml.safe_dump(recorded, sort_keys=True)
         )
     writer = ScalarWriter(os.path.join(output_dir, "logs") if trainer.chief else None)
     diagnostics = None
-    if args.diagnostics:
-        diagnostics = loop.Diagnostics(model, task, test_x, test_y, args.diagnostics)
+    if config.diagnostics:
+        diagnostics = loop.Diagnostics(model, task, test_x, test_y, config.diagnostics)
     curve = None
-    if args.eval_every:
+    if config.eval_every:
         split, examples = ("validation", val) if val is not None else ("test", (test_x, test_y))
         curve = loop.LearningCurve(
             os.path.join(output_dir, "curve.json"),
-            args.eval_every,
+            config.eval_every,
             split,
             examples,
             task,
-            args.eval_batch_size,
-            args.seed,
+            config.eval_batch_size,
+            config.seed,
         )
         curve.resume(start_step)
 
     history = loop.train(
         trainer,
         start_step,
-        args.steps,
-        checkpoint_every=args.checkpoint_every,
-        log_every=args.log_every,
+        config.steps,
+        checkpoint_every=config.checkpoint_every,
+        log_every=config.log_every,
         writer=writer,
         log=log,
         diagnostics=diagnostics,
@@ -260,13 +249,13 @@ def run(args, log=print):
     )
 
     test_loss, test_accuracy = loop.evaluate(
-        trainer.predict, task, test_x, test_y, args.eval_batch_size, args.seed
+        trainer.predict, task, test_x, test_y, config.eval_batch_size, config.seed
     )
     steps_done = int(start_step + history["steps"])
     metrics = {
         "weights_sha256": weights_fingerprint(model),
-        "task": args.task,
-        "model": args.model,
+        "task": config.task,
+        "model": config.model,
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
         "steps": steps_done,
@@ -280,13 +269,13 @@ def run(args, log=print):
         "parameters": int(model.count_params()),
         "replicas": trainer.replicas,
         "device": device,
-        "backend": config["backend"],
+        "backend": recorded["backend"],
     }
     if diagnostics is not None:
         metrics["diagnostics"] = diagnostics.latest
     if val is not None:
         metrics["val_loss"], metrics["val_accuracy"] = loop.evaluate(
-            trainer.predict, task, val[0], val[1], args.eval_batch_size, args.seed
+            trainer.predict, task, val[0], val[1], config.eval_batch_size, config.seed
         )
     writer.scalar("test/accuracy", test_accuracy, metrics["steps"])
     writer.scalar("test/loss", test_loss, metrics["steps"])
@@ -311,11 +300,12 @@ def run(args, log=print):
 
 def main(argv=None):
     def body(args):
-        _validate_run(args)
+        from training.config import RunConfig
         from training.distribution import split_cpu
 
-        split_cpu(args.cpu_devices)
-        run(args)
+        config = RunConfig.from_namespace(args).validate()
+        split_cpu(config.cpu_devices)
+        train_and_evaluate(config, args.output_dir)
 
     return options.run_command(build_parser(), argv, body)
 

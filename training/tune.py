@@ -290,41 +290,25 @@ def format_table(rows):
 
 def retrain(args, hyperparameters, log=print):
     """Trains the best configuration with `training.train` for `--retrain-steps` steps."""
-    from training import train
+    from training.config import RunConfig
+    from training.train import train_and_evaluate
 
     values = {"epsilon": args.epsilon, "gamma": args.gamma, **hyperparameters}
-    argv = [
-        "--task", args.task,
-        "--model", args.model,
-        "--units", str(args.units),
-        "--epsilon", repr(float(values["epsilon"])),
-        "--gamma", repr(float(values["gamma"])),
-        "--sigma-w", repr(float(values["sigma_w"])),
-        "--optimizer", values["optimizer"],
-        "--learning-rate", repr(float(values["learning_rate"])),
-        "--momentum", repr(args.momentum),
-        "--batch-size", str(args.batch_size),
-        "--seed", str(args.seed),
-        "--steps", str(args.retrain_steps),
-        "--checkpoint-every", str(max(1, min(200, args.retrain_steps))),
-        "--log-every", str(max(1, min(50, args.retrain_steps))),
-        "--eval-batch-size", str(args.eval_batch_size),
-        "--validation-fraction", repr(args.validation_fraction),
-        "--strategy", args.strategy,
-        "--output-dir", args.retrain_dir or os.path.join(args.directory, "best"),
-    ]  # fmt: skip
-    for flag, value in (
-        ("--timesteps", args.timesteps),
-        ("--dataset", args.dataset),
-        ("--data-dir", args.data_dir),
-        ("--tpu", args.tpu),
-        ("--clipnorm", args.clipnorm),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
-    train_args = train.build_parser().parse_args(argv)
-    train._validate_run(train_args)
-    return train.run(train_args, log=log)
+    steps = args.retrain_steps
+    config = RunConfig.from_namespace(
+        args,
+        epsilon=float(values["epsilon"]),
+        gamma=float(values["gamma"]),
+        sigma_w=float(values["sigma_w"]),
+        optimizer=values["optimizer"],
+        learning_rate=float(values["learning_rate"]),
+        steps=steps,
+        checkpoint_every=max(1, min(200, steps)),
+        log_every=max(1, min(50, steps)),
+    ).validate()
+    return train_and_evaluate(
+        config, args.retrain_dir or os.path.join(args.directory, "best"), log=log
+    )
 
 
 def run(args, space, log=print):
