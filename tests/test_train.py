@@ -330,3 +330,16 @@ def test_resume_refuses_other_settings_and_rewrites_nothing(tmp_path):
     extended = _run_cli([*common, "--steps", "30", "--log-every", "5"])  # more steps: allowed
     assert extended.returncode == 0, extended.stderr[-2000:]
     assert json.loads((out / "metrics.json").read_text())["steps"] == 30
+
+
+def test_weights_fingerprint_changes_with_any_weight():
+    model = build_model(get_task("digits").spec, "antisymmetric", units=4, seed=0)
+    same = build_model(get_task("digits").spec, "antisymmetric", units=4, seed=0)
+    assert train.weights_fingerprint(model) == train.weights_fingerprint(same)
+    weights = model.get_weights()
+    for index in range(len(weights)):
+        changed = [w.copy() for w in weights]
+        flat = changed[index].reshape(-1)
+        flat[-1] = np.nextafter(flat[-1], np.float32(np.inf))  # one ulp in the last entry
+        same.set_weights(changed)
+        assert train.weights_fingerprint(same) != train.weights_fingerprint(model), index
