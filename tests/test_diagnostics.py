@@ -335,3 +335,46 @@ def test_callback_margin_is_the_last_steps_against_numpy(go_backwards):
         jac = np.diag(1 - np.tanh(a) ** 2) @ m
         expected = max(expected, np.max(np.abs(1 + 0.4 * np.linalg.eigvals(jac))))
     np.testing.assert_allclose(margin, expected, rtol=1e-5)
+
+
+def test_stats_of_a_matrix_with_hand_computed_spectrum():
+    # [[3, 4], [0, 1]]: eigenvalues 3 and 1; σ_max·σ_min = |det| = 3, σ_max² + σ_min² = 26.
+    stats = eigenvalue_magnitude_stats(np.array([[3.0, 4.0], [0.0, 1.0]]))
+    assert (stats["eig_abs_min"], stats["eig_abs_max"]) == pytest.approx((1.0, 3.0))
+    assert stats["eig_abs_std"] == pytest.approx(1.0)
+    assert stats["sv_max"] * stats["sv_min"] == pytest.approx(3.0)
+    assert stats["sv_max"] ** 2 + stats["sv_min"] ** 2 == pytest.approx(26.0)
+    assert stats["sv_min"] < 1 < stats["sv_max"]
+
+
+@pytest.mark.parametrize("probe_steps", [4, None])
+def test_callback_jacobian_stats_follow_probe_steps_against_numpy(probe_steps):
+    """e2e statistics are those of J_T···J_1 over the first `probe_steps` steps (NumPy)."""
+    from tests import reference
+
+    rng = np.random.RandomState(7)
+    x = rng.standard_normal((2, 10, 2)).astype("float32")
+    model = keras.Sequential(
+        [keras.Input((10, 2)), make_layer("fused", False, 4, epsilon=0.3, gamma=0.02, name="arnn")]
+    )
+    weights = [0.8 * rng.standard_normal(w.shape).astype("float32") for w in model.get_weights()]
+    model.set_weights(weights)
+    callback = StabilityDiagnostics(every_n_steps=1, probe_data=x, probe_steps=probe_steps)
+    callback.set_model(model)
+    callback.on_train_begin()
+    values = callback.compute()
+    steps = probe_steps or 10
+    m = reference.transition_matrix(weights[1], 4, 0.02)
+    products = []
+    for b in range(2):
+        h, product = np.zeros(4), np.eye(4)
+        for t in range(steps):
+            a = m @ h + weights[0].T @ x[b, t] + weights[2]
+            product = (np.eye(4) + 0.3 * np.diag(1 - np.tanh(a) ** 2) @ m) @ product
+            h = h + 0.3 * np.tanh(a)
+        products.append(product)
+    singular = np.concatenate([np.linalg.svd(p, compute_uv=False) for p in products])
+    magnitudes = np.concatenate([np.abs(np.linalg.eigvals(p)) for p in products])
+    assert values["stability/arnn/e2e_sv_min"] == pytest.approx(singular.min(), rel=1e-4)
+    assert values["stability/arnn/e2e_sv_max"] == pytest.approx(singular.max(), rel=1e-4)
+    assert values["stability/arnn/e2e_eig_abs_mean"] == pytest.approx(magnitudes.mean(), rel=1e-4)
