@@ -93,6 +93,22 @@ def main(in_path, out_path):
                 float(np.abs(a - b).sum()) for a, b in zip(model.get_weights(), before, strict=True)
             )
         )
+    # Stateful carry-over: the second chunk continues from the first chunk's last state.
+    rng = np.random.RandomState(11)
+    x = rng.standard_normal((2, 8, 3)).astype("float32")
+    for kind in ("cell", "fused"):
+        layer = make_layer(kind, True, 5, epsilon=0.3, gamma=0.02, stateful=True)
+        model = keras.Sequential([keras.Input(batch_shape=(2, 4, 3)), layer])
+        weights = [
+            0.6 * rng.standard_normal(w.shape).astype("float32") for w in layer.get_weights()
+        ]
+        layer.set_weights(weights)
+        model(x[:, :4])
+        continued = keras.ops.convert_to_numpy(model(x[:, 4:]))
+        layer.reset_states()
+        fresh = keras.ops.convert_to_numpy(model(x[:, 4:]))
+        results[f"{kind}_stateful_carry"] = np.array([continued, fresh])
+        results[f"{kind}_stateful_weights"] = np.concatenate([w.ravel() for w in weights])
     np.savez(out_path, **results)
 
 

@@ -85,5 +85,25 @@ def test_backend_matches_numpy_reference(backend, probe_inputs, tmp_path):
         stateful = out[f"{kind}_stateful_loss"]
         assert np.all(np.isfinite(stateful)), (kind, stateful)
         assert np.isfinite(out[f"{kind}_stateful_update"]) and out[f"{kind}_stateful_update"] > 0
+        _check_stateful_carry(out, kind)
         before, after = out[f"{kind}_roundtrip"]
         np.testing.assert_allclose(after, before, atol=1e-6)
+
+
+def _check_stateful_carry(out, kind):
+    """Stateful chunks equal the NumPy reference on the whole sequence; reset starts over."""
+    from tests import reference
+
+    x = np.random.RandomState(11).standard_normal((2, 8, 3)).astype("float32")
+    flat = out[f"{kind}_stateful_weights"]
+    shapes = [(3, 10), (10,), (10,)]  # kernel (m, 2n), upper triangle of 5x5, bias (2n)
+    weights, offset = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape))
+        weights.append(flat[offset : offset + size].reshape(shape))
+        offset += size
+    continued, fresh = out[f"{kind}_stateful_carry"]
+    _, whole = reference.run(weights, x, units=5, epsilon=0.3, gamma=0.02, gated=True)
+    _, second = reference.run(weights, x[:, 4:], units=5, epsilon=0.3, gamma=0.02, gated=True)
+    np.testing.assert_allclose(continued, whole, atol=1e-5)
+    np.testing.assert_allclose(fresh, second, atol=1e-5)

@@ -394,3 +394,33 @@ def test_tensorflow_backend_declares_no_xla(kind):
     with pytest.warns(UserWarning, match="jit_compile"):
         model.compile("sgd", "mse", jit_compile=True)
     assert model.jit_compile is False
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@pytest.mark.parametrize("gated", [False, True])
+def test_weight_gradients_match_finite_differences_of_the_reference(kind, gated):
+    """d(Σ R·outputs)/d(weights) against central differences of the float64 NumPy model."""
+    layer = make_layer(kind, gated, 3, epsilon=0.4, gamma=0.05, return_sequences=True)
+    x = _x(batch=2, steps=4, features=2, seed=3)
+    layer(x)
+    weights = random_weights(layer, seed=6)
+    readout = np.random.RandomState(8).standard_normal((2, 4, 3))
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(layer(tf.constant(x)) * readout)
+    grads = [g.numpy() for g in tape.gradient(total, layer.trainable_weights)]
+
+    def objective(values):
+        outputs, _ = reference.run(values, x.astype("float64"), units=3, epsilon=0.4,
+                                   gamma=0.05, gated=gated)  # fmt: skip
+        return float(np.sum(outputs * readout))
+
+    step = 1e-6
+    for index, weight in enumerate(weights):
+        numeric = np.zeros(weight.shape)
+        for position in np.ndindex(weight.shape):
+            values = [w.astype("float64") for w in weights]
+            values[index][position] += step
+            up = objective(values)
+            values[index][position] -= 2 * step
+            numeric[position] = (up - objective(values)) / (2 * step)
+        np.testing.assert_allclose(grads[index], numeric, rtol=1e-3, atol=1e-4, err_msg=index)
