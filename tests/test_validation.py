@@ -1,8 +1,12 @@
 """Bad arguments and bad inputs fail early with a message naming what is wrong."""
 
+import math
+
 import keras
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keras_antisym import (
     AntisymmetricCell,
@@ -84,3 +88,64 @@ def test_fan_in_normal_accepts_numpy_scalars():
     init = FanInNormal(np.float32(2.0), seed=1)
     values = np.asarray(init((400, 300)))
     assert init.sigma == 2.0 and abs(values.std() - 2.0 / np.sqrt(400)) < 0.01
+
+
+# Property-based: any value either constructs (and is kept) or fails naming the argument.
+_ANY_VALUE = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-10, max_value=10),
+    st.booleans(),
+    st.text(max_size=3),
+    st.none(),
+)
+
+
+def _is_real(value):
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_RULES = {
+    "epsilon": lambda v: _is_real(v) and v > 0,
+    "gamma": lambda v: _is_real(v) and v >= 0,
+    "dropout": lambda v: _is_real(v) and 0 <= v < 1,
+    "recurrent_dropout": lambda v: _is_real(v) and 0 <= v < 1,
+    "units": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    constructor=st.sampled_from(CONSTRUCTORS),
+    argument=st.sampled_from(sorted(_RULES)),
+    value=_ANY_VALUE,
+)
+def test_every_value_is_accepted_or_named(constructor, argument, value):
+    kwargs = {"units": 4, argument: value}
+    if _RULES[argument](value):
+        layer = constructor(**kwargs)
+        cell = getattr(layer, "cell", layer)
+        assert getattr(cell, argument) == value
+    else:
+        with pytest.raises(
+            ValueError, match=f"Received an invalid value for argument `{argument}`"
+        ):
+            constructor(**kwargs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(argument=st.sampled_from(["learning_rate", "momentum", "units", "steps"]), value=_ANY_VALUE)
+def test_run_config_accepts_or_names_the_flag(argument, value):
+    from training.config import RunConfig, UsageError
+
+    rules = {
+        "learning_rate": lambda v: _is_real(v) and v > 0,
+        "momentum": lambda v: _is_real(v) and 0 <= v < 1,
+        "units": _RULES["units"],
+        "steps": _RULES["units"],
+    }
+    config = RunConfig(**{argument: value})
+    if rules[argument](value):
+        assert config.validate() is config
+    else:
+        with pytest.raises(UsageError, match=f"argument `--{argument.replace('_', '-')}`"):
+            config.validate()

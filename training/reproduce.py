@@ -145,8 +145,11 @@ def _sensitivity_rows():
             None, "fashion_mnist", (("learning_rate", 0.0005),)),
         Run("pixel_mnist_antisymmetric_eps0.01", pixel, "pixel_mnist_antisymmetric.yaml", 6000,
             None, "mnist", (("epsilon", 0.01),)),
-        Run("pixel_mnist_lstm_lr0.0005", pixel, "pixel_mnist_lstm.yaml", 6000,
-            None, "mnist", (("learning_rate", 0.0005),)),
+        Run("pixel_mnist_lstm_lr0.002", pixel, "pixel_mnist_lstm.yaml", 6000,
+            None, "mnist", (("learning_rate", 0.002),)),
+        Run("pixel_fashion_mnist_lstm_lr0.002", "pixel_mnist (fashion_mnist)",
+            "pixel_mnist_lstm.yaml", 6000, None, "fashion_mnist",
+            (("dataset", "fashion_mnist"), ("learning_rate", 0.002))),
     ]  # fmt: skip
 
 
