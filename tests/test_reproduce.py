@@ -143,3 +143,10 @@ def test_length_plot_puts_each_models_accuracy_against_t(tmp_path):
     lines = report.plot_length(rows, "noise_padded_mnist", str(tmp_path / "l.png"))
     assert lines == {"gated": [(100, 0.8), (300, 0.75), (1000, 0.7)]}
     assert (tmp_path / "l.png").is_file()
+
+
+def test_only_takes_exact_names_or_parts_of_names():
+    exact = reproduce.select("paper", ["pixel_mnist_lstm"])
+    assert [run.name for run in exact] == ["pixel_mnist_lstm"]
+    part = {run.name for run in reproduce.select("paper", ["pixel_mnist_lstm_"])}
+    assert {"pixel_mnist_lstm_lr0.002"} <= part and "pixel_mnist_lstm" not in part

@@ -256,10 +256,16 @@ def finished(run_dir, steps):
 
 
 def select(suite, only):
+    """The suite's runs named by `only`: an exact name picks that run alone, any other
+    pattern every run whose name contains it."""
     runs = SUITES[suite]
-    if only:
-        runs = [run for run in runs if any(pattern in run.name for pattern in only)]
-    return runs
+    if not only:
+        return runs
+    names = {run.name for run in runs}
+    chosen = set()
+    for pattern in only:
+        chosen |= {pattern} if pattern in names else {r.name for r in runs if pattern in r.name}
+    return [run for run in runs if run.name in chosen]
 
 
 def execute(runs, args, log=print):
@@ -334,7 +340,9 @@ def search(args, log=print):
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m training.reproduce", description=__doc__)
     parser.add_argument("--suite", default="paper", choices=sorted(SUITES))
-    parser.add_argument("--only", nargs="*", default=None, help="runs whose name contains one")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="run names (exact), or parts of names"
+    )
     parser.add_argument("--budget", type=float, default=1.0, help="scale of every run's steps")
     parser.add_argument("--steps", type=int, default=None, help="steps of every run")
     parser.add_argument("--runs-dir", default=os.path.join("runs", "reproduce"))
