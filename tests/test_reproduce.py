@@ -71,9 +71,10 @@ def test_bad_budget_is_rejected_with_the_argument_named(capsys):
     assert "argument `--budget`, expected a positive float, got 0.0" in capsys.readouterr().err
 
 
-def _row(name, model, accuracy, seconds, table="t", curve=None):
+def _row(name, model, accuracy, seconds, table="t", curve=None, device="gpu"):
     return {
         "name": name, "model": model, "table": table, "test_accuracy": accuracy,
+        "device": device, "paper": None,
         "train_seconds": seconds, "status": "finished", "steps": 100,
         "curve": curve or [{"step": 100, "seconds": seconds, "accuracy": accuracy}],
     }  # fmt: skip
@@ -150,3 +151,22 @@ def test_only_takes_exact_names_or_parts_of_names():
     assert [run.name for run in exact] == ["pixel_mnist_lstm"]
     part = {run.name for run in reproduce.select("paper", ["pixel_mnist_lstm_"])}
     assert {"pixel_mnist_lstm_lr0.002"} <= part and "pixel_mnist_lstm" not in part
+
+
+def test_equal_time_compares_only_runs_on_the_same_hardware():
+    rows = [
+        _row("fast", "gated", 0.8, 10, curve=[{"step": 5, "seconds": 5, "accuracy": 0.6},
+                                               {"step": 10, "seconds": 10, "accuracy": 0.8}]),
+        _row("slow", "lstm", 0.5, 40, curve=[{"step": 5, "seconds": 8, "accuracy": 0.3},
+                                              {"step": 10, "seconds": 40, "accuracy": 0.5}]),
+        _row("cpu", "antisymmetric", 0.7, 3, device="cpu"),
+    ]  # fmt: skip
+    assert report.equal_times(rows) == {"fast": 10, "slow": 10, "cpu": None}
+    table = report.table_markdown(rows)
+    assert "| 30.0% (10 s) |" in table  # the LSTM at the gated run's 10 s
+    assert "`cpu`) | — | 70.0% | — |" in table
+    mixed = report.targets_markdown(
+        [rows[0], _row("other", "lstm", 0.4, 10, device="cpu")],
+        [("task", "t", ("gated",), 0.5, "lstm", 0.0)],
+    )
+    assert "+40.0 / — (other hardware) points" in mixed

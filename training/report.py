@@ -95,24 +95,36 @@ def _percent(value):
     return "—" if value is None else f"{100 * value:.1f}%"
 
 
+def equal_times(rows):
+    """Per row, the training seconds of the fastest run of its table on the same hardware
+    (None when it has no such partner): only those times compare."""
+    times = {}
+    for r in rows:
+        peers = [
+            p["train_seconds"]
+            for p in rows
+            if p["device"] == r["device"] and p.get("train_seconds") and p["curve"]
+        ]
+        times[r["name"]] = min(peers) if len(peers) > 1 and r["curve"] else None
+    return times
+
+
 def table_markdown(rows):
     """One markdown table: paper, ours at equal steps and at equal wall time."""
-    timed = [r["train_seconds"] for r in rows if r.get("train_seconds") and r["curve"]]
-    equal = min(timed) if len(timed) > 1 else None
+    times = equal_times(rows)
     lines = [
-        f"| model | paper | ours (test) | at equal time ({equal:.0f} s) | steps | train s "
-        "| status | hardware |"
-        if equal
-        else "| model | paper | ours (test) | — | steps | train s | status | hardware |",
+        "| model | paper | ours (test) | at equal time, same hardware | steps | train s "
+        "| status | hardware |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        at_equal = accuracy_at(r, equal) if equal else None
+        equal = times[r["name"]]
+        at_equal = "—" if equal is None else f"{_percent(accuracy_at(r, equal))} ({equal:.0f} s)"
         seconds = r.get("train_seconds")
         paper = "—" if r["paper"] is None else f"{r['paper']}%"
         lines.append(
             f"| {MODEL_LABELS.get(r['model'], r['model'])} (`{r['name']}`) | {paper} "
-            f"| {_percent(r.get('test_accuracy'))} | {_percent(at_equal)} "
+            f"| {_percent(r.get('test_accuracy'))} | {at_equal} "
             f"| {r.get('steps', '—')} | {'—' if seconds is None else f'{seconds:.0f}'} "
             f"| {r['status']} | {r['device'] or '—'} |"
         )
@@ -214,7 +226,7 @@ def targets_markdown(rows, targets):
         "| target | measured | margin | lead over the best LSTM (equal steps / time) |",
         "| --- | --- | --- | --- |",
     ]
-    for what, table, models, threshold, rival, lead in targets:
+    for what, table, models, threshold, rival, minimum_lead in targets:
         members = [r for r in rows if r["table"] == table]
         counted = [r for r in members if r["model"] in models and r.get("test_accuracy")]
         rivals = [r for r in members if r["model"] == rival and r.get("test_accuracy")]
@@ -227,12 +239,15 @@ def targets_markdown(rows, targets):
         lead_text = "—"
         if rivals:  # the rival at its best setting: its own tuning
             other = max(rivals, key=lambda r: r["test_accuracy"])
-            equal = min(best.get("train_seconds") or 0, other.get("train_seconds") or 0)
-            at_equal = (accuracy_at(best, equal) or 0) - (accuracy_at(other, equal) or 0)
             steps_lead = best["test_accuracy"] - other["test_accuracy"]
-            lead_text = f"{steps_lead * 100:+.1f} / {at_equal * 100:+.1f} points"
-            if lead:
-                lead_text += f" (target ≥ +{lead * 100:.0f})"
+            time_lead = "— (other hardware)"
+            if best["device"] == other["device"]:
+                equal = min(best.get("train_seconds") or 0, other.get("train_seconds") or 0)
+                lead = (accuracy_at(best, equal) or 0) - (accuracy_at(other, equal) or 0)
+                time_lead = f"{lead * 100:+.1f}"
+            lead_text = f"{steps_lead * 100:+.1f} / {time_lead} points"
+            if minimum_lead:
+                lead_text += f" (target ≥ +{minimum_lead * 100:.0f})"
         lines.append(
             f"| {what} ≥ {threshold:.0%} | {best['test_accuracy']:.1%} (`{best['name']}`, "
             f"{best['status']} at step {best['steps']}) | {verdict} | {lead_text} |"
@@ -265,7 +280,7 @@ def write(runs, runs_dir, report_dir, search_csv=None, data_dir=None, targets=()
         "is a run of `python -m training.train` (the command is in `results.json`). "
         "*ours (test)*: test accuracy after the run's steps (for a partial run, the last "
         "evaluation of its learning curve); *at equal time*: each model's accuracy at the "
-        "training seconds of the table's fastest-finishing run. Seconds are each run's own "
+        "training seconds of its table's fastest run on the same hardware. Seconds are each run's own "
         "training wall time (evaluations excluded) on the hardware shown; runs that shared a "
         "machine with other runs (`--parallel`) ran slower, so compare seconds only between "
         "runs made together.",
