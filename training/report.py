@@ -282,8 +282,8 @@ def write(runs, runs_dir, report_dir, search_csv=None, data_dir=None, targets=()
         "evaluation of its learning curve); *at equal time*: each model's accuracy at the "
         "training seconds of its table's fastest run on the same hardware. Seconds are each "
         "run's own training wall time (evaluations excluded) on the hardware shown; runs "
-        "that shared a machine with other runs (`--parallel`) ran slower, so compare seconds only between "
-        "runs made together.",
+        "that shared a machine with other runs (`--parallel`) ran slower, so compare "
+        "seconds only between runs made together.",
         "",
     ]
     if targets:
