@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -31,6 +32,10 @@ log = logging.getLogger("serving.server")
 
 DEFAULT_SIGNATURE = "serving_default"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# A refused (413) body is still read, up to this many times the cap and seconds, so
+# that the client sees the answer instead of a reset connection.
+LINGER_FACTOR = 4
+LINGER_SECONDS = 5.0
 _PATH = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?"
     r"(?:(?P<metadata>/metadata)|(?P<verb>:[A-Za-z]+))?/?$"
@@ -345,6 +350,7 @@ class RestHandler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _method_not_allowed
 
     def _handle(self, method):
+        self._unread = 0
         try:
             status, body = HTTPStatus.OK, self._route(method)
         except RestError as error:
@@ -353,6 +359,28 @@ class RestHandler(BaseHTTPRequestHandler):
             log.exception("Internal error on %s %s", method, self.path)
             status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"Internal: {error}"}
         self._send(status, body)
+        if self._unread:
+            self._linger()
+
+    def _linger(self):
+        """Reads (and drops) a refused body, bounded in bytes and time, before closing.
+
+        Closing with unread data makes the kernel reset the connection, and a
+        client still sending its body never reads the 413 (as HTTP servers'
+        "lingering close" avoids).
+        """
+        remaining = min(self._unread, LINGER_FACTOR * self.server.max_body_bytes)
+        deadline = time.monotonic() + LINGER_SECONDS
+        try:
+            self.wfile.flush()
+            while remaining > 0 and time.monotonic() < deadline:
+                self.connection.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = self.rfile.read1(min(remaining, 1 << 16))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
+        except OSError:
+            pass
 
     def _route(self, method):
         match = _PATH.match(self.path.split("?", 1)[0])
@@ -390,6 +418,7 @@ class RestHandler(BaseHTTPRequestHandler):
         length = self._content_length()
         if length > self.server.max_body_bytes:
             self.close_connection = True  # the unread body would corrupt the next request
+            self._unread = length  # drained after the answer, so the client can read it
             raise RestError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 f"Request body of {length} bytes exceeds the limit of "

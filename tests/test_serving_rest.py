@@ -9,6 +9,7 @@ and `{"error": ...}` bodies, the server still answering afterwards. Set
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -224,6 +225,29 @@ def test_oversized_body_answers_413(target):
     status, answer = http_call(f"{target.model_url}:predict", "POST", body)
     assert status == 413, answer
     assert "exceeds the limit" in answer["error"]
+    target.assert_still_serving()
+
+
+def test_refused_body_still_lets_the_client_read_the_413(target):
+    """A client that goes on sending its body after the 413 reads the answer, not a reset."""
+    if not target.local:
+        pytest.skip(LOCAL_ONLY)
+    import socket
+
+    host, port = re.match(r"http://([^/:]+):(\d+)", target.url).groups()
+    length = 3 * LOCAL_MAX_BODY_BYTES
+    path = f"/v1/models/{target.model}:predict"
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode()
+        )
+        time.sleep(0.5)  # the server has answered 413 by now
+        sock.sendall(b" " * length)  # a reset connection fails here or in recv
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"exceeds the limit" in answer
     target.assert_still_serving()
 
 
