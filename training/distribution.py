@@ -101,6 +101,13 @@ def make_keras_distribution(name):
     return keras.distribution.DataParallel(devices=devices)
 
 
+def keras_distribution_shape(distribution):
+    """`(name, replicas)` of a `keras.distribution.Distribution` (None: one device)."""
+    if distribution is None:
+        return "default", 1
+    return type(distribution).__name__, len(distribution.device_mesh.devices.flat)
+
+
 def make_strategy(name, tpu=None):
     """The `tf.distribute.Strategy` called `name` (see `STRATEGIES`).
 

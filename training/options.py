@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-from training.config import RunConfig, UsageError, check
+from training.config import RunConfig, UsageError
 from training.distribution import STRATEGIES
 from training.models import MODEL_NAMES
 from training.tasks import MNIST_DATASETS, TASK_NAMES
@@ -141,10 +141,6 @@ def parse_with_config(parser, argv):
             defaults[dest] = value
         parser.set_defaults(**defaults)
     return parser.parse_args(argv)
-
-
-def _check(condition, option, expected, value):
-    check(condition, option, expected, value)
 
 
 def validate(args):

@@ -19,6 +19,7 @@ import os
 import sys
 
 from training import options
+from training.config import check
 
 
 def build_parser():
@@ -207,7 +208,7 @@ def train_and_evaluate(config, workdir=None, log=print):
     start_step, restored = trainer.restore()
     if restored:
         check_resumable(os.path.join(output_dir, "config.yaml"), recorded)
-        options._check(
+        check(
             config.steps >= start_step,
             "steps",
             f"at least the {start_step} steps the run in {output_dir} has trained",

@@ -18,6 +18,7 @@ import zipfile
 import keras
 import numpy as np
 
+from training.distribution import keras_distribution_shape
 from training.objectives import per_example_correct, per_example_loss
 from training.tasks import TrainingBatches
 from training.trainers import check_batch_size
@@ -46,9 +47,8 @@ class KerasTrainer:
         del jit_compile  # JAX always compiles the step; PyTorch runs eagerly.
         self.task, self.batch_size = task, batch_size
         self.distribution = distribution
-        self.replicas = 1 if distribution is None else len(distribution.device_mesh.devices.flat)
+        self.strategy_name, self.replicas = keras_distribution_shape(distribution)
         check_batch_size(batch_size, self.replicas)
-        self.strategy_name = "default" if distribution is None else type(distribution).__name__
         self.chief = _process_index() == 0
         self.label = "chief" if self.chief else f"worker{_process_index()}"
         self.batches = TrainingBatches(task, inputs, targets, batch_size, seed)

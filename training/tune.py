@@ -23,6 +23,7 @@ import os
 import sys
 
 from training import options
+from training.config import check
 from training.hypermodels import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace, flag_name
 
 TUNERS = ("random", "bayesian", "hyperband", "grid")
@@ -128,17 +129,15 @@ def _validate_tune(args):
     options.validate(args)
     for name in ("max_trials", "steps_per_trial", "eval_batch_size", "hyperband_max_epochs"):
         value = getattr(args, name)
-        options._check(value > 0, name.replace("_", "-"), "a positive integer", value)
-    options._check(
-        args.retrain_steps >= 0, "retrain-steps", "a non-negative integer", args.retrain_steps
-    )
-    options._check(
+        check(value > 0, name.replace("_", "-"), "a positive integer", value)
+    check(args.retrain_steps >= 0, "retrain-steps", "a non-negative integer", args.retrain_steps)
+    check(
         0 < args.validation_fraction < 1,
         "validation-fraction",
         "a float in (0, 1)",
         args.validation_fraction,
     )
-    options._check(
+    check(
         not (args.tuner == "grid" and args.log_scale),
         "tuner",
         "random, bayesian or hyperband with --log-scale (grid needs discrete values)",
@@ -332,8 +331,7 @@ def run(args, space, log=print):
         name = distribution.strategy_name(strategy)
     else:
         strategy = distribution.make_keras_distribution(args.strategy)
-        replicas = 1 if strategy is None else len(strategy.device_mesh.devices.flat)
-        name = "default" if strategy is None else type(strategy).__name__
+        name, replicas = distribution.keras_distribution_shape(strategy)
     check_batch_size(args.batch_size, replicas)
     log(f"trials run on {name} ({replicas} replicas)")
     os.makedirs(args.directory, exist_ok=True)
