@@ -1,0 +1,261 @@
+"""TensorFlow Serving's REST bodies: `:predict` requests in, predictions and status out.
+
+Work per request is bounded: the raw body is checked cheaply (byte counts)
+before `json.loads` builds Python objects, and the decoded inputs must hold at
+most `max_elements` numbers in all before NumPy arrays are built.
+"""
+
+import json
+import math
+from http import HTTPStatus
+
+import numpy as np
+import tensorflow as tf
+
+DEFAULT_SIGNATURE = "serving_default"
+DEFAULT_MAX_INPUT_ELEMENTS = 1 << 18  # 4,096 digits of 64 x 1
+_NUMPY_DTYPES = {
+    tf.float16: np.float16,
+    tf.float32: np.float32,
+    tf.float64: np.float64,
+    tf.int32: np.int32,
+    tf.int64: np.int64,
+}
+
+
+class RestError(Exception):
+    """A request failure answered as `{"error": message}` with an HTTP status."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = int(status)
+        self.message = message
+
+
+def _bad(message):
+    return RestError(HTTPStatus.BAD_REQUEST, message)
+
+
+def check_body_size(body, max_elements, max_rank):
+    """Refuse a body with more JSON values than any request within the limit needs.
+
+    A request of E numbers with inputs of rank r needs at most about E commas
+    and (r + 1) * E brackets; counting bytes is cheap, `json.loads` of a 16 MiB
+    body of `[0],` is not (hundreds of MiB of Python lists).
+    """
+    tokens = body.count(b",") + body.count(b"[") + body.count(b"{")
+    if tokens > (max_rank + 2) * max_elements + 1024:
+        raise _bad(
+            f"Request body has about {tokens} JSON values, more than inputs of at most "
+            f"{max_elements} numbers need (--max-input-elements)"
+        )
+
+
+def _leading_shape(value, rank, name):
+    """The lengths along the first elements, `rank` levels deep."""
+    shape, node = [], value
+    for _ in range(rank):
+        if not isinstance(node, list):
+            raise _bad(f"Input '{name}' expects a rank-{rank} nested list, got rank {len(shape)}")
+        if not node:
+            raise _bad(f"Input '{name}' has an empty dimension (empty batch or sequence)")
+        shape.append(len(node))
+        node = node[0]
+    if isinstance(node, list):
+        raise _bad(f"Input '{name}' expects a rank-{rank} nested list, got a deeper one")
+    return shape
+
+
+def _flatten(value, shape, name):
+    """All leaves of a rectangular nested list of `shape`, level by level (no recursion)."""
+    level = [value]
+    for size in shape:
+        below = []
+        for item in level:
+            if not isinstance(item, list) or len(item) != size:
+                raise _bad(f"Input '{name}' is not a rectangular array of shape {shape}")
+            below.extend(item)
+        level = below
+    return level
+
+
+def _check_leaves(leaves, spec, name):
+    """Numbers only: a boolean, string, null, list or object where a number goes is a 400."""
+    allowed = (int,) if spec.dtype.is_integer else (int, float)
+    for leaf in leaves:
+        if type(leaf) not in allowed:  # type(), not isinstance(): bool is an int subclass
+            kind = "boolean" if isinstance(leaf, bool) else type(leaf).__name__
+            kind = {"NoneType": "null", "str": "string", "list": "list (ragged nesting)"}.get(
+                kind, kind
+            )
+            raise _bad(f"Input '{name}' expects numbers of type {spec.dtype.name}, got a {kind}")
+
+
+def as_input_array(value, spec, name, budget):
+    """`value` (nested JSON lists) as an array matching `spec`, or a 400 `RestError`.
+
+    Args:
+        value: The decoded JSON value of one input (all instances).
+        spec: The signature's `tf.TensorSpec` for it.
+        name: The input name, for messages.
+        budget: One-item list: numbers still allowed in this request (decremented).
+    """
+    if spec.dtype not in _NUMPY_DTYPES or spec.shape.rank is None:
+        raise _bad(f"Input '{name}' has an unsupported dtype or unknown rank: {spec}")
+    shape = _leading_shape(value, spec.shape.rank, name)
+    if any(want is not None and want != got for want, got in zip(spec.shape, shape, strict=True)):
+        raise _bad(f"Input '{name}' expects shape {_shape_text(spec.shape)}, got {shape}")
+    count = math.prod(shape)
+    if count > budget[0]:
+        raise _bad(
+            f"Request has more than {budget[0]} input numbers (--max-input-elements); "
+            f"input '{name}' alone has {count}"
+        )
+    budget[0] -= count
+    leaves = _flatten(value, shape, name)
+    _check_leaves(leaves, spec, name)
+    wide = np.int64 if spec.dtype.is_integer else np.float64
+    try:
+        array = np.array(leaves, dtype=wide).reshape(shape)
+    except OverflowError:
+        raise _bad(f"Input '{name}' has values out of {spec.dtype.name} range") from None
+    target = _NUMPY_DTYPES[spec.dtype]
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = array.astype(target)
+    if spec.dtype.is_integer and not np.array_equal(cast, array):
+        raise _bad(f"Input '{name}' has values out of {spec.dtype.name} range")
+    if not spec.dtype.is_integer and not np.isfinite(cast).all():
+        raise _bad(
+            f"Input '{name}' contains NaN, Infinity or values out of {spec.dtype.name} range"
+        )
+    return cast
+
+
+def _shape_text(shape):
+    return "[" + ", ".join("-1" if d is None else str(d) for d in shape.as_list()) + "]"
+
+
+def _reject_constant(name):
+    raise _bad(f"JSON Parse error: {name} is not a valid JSON number")
+
+
+def decode_json(body):
+    """`json.loads` with TensorFlow Serving's 400s (also for nesting too deep to parse)."""
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except RecursionError:
+        raise _bad("JSON Parse error: nesting too deep") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise _bad(f"JSON Parse error: {error}") from None
+
+
+def parse_predict_request(body, servable, max_elements=DEFAULT_MAX_INPUT_ELEMENTS):
+    """Decode a `:predict` body into `(signature_name, {input: array}, row_format)`.
+
+    Args:
+        body: The raw request bytes.
+        servable: The `Servable` that will answer.
+        max_elements: The most input numbers (all inputs, all instances) accepted.
+
+    Returns:
+        The signature name, the validated input arrays and whether the request
+        used the row (`instances`) format.
+    """
+    check_body_size(body, max_elements, servable.max_rank)
+    request = decode_json(body)
+    if not isinstance(request, dict):
+        raise _bad("JSON Value is not an object")
+    signature_name = request.get("signature_name", DEFAULT_SIGNATURE)
+    if not isinstance(signature_name, str):
+        raise _bad("'signature_name' must be a string")
+    specs = servable.input_specs(signature_name)
+    has_rows, has_columns = "instances" in request, "inputs" in request
+    if has_rows == has_columns:
+        raise _bad(
+            "Missing 'inputs' or 'instances' key"
+            if not has_rows
+            else "Request must contain either 'instances' or 'inputs', not both"
+        )
+    columns = _rows_to_columns(request["instances"], specs) if has_rows else request["inputs"]
+    # One input may be sent bare or named, as TensorFlow Serving allows.
+    if (
+        not has_rows
+        and len(specs) == 1
+        and not (isinstance(columns, dict) and set(columns) == set(specs))
+    ):
+        columns = {next(iter(specs)): columns}
+    if not isinstance(columns, dict) or set(columns) != set(specs):
+        raise _bad(
+            f"Expected inputs {sorted(specs)}, got "
+            f"{sorted(columns) if isinstance(columns, dict) else 'a single unnamed tensor'}"
+        )
+    budget = [max_elements]
+    arrays = {name: as_input_array(columns[name], specs[name], name, budget) for name in specs}
+    if len({a.shape[0] for a in arrays.values() if a.ndim}) > 1:
+        raise _bad("Inputs have different batch sizes")
+    return signature_name, arrays, has_rows
+
+
+def _rows_to_columns(instances, specs):
+    """Row format (`[instance, ...]`) to `{input: [value, ...]}`."""
+    if not isinstance(instances, list):
+        raise _bad("'instances' must be a JSON list")
+    if not instances:
+        raise _bad("'instances' is an empty list (empty batch)")
+    names = list(specs)
+    if all(isinstance(row, dict) for row in instances):
+        if any(set(row) != set(names) for row in instances):
+            raise _bad(f"Every instance must have exactly the keys {names}")
+        return {name: [row[name] for row in instances] for name in names}
+    if len(names) != 1 or any(isinstance(row, dict) for row in instances):
+        raise _bad(
+            f"Instances must be objects with keys {names} (or all plain values for one input)"
+        )
+    return {names[0]: instances}
+
+
+def predict(servable, signature_name, arrays, row_format):
+    """Run a signature and format its outputs as TensorFlow Serving does.
+
+    Returns:
+        `{"predictions": [...]}` for the row format (one object per instance
+        when the signature has several outputs) or `{"outputs": ...}` for the
+        columnar format (an object of named outputs when there are several).
+    """
+    function = servable.signatures[signature_name]
+    try:
+        outputs = function(**{k: tf.constant(v) for k, v in arrays.items()})
+    except (tf.errors.InvalidArgumentError, ValueError, TypeError) as error:
+        raise _bad(str(error).splitlines()[0]) from None
+    outputs = {name: tensor.numpy() for name, tensor in outputs.items()}
+    single = next(iter(outputs.values())) if len(outputs) == 1 else None
+    if not row_format:
+        if single is not None:
+            return {"outputs": single.tolist()}
+        return {"outputs": {name: value.tolist() for name, value in sorted(outputs.items())}}
+    if single is not None:
+        return {"predictions": single.tolist()}
+    batch = next(iter(outputs.values())).shape[0]
+    columns = {name: value.tolist() for name, value in sorted(outputs.items())}
+    return {"predictions": [{name: col[i] for name, col in columns.items()} for i in range(batch)]}
+
+
+def model_status(servable):
+    """The `GET /v1/models/NAME` body for the served version."""
+    return {
+        "model_version_status": [
+            {
+                "version": str(servable.version),
+                "state": "AVAILABLE",
+                "status": {"error_code": "OK", "error_message": ""},
+            }
+        ]
+    }
+
+
+def model_metadata(servable, name):
+    """The `GET /v1/models/NAME/metadata` body."""
+    return {
+        "model_spec": {"name": name, "signature_name": "", "version": str(servable.version)},
+        "metadata": {"signature_def": servable.signature_def},
+    }

@@ -1,0 +1,94 @@
+"""TensorFlow Serving's REST API as a WSGI app over a `ModelRepository`.
+
+Every answer the app gives is JSON: 200 with TensorFlow Serving's layouts,
+`{"error": ...}` with 400 (bad input), 404 (unknown model, version or path),
+405 (wrong method on a known path), 503 (too many requests waiting for a
+worker) and 500 only for real faults.
+"""
+
+import json
+import logging
+import re
+from http import HTTPStatus
+
+from serving.payload import (
+    DEFAULT_MAX_INPUT_ELEMENTS,
+    RestError,
+    model_metadata,
+    model_status,
+    parse_predict_request,
+    predict,
+)
+
+log = logging.getLogger("serving.server")
+
+_PATH = re.compile(
+    r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[0-9]+))?"
+    r"(?:(?P<metadata>/metadata)|(?P<verb>:[A-Za-z]+))?/?$"
+)
+
+
+def json_response(start_response, status, body, extra_headers=()):
+    """Start a JSON response and return its body chunks."""
+    data = json.dumps(body, allow_nan=True).encode()
+    status = HTTPStatus(status)
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+    start_response(f"{status.value} {status.phrase}", headers + list(extra_headers))
+    return [data]
+
+
+class RestApp:
+    """The WSGI app: routes `/v1/models/...` to a `ModelRepository`.
+
+    Args:
+        repository: The `ModelRepository` to answer from.
+        max_input_elements: The most input numbers one `:predict` may carry.
+        overloaded: Returns True when predictions should be refused with 503.
+    """
+
+    def __init__(self, repository, max_input_elements=DEFAULT_MAX_INPUT_ELEMENTS, overloaded=None):
+        self.repository = repository
+        self.max_input_elements = max_input_elements
+        self.overloaded = overloaded or (lambda: False)
+
+    def __call__(self, environ, start_response):
+        method = environ["REQUEST_METHOD"]
+        # WSGI gives the percent-decoded path as latin-1; model names are UTF-8.
+        path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
+        extra = []
+        try:
+            status, body = HTTPStatus.OK, self._route(method, path, environ)
+        except RestError as error:
+            status, body = error.status, {"error": error.message}
+            if status == HTTPStatus.SERVICE_UNAVAILABLE:
+                extra = [("Retry-After", "1")]
+        except Exception as error:  # a real fault: answer 500 and keep serving
+            log.exception("Internal error on %s %s", method, path)
+            status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"Internal: {error}"}
+        log.debug("%s %s -> %d", method, path[:200], status)
+        return json_response(start_response, status, body, extra)
+
+    def _route(self, method, path, environ):
+        match = _PATH.match(path)
+        if match is None or match["verb"] not in (None, ":predict"):
+            raise RestError(HTTPStatus.NOT_FOUND, f"Malformed request: {method} {path[:200]}")
+        allowed = "POST" if match["verb"] else "GET"
+        if method != allowed:
+            raise RestError(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                f"Method {method} not allowed for {path[:200]}, use {allowed}",
+            )
+        servable = self.repository.get(match["name"], match["version"])
+        if not match["verb"]:
+            if match["metadata"]:
+                return model_metadata(servable, match["name"])
+            return model_status(servable)
+        if self.overloaded():
+            raise RestError(
+                HTTPStatus.SERVICE_UNAVAILABLE, "Server overloaded: too many queued requests"
+            )
+        # The server has read and size-checked the whole body already.
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        request = parse_predict_request(body, servable, self.max_input_elements)
+        return predict(servable, *request)
