@@ -14,6 +14,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from training import data, loop
+from training.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -171,9 +172,25 @@ def test_loop_stops_at_the_first_non_finite_loss(bad):
 
     trainer = _FakeTrainer([1.0, 0.9, bad, 0.8])
     with pytest.raises(loop.DivergenceError, match="diverged at step 3"):
-        loop.train(trainer, 0, 4, checkpoint_every=2, log_every=1, writer=ScalarWriter(None),
-                   log=lambda line: None)  # fmt: skip
+        loop.train(trainer, RunConfig(steps=4, checkpoint_every=2, log_every=1), 0,
+                   writer=ScalarWriter(None), log=lambda line: None)  # fmt: skip
     assert trainer.saved == [2]  # the checkpoint before the divergence, none after
+
+
+def test_loop_warns_once_when_the_loss_blows_up_while_finite():
+    from training.summaries import ScalarWriter
+
+    lines = []
+    trainer = _FakeTrainer([2.0, 3.0, 19.0, 21.0, 500.0, 2.0])
+    loop.train(trainer, RunConfig(steps=6, checkpoint_every=6, log_every=1), 0,
+               writer=ScalarWriter(None), log=lines.append)  # fmt: skip
+    warnings = [line for line in lines if line.startswith("warning: the loss grew")]
+    # 19 < 10 × 2; 21 > 10 × 2 is the first blow-up; 500 is not warned again.
+    assert warnings == [
+        "warning: the loss grew from 2 to 21 by step 4: training is unstable; lower "
+        "--learning-rate, set --clipnorm, or lower --epsilon (see the README's stable ranges)"
+    ]
+    assert trainer.saved == [6]
 
 
 def test_cli_stops_on_divergence_with_a_clear_message(tmp_path):

@@ -14,13 +14,17 @@ class UsageError(ValueError):
     """A bad option: reported as one line, exit status 2."""
 
 
+def invalid(argument, expected, value):
+    """The `UsageError` for `value` of `argument` (a flag, `--x`, or a Python argument)."""
+    return UsageError(
+        f"Received an invalid value for argument `{argument}`, expected {expected}, got {value!r}."
+    )
+
+
 def check(condition, option, expected, value):
     """Raises `UsageError` naming `--option` unless `condition`."""
     if not condition:
-        raise UsageError(
-            f"Received an invalid value for argument `--{option}`, expected {expected}, "
-            f"got {value!r}."
-        )
+        raise invalid(f"--{option}", expected, value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 from training import tasks
+from training.files import atomic_path
 
 EXPORTABLE = (*tasks.MNIST_DATASETS, "cifar10")
 
@@ -31,10 +32,8 @@ def export(dataset, data_dir, out):
         arrays[f"x_{split}"], arrays[f"y_{split}"] = tasks._load_images(dataset, split, data_dir)
     os.makedirs(out, exist_ok=True)
     path = tasks.npz_path(out, dataset)
-    partial = path + ".partial"
-    with open(partial, "wb") as handle:
+    with atomic_path(path) as partial, open(partial, "wb") as handle:
         np.savez_compressed(handle, **arrays)
-    os.replace(partial, path)
     return path
 
 

@@ -14,8 +14,9 @@ import math
 
 import keras_tuner
 
-from training import options
+from training.config import invalid
 from training.models import MODEL_NAMES, build_model
+from training.optimizers import OPTIMIZERS, make_optimizer
 
 PAPER_GRID = {
     "epsilon": (0.01, 0.1, 1.0),
@@ -24,6 +25,7 @@ PAPER_GRID = {
     "sigma_w": (0.0, 1.0, 2.0, 4.0, 8.0, 16.0),
     "optimizer": ("sgd", "adagrad"),
 }
+OBJECTIVE = "val_accuracy"
 # Which hyperparameters each model has (the LSTM has no ε or γ).
 MODEL_HYPERPARAMETERS = {
     "antisymmetric": ("epsilon", "gamma", "learning_rate", "sigma_w", "optimizer"),
@@ -45,12 +47,6 @@ def flag_name(name):
     return f"--{name.replace('_', '-')}-values"
 
 
-def _invalid(argument, expected, value):
-    return options.UsageError(
-        f"Received an invalid value for argument `{argument}`, expected {expected}, got {value!r}."
-    )
-
-
 class SearchSpace:
     """The values of each hyperparameter to search over.
 
@@ -69,7 +65,7 @@ class SearchSpace:
         sources = dict(sources or {})
         unknown = sorted(set(values) - set(PAPER_GRID))
         if unknown:
-            raise _invalid("--space", f"keys among {', '.join(PAPER_GRID)}", unknown[0])
+            raise invalid("--space", f"keys among {', '.join(PAPER_GRID)}", unknown[0])
         self.log_scale = bool(log_scale)
         self.values = {}
         for name, grid in PAPER_GRID.items():
@@ -78,19 +74,19 @@ class SearchSpace:
             if isinstance(given, (str, int, float)):
                 given = [given]
             if not given:
-                raise _invalid(argument, "at least one value", list(given))
+                raise invalid(argument, "at least one value", list(given))
             if name == "optimizer":
-                if any(value not in options.OPTIMIZERS for value in given):
-                    raise _invalid(argument, f"names among {', '.join(options.OPTIMIZERS)}", given)
+                if any(value not in OPTIMIZERS for value in given):
+                    raise invalid(argument, f"names among {', '.join(OPTIMIZERS)}", given)
                 self.values[name] = tuple(dict.fromkeys(given))
                 continue
             check, expected = _RANGES[name]
             try:
                 numbers = [float(value) for value in given]
             except (TypeError, ValueError):
-                raise _invalid(argument, expected, given) from None
+                raise invalid(argument, expected, given) from None
             if not all(math.isfinite(v) and check(v) for v in numbers):
-                raise _invalid(argument, expected, given)
+                raise invalid(argument, expected, given)
             self.values[name] = tuple(sorted(dict.fromkeys(numbers)))
 
     def declare(self, hp, model):
@@ -122,138 +118,100 @@ class RNNHyperModel(keras_tuner.HyperModel):
     """A `training.models` model with its hyperparameters drawn from a `SearchSpace`.
 
     `build(hp)` declares the space and returns the uncompiled model;
-    `fit(hp, model, start_step, steps)` trains it with `training.loop.train`
-    (the optimizer `hp["optimizer"]` at `hp["learning_rate"]`) and returns
-    `{"val_accuracy", "val_loss"}` on the validation split.
+    `fit(hp, model, ...)` trains it with `training.loop.train` (the optimizer
+    `hp["optimizer"]` at `hp["learning_rate"]`), reports to keras-tuner's
+    callbacks as one epoch, and returns `{"val_accuracy", "val_loss"}` on the
+    validation split.
 
     Args:
         task: A `training.tasks.Task`.
-        model: One of `training.models.MODEL_NAMES`.
+        config: The `training.config.RunConfig` every trial shares: `model`,
+            `units`, `batch_size`, `seed` (the same in every trial, so trials
+            differ only in their hyperparameters), `validation_fraction`,
+            `momentum`, `clipnorm`, `data_dir` and `eval_batch_size`.
         space: A `SearchSpace`.
-        units: Hidden units.
-        batch_size: Global batch size.
-        steps_per_trial: Training steps of a trial.
-        seed: Seed of initialization and data order (the same in every trial,
-            so trials differ only in their hyperparameters).
-        validation_fraction: Fraction of the training data held out to score
-            trials.
-        momentum, clipnorm: As in `training.options.make_optimizer`.
+        steps_per_trial: Training steps of a full trial.
+        rounds: Hyperband's `max_epochs`: an epoch it asks for is
+            `steps_per_trial // rounds` steps.
         strategy: What a trial trains under: a `training.distribution.STRATEGIES`
             name, a `tf.distribute.Strategy` or a `keras.distribution.Distribution`.
-        data_dir: TFDS data directory of the image tasks.
-        eval_batch_size: Batch size of validation.
         log: Called with progress lines.
     """
 
-    def __init__(
-        self,
-        task,
-        model,
-        space,
-        units=64,
-        batch_size=64,
-        steps_per_trial=100,
-        seed=0,
-        validation_fraction=0.1,
-        momentum=0.9,
-        clipnorm=None,
-        strategy="default",
-        data_dir=None,
-        eval_batch_size=256,
-        log=print,
-    ):
-        if model not in MODEL_NAMES:
-            raise ValueError(
-                f"Received an invalid value for argument `model`, expected one of "
-                f"{', '.join(MODEL_NAMES)}, got {model!r}."
-            )
-        if not 0 < validation_fraction < 1:
-            raise ValueError(
-                "Received an invalid value for argument `validation_fraction`, expected a "
-                f"float in (0, 1), got {validation_fraction!r}."
-            )
-        super().__init__(name=f"{model}_{task.spec.name}", tunable=True)
-        self.task = task
-        self.model_name = model
-        self.space = space
-        self.units = units
-        self.batch_size = batch_size
-        self.steps_per_trial = steps_per_trial
-        self.seed = seed
-        self.validation_fraction = validation_fraction
-        self.momentum = momentum
-        self.clipnorm = clipnorm
-        self.strategy = strategy
-        self.data_dir = data_dir
-        self.eval_batch_size = eval_batch_size
-        self.log = log
+    def __init__(self, task, config, space, steps_per_trial=100, rounds=1, strategy="default",
+                 log=print):  # fmt: skip
+        if config.model not in MODEL_NAMES:
+            raise invalid("model", f"one of {', '.join(MODEL_NAMES)}", config.model)
+        if not 0 < config.validation_fraction < 1:
+            raise invalid("validation_fraction", "a float in (0, 1)", config.validation_fraction)
+        super().__init__(name=f"{config.model}_{task.spec.name}", tunable=True)
+        self.task, self.config, self.space = task, config, space
+        self.steps_per_trial, self.rounds = steps_per_trial, rounds
+        self.strategy, self.log = strategy, log
         self._data = None
 
     def data(self):
         """`((train_x, train_y), (val_x, val_y))`, loaded once (the chief never needs it)."""
         if self._data is None:
+            config = self.config
             self._data = tuple(
-                self.task.examples(split, self.data_dir, self.validation_fraction)
+                self.task.examples(split, config.data_dir, config.validation_fraction)
                 for split in ("train", "validation")
             )
         return self._data
 
     def build(self, hp):
-        values = self.space.declare(hp, self.model_name)
+        values = self.space.declare(hp, self.config.model)
         return build_model(
             self.task.spec,
-            self.model_name,
-            units=self.units,
+            self.config.model,
+            units=self.config.units,
             epsilon=values.get("epsilon", 0.01),
             gamma=values.get("gamma", 0.01),
             sigma_w=values["sigma_w"],
-            seed=self.seed,
+            seed=self.config.seed,
         )
 
-    def fit(self, hp, model, *args, start_step=0, steps=None, **kwargs):
-        """Trains steps `start_step .. steps - 1`; returns validation metrics.
+    def fit(self, hp, model, *args, epochs=None, initial_epoch=0, callbacks=(), **kwargs):
+        """Trains the trial's steps; returns (and reports to `callbacks`) validation metrics.
 
-        Extra arguments (keras-tuner's callbacks) are ignored: the loop runs
-        no Keras callbacks. A trial whose loss stops being finite scores 0.
+        Without `epochs` a trial is `steps_per_trial` steps; Hyperband's
+        `epochs`/`initial_epoch` are rounds of `steps_per_trial // rounds`
+        steps. A trial whose loss stops being finite scores 0.
         """
         from training import loop
         from training.summaries import ScalarWriter
         from training.trainers import make_trainer
 
-        steps = self.steps_per_trial if steps is None else steps
+        unit = max(1, self.steps_per_trial // self.rounds)
+        start, stop = (initial_epoch * unit, epochs * unit) if epochs else (0, self.steps_per_trial)
+        config = self.config.replace(steps=stop, checkpoint_every=stop,
+                                     log_every=max(1, stop - start))  # fmt: skip
         (train_x, train_y), (val_x, val_y) = self.data()
 
         def build():
-            return model, options.make_optimizer(
-                hp["optimizer"], hp["learning_rate"], self.momentum, self.clipnorm
+            optimizer = make_optimizer(
+                hp["optimizer"], hp["learning_rate"], config.momentum, config.clipnorm
             )
+            return model, optimizer
 
-        trainer = make_trainer(
-            self.task,
-            build,
-            train_x,
-            train_y,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            strategy=self.strategy,
-        )
-        trainer.optimizer.iterations.assign(start_step)
+        trainer = make_trainer(self.task, build, train_x, train_y, batch_size=config.batch_size,
+                               seed=config.seed, strategy=self.strategy)  # fmt: skip
+        trainer.optimizer.iterations.assign(start)
+        for callback in callbacks:
+            callback.set_model(model)
         try:
-            loop.train(
-                trainer,
-                start_step,
-                steps,
-                checkpoint_every=steps,
-                log_every=max(1, steps - start_step),
-                writer=ScalarWriter(None),
-                log=self.log,
+            loop.train(trainer, config, start, writer=ScalarWriter(None), log=self.log)
+            val_loss, val_accuracy = loop.evaluate(
+                trainer.predict, self.task, val_x, val_y, config.eval_batch_size, config.seed
             )
         except loop.DivergenceError as error:
             self.log(f"trial diverged: {error}")
-            return {"val_accuracy": 0.0, "val_loss": float("inf")}
-        val_loss, val_accuracy = loop.evaluate(
-            trainer.predict, self.task, val_x, val_y, self.eval_batch_size, self.seed
-        )
-        if not math.isfinite(val_loss):  # a diverged trial: keep its metrics JSON-safe
+            val_loss, val_accuracy = float("inf"), 0.0
+        if not math.isfinite(val_loss):  # keep the trial's metrics JSON-safe
             val_loss = float("inf")
-        return {"val_accuracy": float(val_accuracy), "val_loss": float(val_loss)}
+        logs = {"val_accuracy": float(val_accuracy), "val_loss": float(val_loss)}
+        for callback in callbacks:  # keras-tuner's: it saves the weights of the best epoch
+            callback.on_epoch_end(max(0, (epochs or 1) - 1), logs)
+        self.log(f"{OBJECTIVE} {logs[OBJECTIVE]:.4f} val_loss {val_loss:.4g}")
+        return logs

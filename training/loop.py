@@ -6,6 +6,7 @@ logging, TensorBoard scalars, periodic evaluation (the learning curve),
 checkpoints, and a clear stop when the loss stops being finite.
 """
 
+import contextlib
 import math
 import time
 
@@ -18,24 +19,18 @@ class DivergenceError(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
-def train(
-    trainer,
-    start_step,
-    steps,
-    *,
-    checkpoint_every,
-    log_every,
-    writer,
-    log=print,
-    diagnostics=None,
-    curve=None,
-):
-    """Runs training steps `start_step .. steps - 1`, checkpointing as it goes.
+# A loss this many times the run's first one is reported as unstable (once).
+BLOWUP_FACTOR = 10.0
+
+
+def train(trainer, config, start_step, *, writer, log=print, diagnostics=None, curve=None):
+    """Runs training steps `start_step .. config.steps - 1`, checkpointing as it goes.
 
     Args:
         trainer: A `training.trainers` trainer (restored to `start_step`).
-        start_step, steps: The first step to run and the step to stop at.
-        checkpoint_every, log_every: Step periods of checkpoints and log lines.
+        config: The `training.config.RunConfig`: `steps`, `checkpoint_every`
+            and `log_every` are read.
+        start_step: The first step to run.
         writer: A `training.summaries.ScalarWriter`.
         log: Called with progress lines.
         diagnostics: A `Diagnostics`, or None.
@@ -49,70 +44,100 @@ def train(
         DivergenceError: the loss of a step is not finite (the run stops
             there; its last checkpoint is before the divergence).
     """
-    batch_size = trainer.batch_size
-    summary = {
-        "steps": 0,
-        "examples_per_second": None,
-        "wall_time_seconds": 0.0,
-        "final_loss": None,
-        "final_accuracy": None,
-    }
-    started = time.perf_counter()
-    timed_from, timed_steps, paused = None, 0, 0.0
-    window_loss, window_correct, window_count = 0.0, 0.0, 0
-    window_start = time.perf_counter()
-    step = start_step
-    while step < steps:
+    steps = config.steps
+    progress = _Progress(trainer.batch_size, config.log_every, steps, writer, log)
+    for step in range(start_step + 1, steps + 1):
         loss, accuracy = trainer.step()
-        step += 1
         if not math.isfinite(loss):
             raise DivergenceError(
                 f"training diverged at step {step}: the loss is {loss}. The last checkpoint "
                 f"is from before it; lower --learning-rate, set --clipnorm, or lower "
                 f"--epsilon (see the README's stable ranges)."
             )
-        summary["steps"] += 1
-        if timed_from is None:  # the first step compiles: not timed
-            timed_from = time.perf_counter()
-        else:
-            timed_steps += 1
-        window_loss += loss
-        window_correct += accuracy
-        window_count += 1
-        if step % log_every == 0 or step == steps:
-            elapsed = max(time.perf_counter() - window_start, 1e-9)
-            mean_loss = window_loss / window_count
-            mean_accuracy = window_correct / window_count
-            rate = window_count * batch_size / elapsed
-            log(
-                f"step {step}/{steps} loss {mean_loss:.4f} accuracy {mean_accuracy:.4f} "
-                f"{rate:.0f} examples/s"
-            )
-            writer.scalar("train/loss", mean_loss, step)
-            writer.scalar("train/accuracy", mean_accuracy, step)
-            writer.scalar("train/examples_per_second", rate, step)
-            summary["final_loss"], summary["final_accuracy"] = mean_loss, mean_accuracy
-            window_loss, window_correct, window_count = 0.0, 0.0, 0
-            window_start = time.perf_counter()
-        pause_start = time.perf_counter()
-        if diagnostics is not None and step % diagnostics.every == 0:
-            diagnostics(step, writer, log)
-        if curve is not None and (step % curve.every == 0 or step == steps):
-            train_seconds = pause_start - started - paused
-            curve.record(trainer, step, train_seconds, writer, log)
-        if step % checkpoint_every == 0 or step == steps:
-            trainer.save(step)
-            if curve is not None:
-                curve.save()
-        paused += time.perf_counter() - pause_start
-        window_start += time.perf_counter() - pause_start
-    if timed_steps:
-        summary["examples_per_second"] = (
-            timed_steps * batch_size / (time.perf_counter() - timed_from - paused)
-        )
-    summary["wall_time_seconds"] = time.perf_counter() - started - paused
+        progress.add(step, loss, accuracy)
+        train_seconds = progress.train_seconds()
+        with progress.paused():  # evaluation and checkpoints are not training time
+            if diagnostics is not None and step % diagnostics.every == 0:
+                diagnostics(step, writer, log)
+            if curve is not None and (step % curve.every == 0 or step == steps):
+                curve.record(trainer, step, train_seconds, writer, log)
+            if step % config.checkpoint_every == 0 or step == steps:
+                trainer.save(step)
+                if curve is not None:
+                    curve.save()
     writer.flush()
-    return summary
+    return progress.summary()
+
+
+class _Progress:
+    """Windows of steps between log lines, and the clock without the pauses."""
+
+    def __init__(self, batch_size, log_every, steps, writer, log):
+        self.batch_size, self.log_every, self.steps = batch_size, log_every, steps
+        self.writer, self.log = writer, log
+        self.started = self.window_start = time.perf_counter()
+        self.timed_from, self.timed_steps, self.pauses = None, 0, 0.0
+        self.window = [0.0, 0.0, 0]  # loss sum, accuracy sum, steps
+        self.first_loss, self.warned = None, False
+        self.count, self.final_loss, self.final_accuracy = 0, None, None
+
+    def add(self, step, loss, accuracy):
+        self.count += 1
+        if self.timed_from is None:  # the first step compiles: not timed
+            self.timed_from, self.first_loss = time.perf_counter(), loss
+        else:
+            self.timed_steps += 1
+        self.window = [self.window[0] + loss, self.window[1] + accuracy, self.window[2] + 1]
+        if step % self.log_every == 0 or step == self.steps:
+            self._log_window(step)
+
+    def _log_window(self, step):
+        elapsed = max(time.perf_counter() - self.window_start, 1e-9)
+        loss_sum, accuracy_sum, count = self.window
+        loss, accuracy = loss_sum / count, accuracy_sum / count
+        rate = count * self.batch_size / elapsed
+        self.log(
+            f"step {step}/{self.steps} loss {loss:.4f} accuracy {accuracy:.4f} "
+            f"{rate:.0f} examples/s"
+        )
+        for name, value in (("loss", loss), ("accuracy", accuracy),
+                            ("examples_per_second", rate)):  # fmt: skip
+            self.writer.scalar(f"train/{name}", value, step)
+        if not self.warned and loss > BLOWUP_FACTOR * max(self.first_loss, 1e-3):
+            self.warned = True
+            self.log(
+                f"warning: the loss grew from {self.first_loss:.4g} to {loss:.4g} by step "
+                f"{step}: training is unstable; lower --learning-rate, set --clipnorm, or "
+                f"lower --epsilon (see the README's stable ranges)"
+            )
+        self.final_loss, self.final_accuracy = loss, accuracy
+        self.window, self.window_start = [0.0, 0.0, 0], time.perf_counter()
+
+    @contextlib.contextmanager
+    def paused(self):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            pause = time.perf_counter() - start
+            self.pauses += pause
+            self.window_start += pause
+
+    def train_seconds(self):
+        return time.perf_counter() - self.started - self.pauses
+
+    def summary(self):
+        rate = None
+        if self.timed_steps:
+            timed = time.perf_counter() - self.timed_from - self.pauses
+            rate = self.timed_steps * self.batch_size / timed
+        return {
+            "steps": self.count,
+            "examples_per_second": rate,
+            "wall_time_seconds": self.train_seconds(),
+            "final_loss": self.final_loss,
+            "final_accuracy": self.final_accuracy,
+        }
 
 
 def evaluate(predict, task, inputs, targets, batch_size, seed):
@@ -179,7 +204,7 @@ class LearningCurve:
     def save(self):
         import json
 
-        from training.options import write_atomically
+        from training.files import write_atomically
 
         body = {"split": self.split, "every": self.every, "points": self.points}
         write_atomically(self.path, json.dumps(body, indent=1) + "\n")

@@ -14,9 +14,9 @@ import yaml
 from training.config import RunConfig, UsageError
 from training.distribution import STRATEGIES
 from training.models import MODEL_NAMES
+from training.optimizers import OPTIMIZERS
 from training.tasks import MNIST_DATASETS, TASK_NAMES
 
-OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEFAULTS = RunConfig()
 
 
@@ -85,16 +85,6 @@ def add_distribution_arguments(parser):
     )
 
 
-def write_atomically(path, text):
-    """Writes `text` to `path` through a temporary file and a rename."""
-    import tempfile
-
-    directory = os.path.dirname(path) or "."
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as handle:
-        handle.write(text)
-    os.replace(handle.name, path)
-
-
 def run_command(parser, argv, body, expected_messages=("Received an invalid value",)):
     """Parses `argv` and runs `body(args)`; bad options become one line and exit 2.
 
@@ -141,25 +131,3 @@ def parse_with_config(parser, argv):
             defaults[dest] = value
         parser.set_defaults(**defaults)
     return parser.parse_args(argv)
-
-
-def validate(args):
-    """Range checks argparse cannot do (`RunConfig.validate`); raises `UsageError`."""
-    RunConfig.from_namespace(args).validate()
-
-
-def make_optimizer(name, learning_rate, momentum=0.9, clipnorm=None):
-    """SGD with momentum, Adagrad (the paper's) or Adam."""
-    import keras
-
-    clip = {"clipnorm": clipnorm} if clipnorm else {}
-    if name == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=momentum, **clip)
-    if name == "adagrad":
-        return keras.optimizers.Adagrad(learning_rate, **clip)
-    if name == "adam":
-        return keras.optimizers.Adam(learning_rate, **clip)
-    raise UsageError(
-        f"Received an invalid value for argument `--optimizer`, expected one of "
-        f"{', '.join(OPTIMIZERS)}, got {name!r}."
-    )

@@ -18,6 +18,8 @@ matplotlib.use("Agg")  # headless: no display on training machines or CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from training.files import write_atomically  # noqa: E402
+
 MODEL_LABELS = {
     "antisymmetric": "AntisymmetricRNN",
     "gated": "AntisymmetricRNN w/ gating",
@@ -261,6 +263,18 @@ def _previous(assets):
     return {row["name"]: row for row in old.get("runs", []) if row.get("curve")}
 
 
+_PREAMBLE = (
+    "Written by `python -m training.reproduce` from its runs folder: every number below "
+    "is a run of `python -m training.train` (the command is in `results.json`). "
+    "*ours (test)*: test accuracy after the run's steps (for a partial run, the last "
+    "evaluation of its learning curve); *at equal time*: each model's accuracy at the "
+    "training seconds of its table's fastest run on the same hardware. Seconds are each "
+    "run's own training wall time (evaluations excluded) on the hardware shown; runs "
+    "that shared a machine with other runs (`--parallel`) ran slower, so compare "
+    "seconds only between runs made together."
+)
+
+
 def write(runs, runs_dir, report_dir, search_csv=None, data_dir=None, targets=()):
     """Writes the report of `runs` (a suite); returns the markdown file's path.
 
@@ -272,60 +286,59 @@ def write(runs, runs_dir, report_dir, search_csv=None, data_dir=None, targets=()
     previous = _previous(assets)
     rows = [collect(run, runs_dir, data_dir) for run in runs]
     rows = [previous[r["name"]] if not r["curve"] and r["name"] in previous else r for r in rows]
-    tables = list(dict.fromkeys(r["table"] for r in rows))
-    lines = [
-        "# Reproduction",
-        "",
-        "Written by `python -m training.reproduce` from its runs folder: every number below "
-        "is a run of `python -m training.train` (the command is in `results.json`). "
-        "*ours (test)*: test accuracy after the run's steps (for a partial run, the last "
-        "evaluation of its learning curve); *at equal time*: each model's accuracy at the "
-        "training seconds of its table's fastest run on the same hardware. Seconds are each "
-        "run's own training wall time (evaluations excluded) on the hardware shown; runs "
-        "that shared a machine with other runs (`--parallel`) ran slower, so compare "
-        "seconds only between runs made together.",
-        "",
-    ]
+    lines = ["# Reproduction", "", _PREAMBLE, ""]
     if targets:
         lines += ["## Targets", "", targets_markdown(rows, targets), ""]
-    for table in tables:
-        members = [r for r in rows if r["table"] == table]
-        slug = "".join(c if c.isalnum() else "_" for c in table).strip("_")
-        lines += [f"## {table}", "", table_markdown(members), ""]
-        if plot_curves(table, members, os.path.join(assets, f"curves_{slug}.png")):
-            lines += [f"![{table}](reproduction/curves_{slug}.png)", ""]
-        missing = [r for r in members if r["status"].startswith("not run here")]
-        if missing:
-            lines += ["Not run here (no data on this machine); with the data:", "", "```sh"]
-            lines += [r["command"] for r in missing] + ["```", ""]
-    length = plot_length(rows, "noise_padded_mnist", os.path.join(assets, "length.png"))
-    if length:
-        lines += [
-            "## Accuracy against the sequence length",
-            "",
-            "Noise-padded Fashion-MNIST, each model's main config at T = 100, 300, 1000 "
-            "(the T=1000 points are the table above; partial runs count with their "
-            "last evaluation):",
-            "",
-            "![length](reproduction/length.png)",
-            "",
-        ]
+    for table in dict.fromkeys(r["table"] for r in rows):
+        lines += _table_section(table, [r for r in rows if r["table"] == table], assets)
+    lines += _length_section(rows, assets)
     trials = read_search(search_csv) if search_csv else []
     if not trials:
         trials = (_read(os.path.join(assets, "results.json"), json.load) or {}).get("search", [])
-    if trials:
-        title = "noise-padded Fashion-MNIST, T=1000, gated: validation accuracy"
-        plot_heatmap(trials, title, os.path.join(assets, "heatmap_noise_padded.png"))
-        lines += [
-            "## ε × γ search",
-            "",
-            f"{title} ({len(trials)} trials): ",
-            "![heatmap](reproduction/heatmap_noise_padded.png)",
-            "",
-        ]
-    with open(os.path.join(assets, "results.json"), "w") as handle:
-        json.dump({"runs": rows, "search": trials}, handle, indent=1)
+    lines += _search_section(trials, assets)
+    text = json.dumps({"runs": rows, "search": trials}, indent=1)
+    write_atomically(os.path.join(assets, "results.json"), text)
     path = os.path.join(report_dir, "reproduction.md")
-    with open(path, "w") as handle:
-        handle.write("\n".join(lines) + "\n")
+    write_atomically(path, "\n".join(lines) + "\n")
     return path
+
+
+def _table_section(table, members, assets):
+    slug = "".join(c if c.isalnum() else "_" for c in table).strip("_")
+    lines = [f"## {table}", "", table_markdown(members), ""]
+    if plot_curves(table, members, os.path.join(assets, f"curves_{slug}.png")):
+        lines += [f"![{table}](reproduction/curves_{slug}.png)", ""]
+    missing = [r for r in members if r["status"].startswith("not run here")]
+    if missing:
+        lines += ["Not run here (no data on this machine); with the data:", "", "```sh"]
+        lines += [r["command"] for r in missing] + ["```", ""]
+    return lines
+
+
+def _length_section(rows, assets):
+    if not plot_length(rows, "noise_padded_mnist", os.path.join(assets, "length.png")):
+        return []
+    return [
+        "## Accuracy against the sequence length",
+        "",
+        "Noise-padded Fashion-MNIST, each model's main config at T = 100, 300, 1000 "
+        "(the T=1000 points are the table above; partial runs count with their "
+        "last evaluation):",
+        "",
+        "![length](reproduction/length.png)",
+        "",
+    ]
+
+
+def _search_section(trials, assets):
+    if not trials:
+        return []
+    title = "noise-padded Fashion-MNIST, T=1000, gated: validation accuracy"
+    plot_heatmap(trials, title, os.path.join(assets, "heatmap_noise_padded.png"))
+    return [
+        "## ε × γ search",
+        "",
+        f"{title} ({len(trials)} trials): ",
+        "![heatmap](reproduction/heatmap_noise_padded.png)",
+        "",
+    ]

@@ -14,6 +14,8 @@ import os
 
 import numpy as np
 
+from training.config import invalid
+
 MNIST_DATASETS = ("mnist", "fashion_mnist")
 PERMUTATION_SEED = 92916  # the fixed permutation of permuted_mnist; recorded in the config
 VALIDATION_SEED = 1234  # which training examples form the validation split
@@ -51,12 +53,6 @@ class TaskSpec:
     params: dict
     scored_steps: int = 0
     tolerance: float = 0.0
-
-
-def _invalid(name, expected, value):
-    return ValueError(
-        f"Received an invalid value for argument `{name}`, expected {expected}, got {value!r}."
-    )
 
 
 def npz_path(data_dir, name):
@@ -126,7 +122,7 @@ def _split_validation(images, labels, split, validation_fraction):
     """Carves a fixed validation subset out of the training examples."""
     if not validation_fraction:
         if split == "validation":
-            raise _invalid("validation_fraction", "a float in (0, 1) for a validation split", 0)
+            raise invalid("validation_fraction", "a float in (0, 1) for a validation split", 0)
         return images, labels
     order = np.random.RandomState(VALIDATION_SEED).permutation(len(labels))
     count = max(1, int(round(validation_fraction * len(labels))))
@@ -167,7 +163,7 @@ class ImageSequenceTask(Task):
             steps, features = height * width, channels
         total = timesteps or steps
         if total < steps:
-            raise _invalid("timesteps", f"an integer >= {steps} (the image's own steps)", total)
+            raise invalid("timesteps", f"an integer >= {steps} (the image's own steps)", total)
         self.image_steps = steps
         self.permutation = (
             np.random.RandomState(PERMUTATION_SEED).permutation(steps) if permute else None
@@ -204,7 +200,7 @@ class DigitsTask(Task):
     def __init__(self, timesteps=None):
         total = timesteps or 64
         if total < 64:
-            raise _invalid("timesteps", "an integer >= 64", total)
+            raise invalid("timesteps", "an integer >= 64", total)
         self.spec = TaskSpec("digits", total, 1, 10, "last", {"timesteps": total})
 
     def examples(self, split, data_dir=None, validation_fraction=0.0):
@@ -259,7 +255,7 @@ class AddingTask(SyntheticTask):
     def __init__(self, timesteps=None):
         total = timesteps or 200
         if total < 2:
-            raise _invalid("timesteps", "an integer >= 2", total)
+            raise invalid("timesteps", "an integer >= 2", total)
         self.spec = TaskSpec(
             "adding", total, 2, 1, "regression", {"timesteps": total}, tolerance=self.TOLERANCE
         )
@@ -293,7 +289,7 @@ class CopyTask(SyntheticTask):
     def __init__(self, timesteps=None):
         total = timesteps or 120
         if total < 21:
-            raise _invalid(
+            raise invalid(
                 "timesteps", "an integer >= 21 (10 symbols, delimiter, 10 outputs)", total
             )
         self.spec = TaskSpec(
@@ -335,22 +331,22 @@ def get_task(name, timesteps=None, dataset=None):
     """
     mnist_tasks = ("pixel_mnist", "permuted_mnist", "noise_padded_mnist")
     if name not in TASK_NAMES:
-        raise _invalid("task", f"one of {', '.join(TASK_NAMES)}", name)
+        raise invalid("task", f"one of {', '.join(TASK_NAMES)}", name)
     if dataset is not None and name not in mnist_tasks:
-        raise _invalid(
+        raise invalid(
             "dataset", f"no dataset for task {name} (only the MNIST tasks take one)", dataset
         )
     if name in mnist_tasks:
         dataset = dataset or "mnist"
         if dataset not in MNIST_DATASETS:
-            raise _invalid("dataset", f"one of {', '.join(MNIST_DATASETS)}", dataset)
+            raise invalid("dataset", f"one of {', '.join(MNIST_DATASETS)}", dataset)
     fixed_length = ("pixel_mnist", "permuted_mnist", "pixel_cifar10")
     if timesteps is not None and name in fixed_length:
-        raise _invalid("timesteps", f"no value for the fixed-length task {name}", timesteps)
+        raise invalid("timesteps", f"no value for the fixed-length task {name}", timesteps)
     if timesteps is not None and (
         isinstance(timesteps, bool) or int(timesteps) != timesteps or timesteps <= 0
     ):
-        raise _invalid("timesteps", "a positive integer", timesteps)
+        raise invalid("timesteps", "a positive integer", timesteps)
     if name == "digits":
         return DigitsTask(timesteps)
     if name == "pixel_mnist":
@@ -382,7 +378,7 @@ class TrainingBatches:
         count = len(targets)
         self.steps_per_epoch = count // batch_size
         if self.steps_per_epoch == 0:
-            raise _invalid("batch_size", f"at most the {count} training examples", batch_size)
+            raise invalid("batch_size", f"at most the {count} training examples", batch_size)
         self.task, self.inputs, self.targets = task, inputs, targets
         self.batch_size, self.seed = batch_size, seed
         self._epoch, self._order = None, None

@@ -17,9 +17,11 @@ stops the run with exit status 2.
 import json
 import os
 import sys
+import typing
 
 from training import options
-from training.config import check
+from training.config import UsageError, check
+from training.files import atomic_path, write_atomically
 
 
 def build_parser():
@@ -89,7 +91,7 @@ def check_resumable(path, config):
         before = yaml.safe_load(handle) or {}
     for key in RUN_IDENTITY:
         if key in before and before[key] != config.get(key):
-            raise options.UsageError(
+            raise UsageError(
                 f"Received an invalid value for argument `--{key.replace('_', '-')}`, expected "
                 f"{before[key]!r} as in {path} (a resumed run keeps its settings; start a new "
                 f"one with another --output-dir), got {config.get(key)!r}."
@@ -133,170 +135,200 @@ def _versions():
     return versions
 
 
+class Splits(typing.NamedTuple):
+    """`(inputs, targets)` of each split; `validation` is None without one."""
+
+    train: tuple
+    test: tuple
+    validation: tuple | None
+
+    @classmethod
+    def load(cls, task, config):
+        fraction = config.validation_fraction
+        return cls(
+            task.examples("train", config.data_dir, fraction),
+            task.examples("test", config.data_dir),
+            task.examples("validation", config.data_dir, fraction) if fraction else None,
+        )
+
+
+def default_workdir(config):
+    return os.path.join("runs", f"{config.task}-{config.model}")
+
+
 def train_and_evaluate(config, workdir=None, log=print):
     """Trains as `config` (a validated `RunConfig`) says; returns the metrics.
 
     Everything is written to `workdir` (default `runs/<task>-<model>`): the
     outputs listed in the module doc. Rerunning resumes from its checkpoint.
     """
-    import yaml
-
     from training import distribution, loop, tasks
-    from training.models import build_model
     from training.summaries import ScalarWriter
-    from training.trainers import make_trainer
 
     task = tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
-    spec = task.spec
     strategy = distribution.make(config.strategy, tpu=config.tpu)  # before any other TF op
-    output_dir = workdir or os.path.join("runs", f"{config.task}-{config.model}")
-    os.makedirs(output_dir, exist_ok=True)
+    workdir = workdir or default_workdir(config)
+    os.makedirs(workdir, exist_ok=True)
     device = _describe_device()
     log(f"training on {device}")
-
-    train_x, train_y = task.examples("train", config.data_dir, config.validation_fraction)
-    test_x, test_y = task.examples("test", config.data_dir)
-    val = (
-        task.examples("validation", config.data_dir, config.validation_fraction)
-        if config.validation_fraction
+    splits = Splits.load(task, config)
+    trainer = _make_trainer(task, config, splits, strategy, workdir)
+    record = _run_record(config, task, trainer, splits, workdir, device)
+    start_step = _restore(trainer, config, record, workdir, log)
+    writer = ScalarWriter(os.path.join(workdir, "logs") if trainer.chief else None)
+    diagnostics = (
+        loop.Diagnostics(trainer.model, task, *splits.test, config.diagnostics)
+        if config.diagnostics
         else None
     )
+    curve = _learning_curve(config, task, splits, workdir, start_step)
+    history = loop.train(
+        trainer, config, start_step, writer=writer, log=log, diagnostics=diagnostics, curve=curve
+    )
+    metrics = _final_metrics(config, trainer, task, splits, history, start_step, record)
+    if curve is not None and curve.points:
+        metrics["train_seconds"] = curve.points[-1]["train_seconds"]
+    if diagnostics is not None:
+        metrics["diagnostics"] = diagnostics.latest
+    writer.scalar("test/accuracy", metrics["test_accuracy"], metrics["steps"])
+    writer.scalar("test/loss", metrics["test_loss"], metrics["steps"])
+    writer.close()
+    if trainer.chief:
+        with atomic_path(os.path.join(workdir, "model.keras")) as partial:
+            trainer.save_model(partial)
+        text = json.dumps(metrics, indent=2) + "\n"
+        write_atomically(os.path.join(workdir, "metrics.json"), text)
+    _log_result(trainer, metrics, workdir, log)
+    return metrics
+
+
+def _make_trainer(task, config, splits, strategy, workdir):
+    from training.models import build_model
+    from training.optimizers import make_optimizer
+    from training.trainers import make_trainer
 
     def build():
         import keras
 
         keras.utils.set_random_seed(config.seed)
         model = build_model(
-            spec,
-            config.model,
-            units=config.units,
-            epsilon=config.epsilon,
-            gamma=config.gamma,
-            sigma_w=config.sigma_w,
-            seed=config.seed,
-        )
-        optimizer = options.make_optimizer(
+            task.spec, config.model, units=config.units, epsilon=config.epsilon,
+            gamma=config.gamma, sigma_w=config.sigma_w, seed=config.seed,
+        )  # fmt: skip
+        optimizer = make_optimizer(
             config.optimizer, config.learning_rate, config.momentum, config.clipnorm
         )
         return model, optimizer
 
-    trainer = make_trainer(
+    return make_trainer(
         task,
         build,
-        train_x,
-        train_y,
+        *splits.train,
         batch_size=config.batch_size,
         seed=config.seed,
         strategy=strategy,
-        checkpoint_dir=os.path.join(output_dir, "checkpoints"),
+        checkpoint_dir=os.path.join(workdir, "checkpoints"),
         jit_compile=config.jit_compile,
     )
-    model = trainer.model
-    recorded = config.to_dict()
-    recorded.update(
-        output_dir=output_dir,
-        task_params=spec.params,
-        timesteps=spec.timesteps,
-        features=spec.features,
-        strategy_class=trainer.strategy_name,
-        replicas=trainer.replicas,
-        device=device,
-        train_examples=int(len(train_y)),
-        test_examples=int(len(test_y)),
+
+
+def _run_record(config, task, trainer, splits, workdir, device):
+    """What `config.yaml` records: the config, the task's shape, where and how it ran."""
+    spec = task.spec
+    return {
+        **config.to_dict(),
+        "output_dir": workdir,
+        "task_params": spec.params,
+        "timesteps": spec.timesteps,
+        "features": spec.features,
+        "strategy_class": trainer.strategy_name,
+        "replicas": trainer.replicas,
+        "device": device,
+        "train_examples": int(len(splits.train[1])),
+        "test_examples": int(len(splits.test[1])),
         **_versions(),
-    )
+    }
+
+
+def _restore(trainer, config, record, workdir, log):
+    """Restores the last checkpoint (checking it may resume), writes `config.yaml`."""
+    import yaml
+
     start_step, restored = trainer.restore()
     if restored:
-        check_resumable(os.path.join(output_dir, "config.yaml"), recorded)
+        check_resumable(os.path.join(workdir, "config.yaml"), record)
         check(
             config.steps >= start_step,
             "steps",
-            f"at least the {start_step} steps the run in {output_dir} has trained",
+            f"at least the {start_step} steps the run in {workdir} has trained",
             config.steps,
         )
         log(f"resumed from {restored} at step {start_step}")
     if trainer.chief:
-        options.write_atomically(
-            os.path.join(output_dir, "config.yaml"), yaml.safe_dump(recorded, sort_keys=True)
+        write_atomically(
+            os.path.join(workdir, "config.yaml"), yaml.safe_dump(record, sort_keys=True)
         )
-    writer = ScalarWriter(os.path.join(output_dir, "logs") if trainer.chief else None)
-    diagnostics = None
-    if config.diagnostics:
-        diagnostics = loop.Diagnostics(model, task, test_x, test_y, config.diagnostics)
-    curve = None
-    if config.eval_every:
-        split, examples = ("validation", val) if val is not None else ("test", (test_x, test_y))
-        curve = loop.LearningCurve(
-            os.path.join(output_dir, "curve.json"),
-            config.eval_every,
-            split,
-            examples,
-            task,
-            config.eval_batch_size,
-            config.seed,
-        )
-        curve.resume(start_step)
+    return start_step
 
-    history = loop.train(
-        trainer,
-        start_step,
-        config.steps,
-        checkpoint_every=config.checkpoint_every,
-        log_every=config.log_every,
-        writer=writer,
-        log=log,
-        diagnostics=diagnostics,
-        curve=curve,
-    )
 
-    test_loss, test_accuracy = loop.evaluate(
-        trainer.predict, task, test_x, test_y, config.eval_batch_size, config.seed
+def _learning_curve(config, task, splits, workdir, start_step):
+    from training import loop
+
+    if not config.eval_every:
+        return None
+    validation = splits.validation is not None
+    curve = loop.LearningCurve(
+        os.path.join(workdir, "curve.json"),
+        config.eval_every,
+        "validation" if validation else "test",
+        splits.validation if validation else splits.test,
+        task,
+        config.eval_batch_size,
+        config.seed,
     )
-    steps_done = int(start_step + history["steps"])
+    curve.resume(start_step)
+    return curve
+
+
+def _final_metrics(config, trainer, task, splits, history, start_step, record):
+    from training import loop
+
+    def evaluate(split):
+        return loop.evaluate(trainer.predict, task, *split, config.eval_batch_size, config.seed)
+
+    test_loss, test_accuracy = evaluate(splits.test)
     metrics = {
-        "weights_sha256": weights_fingerprint(model),
+        "weights_sha256": weights_fingerprint(trainer.model),
         "task": config.task,
         "model": config.model,
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
-        "steps": steps_done,
+        "steps": int(start_step + history["steps"]),
         "steps_this_run": history["steps"],
         "examples_per_second": history["examples_per_second"],
         "wall_time_seconds": history["wall_time_seconds"],
-        "train_seconds": (curve.points[-1]["train_seconds"] if curve and curve.points else None),
+        "train_seconds": None,
         "final_train_loss": history["final_loss"],
         "final_train_accuracy": history["final_accuracy"],
         "resumed_from_step": start_step,
-        "parameters": int(model.count_params()),
+        "parameters": int(trainer.model.count_params()),
         "replicas": trainer.replicas,
-        "device": device,
-        "backend": recorded["backend"],
+        "device": record["device"],
+        "backend": record["backend"],
     }
-    if diagnostics is not None:
-        metrics["diagnostics"] = diagnostics.latest
-    if val is not None:
-        metrics["val_loss"], metrics["val_accuracy"] = loop.evaluate(
-            trainer.predict, task, val[0], val[1], config.eval_batch_size, config.seed
-        )
-    writer.scalar("test/accuracy", test_accuracy, metrics["steps"])
-    writer.scalar("test/loss", test_loss, metrics["steps"])
-    writer.close()
-    if trainer.chief:
-        model_path = os.path.join(output_dir, "model.keras")
-        partial = os.path.join(output_dir, "model.partial.keras")
-        trainer.save_model(partial)
-        os.replace(partial, model_path)
-        options.write_atomically(
-            os.path.join(output_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n"
-        )
+    if splits.validation is not None:
+        metrics["val_loss"], metrics["val_accuracy"] = evaluate(splits.validation)
+    return metrics
+
+
+def _log_result(trainer, metrics, workdir, log):
     log(f"[{trainer.label}] weights_sha256 {metrics['weights_sha256']}")
     rate = metrics["examples_per_second"]
     shown_rate = f"{rate:.0f} examples/s" if rate else "no new steps"
     log(
-        f"test_accuracy {test_accuracy:.4f} test_loss {test_loss:.4f} "
-        f"steps {metrics['steps']} ({shown_rate}) -> {output_dir}"
+        f"test_accuracy {metrics['test_accuracy']:.4f} test_loss {metrics['test_loss']:.4f} "
+        f"steps {metrics['steps']} ({shown_rate}) -> {workdir}"
     )
-    return metrics
 
 
 def main(argv=None):

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from training.distribution import keras_distribution_shape
+from training.files import atomic_path, remove_partials, write_atomically
 from training.objectives import per_example_correct, per_example_loss
 from training.tasks import TrainingBatches
 from training.trainers import check_batch_size
@@ -94,25 +95,18 @@ class KerasTrainer:
         if self.checkpoint_dir is None or not self.chief:
             return
         os.makedirs(self.checkpoint_dir, exist_ok=True)
-        for stale in os.listdir(self.checkpoint_dir):  # left by a save that was killed
-            if stale.endswith(".partial"):
-                os.remove(os.path.join(self.checkpoint_dir, stale))
+        remove_partials(self.checkpoint_dir)  # left by a save that was killed
         arrays = {
             f"{prefix}/{index}": keras.ops.convert_to_numpy(variable)
             for prefix, variables in self._variables().items()
             for index, variable in enumerate(variables)
         }
         name = f"ckpt-{step}.npz"
-        partial = os.path.join(self.checkpoint_dir, name + ".partial")
-        with open(partial, "wb") as handle:
-            np.savez(handle, **arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, os.path.join(self.checkpoint_dir, name))
+        with atomic_path(os.path.join(self.checkpoint_dir, name)) as partial:
+            with open(partial, "wb") as handle:
+                np.savez(handle, **arrays)
         index = self._index()
         kept = [n for n in index.get("all", []) if n != name] + [name]
-        from training.options import write_atomically
-
         write_atomically(
             os.path.join(self.checkpoint_dir, INDEX),
             json.dumps({"latest": name, "all": kept[-KEEP:]}) + "\n",

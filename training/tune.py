@@ -18,16 +18,24 @@ serves the search to many worker processes (see docs/tuning.md).
 """
 
 import csv
+import dataclasses
+import io
 import json
 import os
 import sys
 
 from training import options
-from training.config import check
-from training.hypermodels import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace, flag_name
+from training.config import RunConfig, check, invalid
+from training.files import write_atomically
+from training.hypermodels import (
+    MODEL_HYPERPARAMETERS,
+    OBJECTIVE,
+    PAPER_GRID,
+    SearchSpace,
+    flag_name,
+)
 
 TUNERS = ("random", "bayesian", "hyperband", "grid")
-OBJECTIVE = "val_accuracy"
 
 
 def build_parser():
@@ -89,10 +97,7 @@ def _parse_values(text, name):
         return [float(item) for item in values]
     except ValueError:
         expected = "non-negative floats" if name in ("gamma", "sigma_w") else "positive floats"
-        raise options.UsageError(
-            f"Received an invalid value for argument `{flag_name(name)}`, expected {expected}, "
-            f"got {text!r}."
-        ) from None
+        raise invalid(flag_name(name), expected, text) from None
 
 
 def make_space(args):
@@ -102,17 +107,11 @@ def make_space(args):
     values, sources = {}, {}
     if args.space:
         if not os.path.isfile(args.space):
-            raise options.UsageError(
-                f"Received an invalid value for argument `--space`, expected a YAML file, "
-                f"got {args.space!r}."
-            )
+            raise invalid("--space", "a YAML file", args.space)
         with open(args.space) as handle:
             loaded = yaml.safe_load(handle) or {}
         if not isinstance(loaded, dict):
-            raise options.UsageError(
-                f"Received an invalid value for argument `--space`, expected a mapping of "
-                f"hyperparameter to values, got {loaded!r}."
-            )
+            raise invalid("--space", "a mapping of hyperparameter to values", loaded)
         for key, value in loaded.items():
             name = str(key).replace("-", "_")
             values[name] = value
@@ -125,25 +124,44 @@ def make_space(args):
     return SearchSpace(values, log_scale=args.log_scale, sources=sources)
 
 
-def _validate_tune(args):
-    options.validate(args)
-    for name in ("max_trials", "steps_per_trial", "eval_batch_size", "hyperband_max_epochs"):
-        value = getattr(args, name)
-        check(value > 0, name.replace("_", "-"), "a positive integer", value)
-    check(args.retrain_steps >= 0, "retrain-steps", "a non-negative integer", args.retrain_steps)
-    check(
-        0 < args.validation_fraction < 1,
-        "validation-fraction",
-        "a float in (0, 1)",
-        args.validation_fraction,
-    )
-    check(
-        not (args.tuner == "grid" and args.log_scale),
-        "tuner",
-        "random, bayesian or hyperband with --log-scale (grid needs discrete values)",
-        args.tuner,
-    )
-    return make_space(args)
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """A search: the `RunConfig` every trial shares, the space and the tuner's budget."""
+
+    run: RunConfig
+    space: SearchSpace
+    tuner: str = "random"
+    max_trials: int = 20
+    steps_per_trial: int = 500
+    hyperband_max_epochs: int = 3
+    directory: str = "tuning"
+    project_name: str | None = None
+    retrain_steps: int = 0
+    retrain_dir: str | None = None
+
+    @classmethod
+    def from_namespace(cls, args):
+        names = {field.name for field in dataclasses.fields(cls)} - {"run", "space"}
+        values = {name: getattr(args, name) for name in names}
+        return cls(run=RunConfig.from_namespace(args), space=make_space(args), **values)
+
+    def validate(self):
+        """Checks the flags' ranges; returns `self` or raises `UsageError`."""
+        self.run.validate()
+        for name in ("max_trials", "steps_per_trial", "hyperband_max_epochs"):
+            value = getattr(self, name)
+            check(value > 0, name.replace("_", "-"), "a positive integer", value)
+        check(self.retrain_steps >= 0, "retrain-steps", "a non-negative integer",
+              self.retrain_steps)  # fmt: skip
+        fraction = self.run.validation_fraction
+        check(0 < fraction < 1, "validation-fraction", "a float in (0, 1)", fraction)
+        check(
+            not (self.tuner == "grid" and self.space.log_scale),
+            "tuner",
+            "random, bayesian or hyperband with --log-scale (grid needs discrete values)",
+            self.tuner,
+        )
+        return self
 
 
 def is_worker():
@@ -154,42 +172,23 @@ def is_worker():
 
 
 def _tuner_classes():
-    """keras-tuner's tuners, running a trial as `--steps-per-trial` loop steps."""
+    """keras-tuner's tuners, logging each trial's hyperparameters as it starts."""
     import keras_tuner
-    from keras_tuner.src import utils as kt_utils
 
-    class StepsTuner:
-        # Tuner.run_trial would add Keras callbacks to `model.fit`; the custom
-        # loop has none, so build, train for steps and keep the weights here.
+    class Logged:
         def run_trial(self, trial, *args, **kwargs):
-            hp = trial.hyperparameters
-            hypermodel = self.hypermodel
-            start, stop = 0, hypermodel.steps_per_trial
-            if "tuner/epochs" in hp.values:  # hyperband: a round is a share of steps
-                unit = max(1, hypermodel.steps_per_trial // self.oracle.max_epochs)
-                start = hp.values["tuner/initial_epoch"] * unit
-                stop = hp.values["tuner/epochs"] * unit
-            # Hyperband's _build_hypermodel loads the weights of the trial it continues.
-            model = self._try_build(hp)
-            hypermodel.log(f"[{self.tuner_id}] trial {trial.trial_id} {_describe(hp.values)}")
-            results = hypermodel.fit(hp, model, start_step=start, steps=stop)
-            model.save_weights(self._get_checkpoint_fname(trial.trial_id))
-            kt_utils.save_json(
-                self._get_build_config_fname(trial.trial_id), model.get_build_config()
-            )
-            hypermodel.log(
-                f"[{self.tuner_id}] trial {trial.trial_id} done {OBJECTIVE} "
-                f"{results[OBJECTIVE]:.4f}"
-            )
-            return results
+            values = _describe(trial.hyperparameters.values)
+            self.hypermodel.log(f"[{self.tuner_id}] trial {trial.trial_id} {values}")
+            return super().run_trial(trial, *args, **kwargs)
 
     return {
-        "random": type("RandomSearch", (StepsTuner, keras_tuner.RandomSearch), {}),
-        "bayesian": type(
-            "BayesianOptimization", (StepsTuner, keras_tuner.BayesianOptimization), {}
-        ),
-        "hyperband": type("Hyperband", (StepsTuner, keras_tuner.Hyperband), {}),
-        "grid": type("GridSearch", (StepsTuner, keras_tuner.GridSearch), {}),
+        name: type(base.__name__, (Logged, base), {})
+        for name, base in (
+            ("random", keras_tuner.RandomSearch),
+            ("bayesian", keras_tuner.BayesianOptimization),
+            ("hyperband", keras_tuner.Hyperband),
+            ("grid", keras_tuner.GridSearch),
+        )
     }
 
 
@@ -197,8 +196,8 @@ def _describe(values):
     return " ".join(f"{k}={v}" for k, v in values.items() if not k.startswith("tuner/"))
 
 
-def make_tuner(args, space, strategy, log=print):
-    """The keras-tuner tuner of `args` over `space`, resuming an existing project.
+def make_tuner(config, strategy, log=print):
+    """The keras-tuner tuner of a `SearchConfig`, resuming an existing project.
 
     `strategy`: the `tf.distribute.Strategy` (TensorFlow) or
     `keras.distribution.Distribution` (JAX) trials train under, or None.
@@ -209,38 +208,33 @@ def make_tuner(args, space, strategy, log=print):
     from training import tasks
     from training.hypermodels import RNNHyperModel
 
-    task = tasks.get_task(args.task, timesteps=args.timesteps, dataset=args.dataset)
+    run = config.run
+    task = tasks.get_task(run.task, timesteps=run.timesteps, dataset=run.dataset)
+    hyperband = config.tuner == "hyperband"
     hypermodel = RNNHyperModel(
         task,
-        args.model,
-        space,
-        units=args.units,
-        batch_size=args.batch_size,
-        steps_per_trial=args.steps_per_trial,
-        seed=args.seed,
-        validation_fraction=args.validation_fraction,
-        momentum=args.momentum,
-        clipnorm=args.clipnorm,
+        run,
+        config.space,
+        steps_per_trial=config.steps_per_trial,
+        rounds=config.hyperband_max_epochs if hyperband else 1,
         strategy=strategy if strategy is not None else "default",
-        data_dir=args.data_dir,
-        eval_batch_size=args.eval_batch_size,
         log=log,
     )
     common = dict(
         hypermodel=hypermodel,
         objective=keras_tuner.Objective(OBJECTIVE, direction="max"),
-        seed=args.seed,
-        directory=args.directory,
-        project_name=args.project_name or f"{args.task}-{args.model}",
+        seed=run.seed,
+        directory=config.directory,
+        project_name=config.project_name or f"{run.task}-{run.model}",
         overwrite=False,  # the same command continues an interrupted search
         distribution_strategy=strategy if keras.backend.backend() == "tensorflow" else None,
     )
-    tuner_class = _tuner_classes()[args.tuner]
-    if args.tuner == "hyperband":
-        tuner = tuner_class(max_epochs=args.hyperband_max_epochs, factor=3, **common)
-        tuner.oracle.max_trials = args.max_trials  # Hyperband has no max_trials of its own
+    tuner_class = _tuner_classes()[config.tuner]
+    if hyperband:
+        tuner = tuner_class(max_epochs=config.hyperband_max_epochs, factor=3, **common)
+        tuner.oracle.max_trials = config.max_trials  # Hyperband has no max_trials of its own
     else:
-        tuner = tuner_class(max_trials=args.max_trials, **common)
+        tuner = tuner_class(max_trials=config.max_trials, **common)
     return tuner
 
 
@@ -287,15 +281,14 @@ def format_table(rows):
     return "\n".join(line.rstrip() for line in lines)
 
 
-def retrain(args, hyperparameters, log=print):
-    """Trains the best configuration with `training.train` for `--retrain-steps` steps."""
-    from training.config import RunConfig
+def retrain(config, hyperparameters, log=print):
+    """Trains the best configuration with `training.train` for `retrain_steps` steps."""
     from training.train import train_and_evaluate
 
-    values = {"epsilon": args.epsilon, "gamma": args.gamma, **hyperparameters}
-    steps = args.retrain_steps
-    config = RunConfig.from_namespace(
-        args,
+    run = config.run
+    values = {"epsilon": run.epsilon, "gamma": run.gamma, **hyperparameters}
+    steps = config.retrain_steps
+    best = run.replace(
         epsilon=float(values["epsilon"]),
         gamma=float(values["gamma"]),
         sigma_w=float(values["sigma_w"]),
@@ -305,98 +298,106 @@ def retrain(args, hyperparameters, log=print):
         checkpoint_every=max(1, min(200, steps)),
         log_every=max(1, min(50, steps)),
     ).validate()
-    return train_and_evaluate(
-        config, args.retrain_dir or os.path.join(args.directory, "best"), log=log
-    )
+    workdir = config.retrain_dir or os.path.join(config.directory, "best")
+    return train_and_evaluate(best, workdir, log=log)
 
 
-def run(args, space, log=print):
-    """Runs (or continues) the search; returns the best-trial summary (None on a worker)."""
+def trial_distribution(run):
+    """What trials train under (a TF strategy or a Keras distribution), its name, replicas."""
     import keras
 
     from training import distribution
+
+    if keras.backend.backend() != "tensorflow":
+        strategy = distribution.make_keras_distribution(run.strategy)
+        return (strategy, *distribution.keras_distribution_shape(strategy))
+    import tensorflow as tf
+
+    strategy = distribution.make_strategy(run.strategy, tpu=run.tpu)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise invalid(
+            "--strategy",
+            "a single-worker strategy (keras-tuner runs trials on one worker: default, "
+            "mirrored or tpu)",
+            f"{run.strategy} (a multi-worker cluster)",
+        )
+    return strategy, distribution.strategy_name(strategy), strategy.num_replicas_in_sync
+
+
+def write_trials(rows, path):
+    """`rows` as CSV at `path` (atomically)."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomically(path, text.getvalue())
+
+
+def run(config, log=print):
+    """Runs (or continues) the search; returns the best-trial summary (None on a worker)."""
     from training.trainers import check_batch_size
 
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        strategy = distribution.make_strategy(args.strategy, tpu=args.tpu)
-        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            raise options.UsageError(
-                "Received an invalid value for argument `--strategy`, expected a single-worker "
-                "strategy (keras-tuner runs trials on one worker: default, mirrored or tpu), "
-                f"got {args.strategy!r} (a multi-worker cluster)."
-            )
-        replicas = strategy.num_replicas_in_sync
-        name = distribution.strategy_name(strategy)
-    else:
-        strategy = distribution.make_keras_distribution(args.strategy)
-        name, replicas = distribution.keras_distribution_shape(strategy)
-    check_batch_size(args.batch_size, replicas)
+    strategy, name, replicas = trial_distribution(config.run)
+    check_batch_size(config.run.batch_size, replicas)
     log(f"trials run on {name} ({replicas} replicas)")
-    os.makedirs(args.directory, exist_ok=True)
-    tuner = make_tuner(args, space, strategy, log=log)
-    tuner.search(verbose=1)
+    os.makedirs(config.directory, exist_ok=True)
+    tuner = make_tuner(config, strategy, log=log)
+    tuner.search(verbose=0)  # each trial logs its own lines
     if is_worker():
         log(f"[{tuner.tuner_id}] no trials left; the chief writes best.json")
         return None
-
-    rows = trial_rows(tuner.oracle, args.model)
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    partial = os.path.join(args.directory, "trials.csv.partial")
-    with open(partial, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(partial, os.path.join(args.directory, "trials.csv"))
-    table = format_table(rows)
-    log(table)
-
-    best_rows = [r for r in rows if r["status"] == "COMPLETED" and r["score"] is not None]
-    if not best_rows:
-        raise RuntimeError(f"no trial of {tuner.project_dir} completed; see its trial.json files")
-    best_id = best_rows[0]["trial_id"]
-    best_trial = tuner.oracle.trials[best_id]
-    hyperparameters = {
-        k: v for k, v in best_trial.hyperparameters.values.items() if not k.startswith("tuner/")
-    }
-    summary = {
-        "objective": OBJECTIVE,
-        "best_trial_id": best_id,
-        "score": best_trial.score,
-        "val_loss": best_rows[0]["val_loss"],
-        "hyperparameters": hyperparameters,
-        "task": args.task,
-        "model": args.model,
-        "units": args.units,
-        "tuner": args.tuner,
-        "steps_per_trial": args.steps_per_trial,
-        "validation_fraction": args.validation_fraction,
-        "trials": len(rows),
-        "completed_trials": len(best_rows),
-        "space": space.to_dict(),
-        "project_dir": tuner.project_dir,
-    }
-    if args.retrain_steps:
-        log(f"retraining trial {best_id} for {args.retrain_steps} steps")
-        summary["retrained"] = retrain(args, hyperparameters, log=log)
-    options.write_atomically(
-        os.path.join(args.directory, "best.json"), json.dumps(summary, indent=2) + "\n"
-    )
+    rows = trial_rows(tuner.oracle, config.run.model)
+    write_trials(rows, os.path.join(config.directory, "trials.csv"))
+    log(format_table(rows))
+    summary = best_summary(config, tuner, rows)
+    if config.retrain_steps:
+        log(f"retraining trial {summary['best_trial_id']} for {config.retrain_steps} steps")
+        summary["retrained"] = retrain(config, summary["hyperparameters"], log=log)
+    path = os.path.join(config.directory, "best.json")
+    write_atomically(path, json.dumps(summary, indent=2) + "\n")
     log(
-        f"best trial {best_id} {OBJECTIVE} {best_trial.score:.4f} {_describe(hyperparameters)} "
-        f"-> {os.path.join(args.directory, 'best.json')}"
+        f"best trial {summary['best_trial_id']} {OBJECTIVE} {summary['score']:.4f} "
+        f"{_describe(summary['hyperparameters'])} -> {path}"
     )
     return summary
 
 
+def best_summary(config, tuner, rows):
+    """`best.json`'s content: the best completed trial and what the search was."""
+    completed = [r for r in rows if r["status"] == "COMPLETED" and r["score"] is not None]
+    if not completed:
+        raise RuntimeError(f"no trial of {tuner.project_dir} completed; see its trial.json files")
+    best = tuner.oracle.trials[completed[0]["trial_id"]]
+    run = config.run
+    return {
+        "objective": OBJECTIVE,
+        "best_trial_id": best.trial_id,
+        "score": best.score,
+        "val_loss": completed[0]["val_loss"],
+        "hyperparameters": {
+            k: v for k, v in best.hyperparameters.values.items() if not k.startswith("tuner/")
+        },
+        "task": run.task,
+        "model": run.model,
+        "units": run.units,
+        "tuner": config.tuner,
+        "steps_per_trial": config.steps_per_trial,
+        "validation_fraction": run.validation_fraction,
+        "trials": len(rows),
+        "completed_trials": len(completed),
+        "space": config.space.to_dict(),
+        "project_dir": tuner.project_dir,
+    }
+
+
 def main(argv=None):
     def body(args):
-        space = _validate_tune(args)
         from training.distribution import split_cpu
 
-        split_cpu(args.cpu_devices)
-        run(args, space)
+        config = SearchConfig.from_namespace(args).validate()
+        split_cpu(config.run.cpu_devices)
+        run(config)
 
     return options.run_command(
         build_parser(), argv, body, ("Received an invalid value", "no trial of")

@@ -1,0 +1,19 @@
+"""The optimizers a run can name: SGD with momentum, Adagrad (the paper's) and Adam."""
+
+from training.config import invalid
+
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+def make_optimizer(name, learning_rate, momentum=0.9, clipnorm=None):
+    """The Keras optimizer `name` (one of `OPTIMIZERS`); `momentum` is SGD's."""
+    import keras
+
+    clip = {"clipnorm": clipnorm} if clipnorm else {}
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate, momentum=momentum, **clip)
+    if name == "adagrad":
+        return keras.optimizers.Adagrad(learning_rate, **clip)
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate, **clip)
+    raise invalid("--optimizer", f"one of {', '.join(OPTIMIZERS)}", name)
