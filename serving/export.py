@@ -1,16 +1,31 @@
-"""Export a trained `.keras` classifier as a versioned SavedModel for TensorFlow Serving.
+"""Export a trained `.keras` model as a versioned SavedModel for TensorFlow Serving.
 
     python -m serving.export --model runs/x/model.keras \
         --export-base models/antisym --version 1
 
-writes `models/antisym/1/saved_model.pb` and `models/antisym/1/variables/`.
+writes `models/antisym/1/saved_model.pb` and `models/antisym/1/variables/`. The
+`serving_default` signature follows the model's head, recorded by training as the
+name of its output layer (`training.models.HEAD_LAYER_NAMES`):
+
+* classification, `(batch, classes)` logits: `probabilities`, `class_id`, `logits`;
+* regression, `(batch, k)`: `value` (`(batch,)` when k = 1);
+* per_step_classification, `(batch, T, classes)` logits: `probabilities`,
+  `class_ids` (`(batch, T)`) and `logits`.
+
+`--head` overrides the recorded head. Errors print one line and exit with status 2
+(invalid arguments) or 1 (the model cannot be read, the export cannot be written).
 """
 
 import argparse
+import contextlib
 import os
+import re
 import shutil
+import socket
 import sys
 import tempfile
+import time
+import zipfile
 
 # The SavedModel is a TensorFlow graph: the model must be traced by the
 # TensorFlow backend whatever the user's default backend is (unless Keras was
@@ -25,100 +40,302 @@ import keras_antisym  # noqa: E402,F401  (registers the layers for `load_model`)
 
 INPUT_NAME = "sequence"
 SIGNATURE_NAME = "serving_default"
-OUTPUT_NAMES = ("probabilities", "class_id", "logits")
+HEADS = ("classification", "regression", "per_step_classification")
+OUTPUT_NAMES = {
+    "classification": ("probabilities", "class_id", "logits"),
+    "regression": ("value",),
+    "per_step_classification": ("probabilities", "class_ids", "logits"),
+}
+# Staging folders `.tmp-<version>-<pid>@<host>-<random>`; dot-prefixed, because
+# TensorFlow Serving only loads all-digit names. Older exports wrote `.tmp-<version>-<random>`.
+_STAGING = re.compile(r"^\.tmp-\d+-(?:(?P<pid>\d+)@(?P<host>[\w.]+)-)?[^-@]+$")
+_UNOWNED_STALE_SECONDS = 3600
+
+
+class ModelFileError(ValueError):
+    """The `.keras` file exists but cannot be loaded."""
+
+
+def _invalid(argument, expected, got):
+    return ValueError(
+        f"Received an invalid value for argument `{argument}`, expected {expected}, got {got}"
+    )
 
 
 def _input_spec(model, variable_length):
     """The `(batch, T, m)` float32 spec of the model's single input."""
     shape = tuple(model.inputs[0].shape) if getattr(model, "inputs", None) else None
     if shape is None or len(shape) != 3 or shape[2] is None:
-        raise ValueError(
-            "Received an invalid value for argument `model`, expected a model with one "
-            f"input of shape (batch, T, m) with known m, got input shape {shape}"
+        raise _invalid(
+            "model",
+            "a model with one input of shape (batch, T, m) with known m",
+            f"input shape {shape}",
         )
-    steps = None if variable_length else shape[1]
-    return tf.TensorSpec([None, steps, shape[2]], tf.float32, name=INPUT_NAME)
+    if variable_length and shape[1] is not None:
+        raise _invalid(
+            "variable_length",
+            "a model built with T=None (any number of time steps)",
+            f"a model built with a fixed T={shape[1]}",
+        )
+    return tf.TensorSpec([None, shape[1], shape[2]], tf.float32, name=INPUT_NAME)
 
 
-def build_archive(model, variable_length=False):
-    """An `ExportArchive` whose `serving_default` maps `sequence` to named outputs.
+def _output_layer(model):
+    outputs = getattr(model, "outputs", None) or []
+    history = getattr(outputs[0], "_keras_history", None) if len(outputs) == 1 else None
+    if history is not None:
+        return history[0]
+    return model.layers[-1] if getattr(model, "layers", None) else None
+
+
+def recorded_head(model):
+    """The head recorded in `model` (its output layer's name `<head>_head`), or None."""
+    name = getattr(_output_layer(model), "name", None)
+    return next((head for head in HEADS if name == f"{head}_head"), None)
+
+
+def resolve_head(model, head=None):
+    """`(head, how)`: the head to export `model` with, and where it came from.
+
+    `head` (one of `HEADS`) overrides the recorded one. A model that records no
+    head is exported as a classifier only when its output is `(batch, classes)`
+    with classes >= 2, the one layout older exports served; anything else is refused.
+
+    Raises:
+        ValueError: naming the expected heads, when no head fits the model.
+    """
+    shape = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
+    if head is not None and head not in HEADS:
+        raise _invalid("head", f"one of {', '.join(HEADS)}", repr(head))
+    how = "given"
+    if head is None:
+        head, how = recorded_head(model), "recorded"
+    if head is None:
+        layer = getattr(_output_layer(model), "name", None)
+        if shape is None or len(shape) != 2 or not shape[1] or shape[1] < 2:
+            raise _invalid(
+                "model",
+                "a model whose output layer is named for its head ("
+                + ", ".join(f"{h}_head" for h in HEADS)
+                + ") as training.models builds it, or --head "
+                + "|".join(HEADS),
+                f"output layer {layer!r} with output shape {shape}",
+            )
+        head, how = "classification", f"inferred from output layer {layer!r} of shape {shape}"
+    rank = {"classification": 2, "regression": 2, "per_step_classification": 3}[head]
+    if shape is None or len(shape) != rank or (head != "regression" and (shape[-1] or 0) < 2):
+        layout = {
+            "classification": "(batch, classes >= 2)",
+            "regression": "(batch, k)",
+            "per_step_classification": "(batch, T, classes >= 2)",
+        }[head]
+        raise _invalid(
+            "head",
+            f"a model with {layout} outputs for head {head!r} ({how})",
+            f"output shape {shape}",
+        )
+    return head, how
+
+
+def _serve(model, head):
+    def serve(sequence):
+        outputs = tf.cast(model(sequence, training=False), tf.float32)
+        if head == "regression":
+            return {"value": tf.squeeze(outputs, -1) if outputs.shape[-1] == 1 else outputs}
+        ids = "class_id" if head == "classification" else "class_ids"
+        return {
+            "probabilities": tf.nn.softmax(outputs, axis=-1),
+            ids: tf.argmax(outputs, axis=-1, output_type=tf.int64),
+            "logits": outputs,
+        }
+
+    return serve
+
+
+def build_archive(model, variable_length=False, head=None):
+    """An `ExportArchive` whose `serving_default` maps `sequence` to the head's outputs.
 
     Args:
-        model: A Keras classifier from `(batch, T, m)` float32 sequences to
-            `(batch, classes)` logits.
+        model: A Keras model from `(batch, T, m)` float32 sequences to the
+            outputs of its head (see the module doc).
         variable_length: Boolean, accept any number of time steps instead of
             the model's fixed `T` (only for models built with `T=None`).
+        head: One of `HEADS`, or None for the head recorded in `model`.
 
     Returns:
         A `keras.export.ExportArchive` ready for `write_out`.
     """
     if keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            "Received an invalid value for argument `model`, expected a model on the "
-            f"TensorFlow backend, got backend {keras.backend.backend()!r} "
-            "(set KERAS_BACKEND=tensorflow)"
+        raise _invalid(
+            "model",
+            "a model on the TensorFlow backend",
+            f"backend {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)",
         )
     spec = _input_spec(model, variable_length)
+    head, _ = resolve_head(model, head)
     archive = keras.export.ExportArchive()
     archive.track(model)
-
-    def serve(sequence):
-        logits = tf.cast(model(sequence, training=False), tf.float32)
-        return {
-            "probabilities": tf.nn.softmax(logits, axis=-1),
-            "class_id": tf.argmax(logits, axis=-1, output_type=tf.int64),
-            "logits": logits,
-        }
-
-    archive.add_endpoint(name=SIGNATURE_NAME, fn=serve, input_signature=[spec])
+    archive.add_endpoint(name=SIGNATURE_NAME, fn=_serve(model, head), input_signature=[spec])
     return archive
 
 
-def export_model(model, export_base, version, variable_length=False):
+def load_keras_model(path):
+    """Loads a `.keras` file; any reason it cannot be read becomes one `ModelFileError` line."""
+    if not os.path.isfile(path):
+        raise _invalid("model", "an existing .keras file", repr(str(path)))
+    if not zipfile.is_zipfile(path):
+        raise ModelFileError(
+            f"cannot read model {str(path)!r}: not a .keras archive (not a zip file)"
+        )
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except Exception as error:  # Keras raises anything from a damaged archive
+        reason = (str(error).strip().splitlines() or [""])[0][:300]
+        raise ModelFileError(
+            f"cannot read model {str(path)!r}: {type(error).__name__}: {reason}"
+        ) from None
+
+
+def _owner_alive(pid, host):
+    if host != _host():
+        return True  # another machine's exporter: cannot tell, keep it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _host():
+    return re.sub(r"[^\w.]", "_", socket.gethostname()) or "localhost"
+
+
+def remove_stale_staging(export_base):
+    """Removes staging folders of exports that died; returns their names.
+
+    A folder is stale when its owner (pid and host in its name) is no longer
+    running on this host; one without an owner (older exports) when untouched
+    for an hour. A live exporter's folder is never removed.
+    """
+    removed = []
+    for name in sorted(os.listdir(export_base)):
+        match = _STAGING.match(name)
+        path = os.path.join(export_base, name)
+        if not match or not os.path.isdir(path):
+            continue
+        if match["pid"] is not None:
+            stale = not _owner_alive(int(match["pid"]), match["host"])
+        else:
+            stale = time.time() - os.path.getmtime(path) > _UNOWNED_STALE_SECONDS
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _fsync_tree(root):
+    """Flushes every file and folder under `root` (and `root`) to disk."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(folder)
+
+
+def _fsync_dir(path):
+    with contextlib.suppress(OSError):  # some filesystems cannot fsync folders
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _exists_error(version, target, how="exists"):
+    return FileExistsError(
+        f"Received an invalid value for argument `version`, expected a version not "
+        f"yet exported, got {version} (`{target}` {how})"
+    )
+
+
+def _check_version(export_base, version):
+    """The target folder of `version`; raises if it is invalid or exported already."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise _invalid("version", "a positive integer", repr(version))
+    target = os.path.join(export_base, str(version))
+    if os.path.exists(target):
+        raise _exists_error(version, target)
+    return target
+
+
+def export_model(model, export_base, version, variable_length=False, head=None):
     """Write `model` to `export_base/<version>` atomically, never over an existing version.
 
-    The SavedModel is written to a temporary folder beside the target and
-    renamed into place, so a server watching `export_base` never sees a
-    half-written version.
+    The SavedModel is written to a staging folder beside the target (named
+    with this process's pid), flushed to disk and renamed into place, so a
+    server watching `export_base` never sees a half-written version. Staging
+    folders of exports that died are removed first.
 
     Args:
         model: A Keras model or the path of a `.keras` file.
         export_base: Folder holding one numbered sub-folder per version.
         version: Positive integer, the version to write.
         variable_length: Boolean, as in `build_archive`.
+        head: As in `build_archive`.
 
     Returns:
         The path of the written version folder.
+
+    Raises:
+        ValueError: an invalid argument (`ModelFileError`: an unreadable model file).
+        FileExistsError: the version exists, or another export wrote it meanwhile.
     """
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(
-            "Received an invalid value for argument `version`, expected a positive "
-            f"integer, got {version!r}"
-        )
-    target = os.path.join(export_base, str(version))
-    if os.path.exists(target):
-        raise FileExistsError(
-            f"Received an invalid value for argument `version`, expected a version not "
-            f"yet exported, got {version} (`{target}` exists)"
-        )
+    target = _check_version(export_base, version)
     if isinstance(model, str | os.PathLike):
-        model = keras.saving.load_model(model, compile=False)
+        model = load_keras_model(model)
+    archive = build_archive(model, variable_length, head)
     os.makedirs(export_base, exist_ok=True)
-    # A dot-prefixed sibling: TensorFlow Serving only loads all-digit names.
-    staging = tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=export_base)
+    remove_stale_staging(export_base)
+    staging = tempfile.mkdtemp(prefix=f".tmp-{version}-{os.getpid()}@{_host()}-", dir=export_base)
     try:
-        build_archive(model, variable_length).write_out(staging, verbose=False)
+        _write(archive, staging)
         os.chmod(staging, 0o755)  # mkdtemp makes it 0700; the server may run as another user
-        os.rename(staging, target)  # atomic on one filesystem; fails if target appeared
+        _fsync_tree(staging)
+        try:
+            os.rename(staging, target)  # atomic on one filesystem; fails if target appeared
+        except OSError:
+            if os.path.exists(target):
+                raise _exists_error(
+                    version, target, "was written by another export meanwhile"
+                ) from None
+            raise
+        _fsync_dir(export_base)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
 
 
+def _write(archive, staging):
+    archive.write_out(staging, verbose=False)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line (`PROG: error: MESSAGE`, status 2), without the usage text."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv=None):
     """CLI entry point; returns the process exit status."""
-    parser = argparse.ArgumentParser(prog="python -m serving.export", description=__doc__)
+    parser = _OneLineParser(
+        prog="python -m serving.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", required=True, help="path of the trained .keras file")
     parser.add_argument("--export-base", required=True, help="base path, e.g. models/antisym")
     parser.add_argument("--version", required=True, type=int, help="positive integer version")
@@ -127,16 +344,30 @@ def main(argv=None):
         action="store_true",
         help="accept any number of time steps (models built with T=None only)",
     )
+    parser.add_argument(
+        "--head",
+        choices=HEADS,
+        help="the model's head, for models that do not record it (default: recorded)",
+    )
     args = parser.parse_args(argv)
-    if not os.path.isfile(args.model):
-        parser.error(
-            "Received an invalid value for argument `--model`, expected an existing "
-            f".keras file, got {args.model!r}"
-        )
+
+    def fail(status, error):
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return status
+
     try:
-        target = export_model(args.model, args.export_base, args.version, args.variable_length)
+        _check_version(args.export_base, args.version)
+        model = load_keras_model(args.model)
+        head, how = resolve_head(model, args.head)
+        target = export_model(model, args.export_base, args.version, args.variable_length, head)
+    except ModelFileError as error:
+        return fail(1, error)
     except (ValueError, FileExistsError) as error:
-        parser.error(str(error))
+        return fail(2, error)
+    except OSError as error:
+        return fail(1, f"cannot write the export to {args.export_base!r}: {error}")
+    if how not in ("recorded", "given"):
+        print(f"{parser.prog}: note: exported as {head}, {how}", file=sys.stderr)
     print(target)
     return 0
 

@@ -131,3 +131,261 @@ def test_loads_and_answers_without_keras(kind):
     probabilities = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     np.testing.assert_allclose(answer["probabilities"], probabilities, rtol=1e-5, atol=1e-6)
     assert answer["class_id"] == logits.argmax(-1).tolist()
+
+
+# --- Heads: the signature follows the head training recorded in the model ---------------------
+
+
+def _task_model(task_name, timesteps, variable_length=False):
+    """A `training.models.build_model` model of the task, saved as `.keras` and copied."""
+    import dataclasses
+    import shutil
+
+    from training import models, tasks
+
+    task = tasks.get_task(task_name, timesteps=timesteps)
+    spec = task.spec
+    if variable_length:
+        spec = dataclasses.replace(spec, timesteps=None)
+    model = models.build_model(spec, "antisymmetric", units=8, seed=3)
+    saved = work_dir(f"{task_name}-{variable_length}.keras")
+    model.save(saved)
+    copied = work_dir("copied", os.path.basename(saved))  # the head survives a copy
+    os.makedirs(os.path.dirname(copied), exist_ok=True)
+    shutil.copyfile(saved, copied)
+    images, labels = task.examples("test")
+    x, _ = task.make_batch(images[:4], labels[:4], (0, 0))
+    return model, copied, np.asarray(x, "float32")
+
+
+def _softmax(logits):
+    shifted = np.exp(logits - logits.max(-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    "task_name, timesteps, names",
+    [
+        ("digits", None, ["class_id", "logits", "probabilities"]),
+        ("adding", 12, ["value"]),
+        ("copy", 24, ["class_ids", "logits", "probabilities"]),
+    ],
+)
+def test_signature_follows_the_recorded_head(task_name, timesteps, names):
+    import tensorflow as tf
+
+    model, path, x = _task_model(task_name, timesteps)
+    version = export_model(path, work_dir("heads", task_name), 1)
+    signature = tf.saved_model.load(version).signatures["serving_default"]
+    assert sorted(signature.structured_outputs) == names
+    answer = {k: v.numpy() for k, v in signature(sequence=tf.constant(x)).items()}
+    outputs = np.asarray(model.predict(x, verbose=0))
+    if task_name == "adding":  # regression: one value per example, no softmax
+        assert answer["value"].shape == (len(x),)
+        np.testing.assert_allclose(answer["value"], outputs[:, 0], rtol=1e-5, atol=1e-5)
+        return
+    ids = "class_id" if task_name == "digits" else "class_ids"
+    assert answer[ids].shape == outputs.shape[:-1]  # (batch,) or (batch, T)
+    np.testing.assert_allclose(answer["logits"], outputs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(answer["probabilities"], _softmax(outputs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(answer[ids], outputs.argmax(-1))
+
+
+def _unrecorded(output_shape):
+    """A model whose output layer records no head (default layer names)."""
+    layers = [keras.Input((STEPS, FEATURES)), keras.layers.SimpleRNN(4)]
+    if len(output_shape) == 2:
+        layers += [keras.layers.Dense(output_shape[1])]
+    else:
+        layers[1] = keras.layers.SimpleRNN(4, return_sequences=True)
+        layers += [keras.layers.Dense(output_shape[2])]
+    return keras.Sequential(layers)
+
+
+@pytest.mark.parametrize(
+    "shape, head", [((None, 1), "regression"), ((None, STEPS, 10), "per_step_classification")]
+)
+def test_a_model_without_a_recorded_head_is_refused_unless_given(shape, head):
+    import tensorflow as tf
+
+    model = _unrecorded(shape)
+    with pytest.raises(ValueError, match="--head") as error:
+        build_archive(model)
+    assert "\n" not in str(error.value) and "regression_head" in str(error.value)
+    version = export_model(model, work_dir("given", head), 1, head=head)
+    outputs = tf.saved_model.load(version).signatures["serving_default"].structured_outputs
+    assert ("value" in outputs) == (head == "regression")
+
+
+def test_a_head_that_does_not_fit_the_outputs_is_refused():
+    model, _, _ = _task_model("adding", 12)
+    with pytest.raises(ValueError, match="argument `head`.*per_step_classification"):
+        build_archive(model, head="per_step_classification")
+    with pytest.raises(ValueError, match="argument `head`.*classes >= 2"):
+        build_archive(model, head="classification")  # softmax over 1 output is always 1.0
+
+
+def test_variable_length_needs_a_model_built_without_t():
+    import tensorflow as tf
+
+    fixed, _, _ = _task_model("copy", 24)
+    with pytest.raises(ValueError, match="argument `variable_length`.*fixed T=24"):
+        build_archive(fixed, variable_length=True)
+    model, path, x = _task_model("copy", 24, variable_length=True)
+    version = export_model(path, work_dir("variable"), 1, variable_length=True)
+    signature = tf.saved_model.load(version).signatures["serving_default"]
+    assert signature.structured_input_signature[1]["sequence"].shape.as_list() == [None, None, 10]
+    for steps in (24, 7):
+        answer = signature(sequence=tf.constant(x[:, :steps]))["logits"].numpy()
+        expected = np.asarray(model.predict(x[:, :steps], verbose=0))
+        np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-5)
+
+
+# --- Errors: one line each; concurrent exports; staging folders of dead exports ---------------
+
+
+def _damaged(kind):
+    """A `.keras` file that exists but cannot be loaded, damaged as `kind`."""
+    import zipfile
+
+    exported("antisymmetric")
+    source = work_dir("antisymmetric.keras")
+    path = work_dir(f"damaged-{kind}.keras")
+    data = open(source, "rb").read()
+    if kind == "random":
+        open(path, "wb").write(np.random.default_rng(0).bytes(len(data)))
+    elif kind == "truncated":
+        open(path, "wb").write(data[: len(data) // 2])
+    else:  # a valid zip whose weights file is cut in half
+        with zipfile.ZipFile(source) as old, zipfile.ZipFile(path, "w") as new:
+            for name in old.namelist():
+                content = old.read(name)
+                new.writestr(
+                    name, content[: len(content) // 2] if name.endswith(".h5") else content
+                )
+    return path
+
+
+def _cli(args, capsys):
+    """`serving.export.main(args)` in this process: `(status, stderr lines)`."""
+    from serving.export import main
+
+    try:
+        status = main(args)
+    except SystemExit as stop:  # argparse's own errors
+        status = stop.code
+    return status, capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("random", "not a .keras archive"),
+        ("truncated", "not a .keras archive"),
+        ("weights", "cannot read model"),
+    ],
+)
+def test_an_unreadable_model_file_is_one_line(kind, message, capsys):
+    path = _damaged(kind)
+    base = work_dir(f"never-{kind}")
+    status, lines = _cli(["--model", path, "--export-base", base, "--version", "1"], capsys)
+    assert status == 1 and len(lines) == 1, lines
+    assert message in lines[0] and path in lines[0] and "File not found" not in lines[0]
+    assert not os.path.exists(base)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--export-base", "x", "--version", "1"], "--model"),  # missing flag
+        (["--model", "/no/such.keras", "--export-base", "x", "--version", "1"], "`model`"),
+        (["--model", "M", "--export-base", "x", "--version", "0"], "`version`"),
+        (["--model", "M", "--export-base", "x", "--version", "1", "--head", "x"], "--head"),
+        (["--model", "M", "--export-base", "x", "--version", "1", "--variable-length"], "fixed T"),
+    ],
+)
+def test_usage_errors_are_one_line_without_the_usage_text(args, message, capsys):
+    exported("antisymmetric")
+    args = [work_dir("antisymmetric.keras") if a == "M" else a for a in args]
+    args = [work_dir("usage") if a == "x" else a for a in args]
+    status, lines = _cli(args, capsys)
+    assert status == 2 and len(lines) == 1, lines
+    assert message in lines[0] and "usage:" not in lines[0]
+
+
+def test_a_damaged_weights_file_prints_no_traceback():
+    path = _damaged("weights")
+    done = subprocess.run(
+        [sys.executable, "-m", "serving.export", "--model", path,
+         "--export-base", work_dir("never-sub"), "--version", "1"],
+        cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if "serving.export" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_version_written_meanwhile_is_one_clear_error(monkeypatch):
+    """The race of two exports of one version, made deterministic: the other export
+    finishes while this one writes its staging folder."""
+    import serving.export as export
+
+    model = build_model("antisymmetric")
+    base = work_dir("race")
+    write = export._write
+
+    def write_then_lose_the_race(archive, staging):
+        write(archive, staging)
+        monkeypatch.setattr(export, "_write", write)
+        export_model(model, base, 1)  # the other exporter wins
+
+    monkeypatch.setattr(export, "_write", write_then_lose_the_race)
+    with pytest.raises(FileExistsError, match="`version`.*written by another export"):
+        export_model(model, base, 1)
+    assert sorted(os.listdir(base)) == ["1"]  # the loser's staging folder is gone
+
+
+def test_two_concurrent_cli_exports_of_one_version():
+    exported("gated")
+    base = work_dir("concurrent")
+    command = [sys.executable, "-m", "serving.export", "--model", work_dir("gated.keras"),
+               "--export-base", base, "--version", "3"]  # fmt: skip
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    runs = [subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    results = [(run.wait(timeout=180), *run.communicate()) for run in runs]
+    assert sorted(status for status, _, _ in results) == [0, 2], results
+    ((_, _, loser_err),) = [r for r in results if r[0] == 2]
+    errors = [line for line in loser_err.splitlines() if "serving.export" in line]
+    assert len(errors) == 1 and "argument `version`" in errors[0], loser_err
+    assert "Traceback" not in loser_err
+    assert sorted(os.listdir(base)) == ["3"]
+    import tensorflow as tf
+
+    assert list(tf.saved_model.load(os.path.join(base, "3")).signatures) == ["serving_default"]
+
+
+def test_only_stale_staging_folders_are_removed():
+    import time
+
+    from serving.export import _host
+
+    base = work_dir("stale")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = _host()
+    names = {
+        f".tmp-1-{dead.pid}@{host}-abc": False,  # killed export: removed
+        f".tmp-1-{os.getpid()}@{host}-def": True,  # a live export (this process): kept
+        f".tmp-1-{dead.pid}@other-host-ghi": True,  # another machine's: cannot tell, kept
+        ".tmp-1-oldlegacy": False,  # an older export's, untouched for 2 hours: removed
+        ".tmp-1-newlegacy": True,  # an older export's, just written: kept
+    }
+    for name in names:
+        os.makedirs(os.path.join(base, name, "variables"))
+    old = time.time() - 7200
+    os.utime(os.path.join(base, ".tmp-1-oldlegacy"), (old, old))
+    export_model(build_model("antisymmetric"), base, 2)
+    kept = {name for name, keep in names.items() if keep}
+    assert set(os.listdir(base)) == kept | {"2"}

@@ -1,10 +1,21 @@
-"""The paper's models: an RNN over the sequence and a Dense head on its last state."""
+"""The paper's models: an RNN over the sequence and a Dense head on its last state.
+
+The output layer is named for its head (`HEAD_LAYER_NAMES`), so a saved `.keras`
+file records what its outputs mean wherever it is copied: `serving.export` reads
+the name back to choose the serving signature.
+"""
 
 import keras
 
 import keras_antisym
 
 MODEL_NAMES = ("antisymmetric", "gated", "ablation", "lstm")
+# Task head (`training.tasks.TaskSpec.head`) -> name of the model's output layer.
+HEAD_LAYER_NAMES = {
+    "last": "classification_head",
+    "sequence": "per_step_classification_head",
+    "regression": "regression_head",
+}
 
 
 def build_model(spec, model, units=128, epsilon=0.01, gamma=0.01, sigma_w=1.0, seed=None):
@@ -23,48 +34,54 @@ def build_model(spec, model, units=128, epsilon=0.01, gamma=0.01, sigma_w=1.0, s
     Returns:
         An uncompiled `keras.Model` from `(batch, T, m)` float32 to logits
         (`(batch, classes)`, `(batch, T, classes)` for sequence heads) or a
-        regression value `(batch, 1)`.
+        regression value `(batch, 1)`; its output layer is named
+        `HEAD_LAYER_NAMES[spec.head]`.
     """
     if model not in MODEL_NAMES:
         raise ValueError(
             f"Received an invalid value for argument `model`, expected one of "
             f"{', '.join(MODEL_NAMES)}, got {model!r}."
         )
-    sequence_head = spec.head == "sequence"
+    if spec.head not in HEAD_LAYER_NAMES:
+        raise ValueError(
+            f"Received an invalid value for argument `spec`, expected a head in "
+            f"{', '.join(HEAD_LAYER_NAMES)}, got {spec.head!r}."
+        )
     seeds = (None, None) if seed is None else (seed, seed + 1)
-    initializers = dict(
+    rnn = _recurrent_layer(
+        model,
+        units,
+        return_sequences=spec.head == "sequence",
         kernel_initializer=keras_antisym.FanInNormal(1.0, seed=seeds[0]),
         recurrent_initializer=keras_antisym.FanInNormal(sigma_w, seed=seeds[1]),
+        epsilon=epsilon,
+        gamma=gamma,
     )
-    if model == "lstm":
-        rnn = keras.layers.LSTM(
-            units,
-            unit_forget_bias=True,
-            return_sequences=sequence_head,
-            name="lstm",
-            **initializers,
-        )
-    else:
-        layer_class = (
-            keras_antisym.AntisymmetricRNN
-            if model == "antisymmetric"
-            else keras_antisym.GatedAntisymmetricRNN
-        )
-        rnn = layer_class(
-            units,
-            epsilon=epsilon,
-            gamma=gamma,
-            antisymmetric=model != "ablation",
-            return_sequences=sequence_head,
-            name=model,
-            **initializers,
-        )
     head = keras.layers.Dense(
         spec.num_outputs,
-        name="head",
+        name=HEAD_LAYER_NAMES[spec.head],
         kernel_initializer=keras.initializers.GlorotUniform(seed=seed),
     )
     return keras.Sequential(
         [keras.Input((spec.timesteps, spec.features), name="sequence"), rnn, head],
         name=f"{model}_{spec.name}",
+    )
+
+
+def _recurrent_layer(model, units, epsilon, gamma, **kwargs):
+    """The recurrent layer of `model`, named after it."""
+    if model == "lstm":
+        return keras.layers.LSTM(units, unit_forget_bias=True, name="lstm", **kwargs)
+    layer_class = (
+        keras_antisym.AntisymmetricRNN
+        if model == "antisymmetric"
+        else keras_antisym.GatedAntisymmetricRNN
+    )
+    return layer_class(
+        units,
+        epsilon=epsilon,
+        gamma=gamma,
+        antisymmetric=model != "ablation",
+        name=model,
+        **kwargs,
     )
