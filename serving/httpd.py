@@ -25,6 +25,7 @@ from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser, ParsingError
 from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher
+from waitress.utilities import BadRequest
 
 LINGER_SECONDS = 5.0
 LINGER_FACTOR = 4  # drop at most this many times the body cap while lingering
@@ -36,6 +37,19 @@ class StrictParser(HTTPRequestParser):
     def __init__(self, adj):
         super().__init__(adj)
         self.started = time.monotonic()  # the request timeout counts from the first byte
+
+    def received(self, data):
+        if self.body_rcv is None and not self.completed:
+            # waitress waits for CRLF CRLF; a request ended by bare LFs would hang until
+            # the request timeout, so refuse it now.
+            head = self.header_plus + data
+            bare, end = head.find(b"\n\n"), head.find(b"\r\n\r\n")
+            if bare >= 0 and (end < 0 or bare < end):
+                self.parse_header(b"GET / HTTP/1.0\r\n")  # sets what the error answer needs
+                self.error = BadRequest("Bare LF in the request head (CRLF required)")
+                self.completed = True
+                return len(data)
+        return super().received(data)
 
     def parse_header(self, header_plus):
         super().parse_header(header_plus)
@@ -53,7 +67,7 @@ class JsonErrorTask(ErrorTask):
         code, reason = error.code, error.reason
         if code == 501:  # an unknown Transfer-Encoding: bad framing from the client
             code, reason = 400, "Bad Request"
-        message = f"{error.reason}: {error.body}" if error.body else error.reason
+        message = f"{reason}: {error.body}" if error.body else reason
         if code == 413:
             limit = self.channel.adj.max_request_body_size - 1  # waitress refuses >= its cap
             message = f"Request body exceeds the limit of {limit} bytes"

@@ -142,7 +142,9 @@ def _reject_constant(name):
 def decode_json(body):
     """`json.loads` with TensorFlow Serving's 400s (also for nesting too deep to parse)."""
     try:
-        return json.loads(body, parse_constant=_reject_constant)
+        # JSON between systems is UTF-8 (RFC 8259); json.loads would also guess UTF-16/32.
+        text = body.decode("utf-8") if isinstance(body, bytes | bytearray) else body
+        return json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         raise _bad("JSON Parse error: nesting too deep") from None
     except (ValueError, UnicodeDecodeError) as error:

@@ -113,9 +113,10 @@ class ServerProcess:
         name: The model name.
         block_keras: Run with `keras`/`keras_antisym` unimportable.
         extra_args: More command-line flags.
+        nofile: Open-file limit of the server process (`ulimit -n`), or None.
     """
 
-    def __init__(self, base_path, name, block_keras=True, extra_args=()):
+    def __init__(self, base_path, name, block_keras=True, extra_args=(), nofile=None):
         args = ["--model-base-path", base_path, "--model-name", name, "--port", "0"]
         args += list(extra_args)
         if block_keras:
@@ -131,6 +132,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=(lambda: _limit_files(nofile)) if nofile else None,
         )
         self.log = []
         self.url = self._wait_for_url()
@@ -165,6 +167,12 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+
+
+def _limit_files(count):
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
 
 
 class ThreadServer:
@@ -203,3 +211,121 @@ def http_call(url, method="GET", body=None, headers=None, timeout=30):
         return response.status, json.loads(raw)
     except ValueError:
         return response.status, raw
+
+
+def raw_http(url, data, idle=1.0, deadline=20.0):
+    """Send raw bytes on one connection and read until the server closes or goes quiet.
+
+    Returns:
+        `(responses, closed)`: each response `(status, headers, body)` in order
+        (headers lower-cased), and whether the server closed the connection.
+    """
+    import socket
+
+    host, port = re.match(r"http://([^/:]+):(\d+)", url).groups()
+    received, closed = b"", False
+    with socket.create_connection((host, int(port)), timeout=idle) as sock:
+        try:
+            sock.sendall(data)
+        except OSError:  # the server may answer and close before reading everything
+            pass
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            except OSError:
+                closed = True
+                break
+            if not chunk:
+                closed = True
+                break
+            received += chunk
+    return _split_responses(received), closed
+
+
+def _split_responses(data):
+    responses = []
+    while data:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if not sep:
+            responses.append((None, {}, data))  # not HTTP: counted as a broken answer
+            break
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1]) if lines[0].startswith("HTTP/") else None
+        headers = dict(
+            (k.strip().lower(), v.strip())
+            for k, _, v in (line.partition(":") for line in lines[1:])
+        )
+        length = int(headers.get("content-length", len(rest)))
+        responses.append((status, headers, rest[:length]))
+        data = rest[length:]
+    return responses
+
+
+SMUGGLED = b"GET /v1/models/NOPE_SMUGGLED HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def _request(first, headers=(), body=b""):
+    lines = "".join(f"{key}: {value}\r\n" for key, value in headers)
+    return f"{first}\r\nHost: x\r\n{lines}\r\n".encode("latin-1") + body
+
+
+def _chunked(data):
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+
+
+def raw_bad_requests(model, max_body_bytes):
+    """`(case, bytes, closes)`: HTTP the local server must answer with one JSON 4xx.
+
+    `closes`: the framing is broken, so the server must also close the connection.
+    Several carry `SMUGGLED` where a lax parser would read a second request.
+    """
+    predict, status = f"/v1/models/{model}:predict", f"/v1/models/{model}"
+    post = f"POST {predict} HTTP/1.1"
+    cl = "Content-Length"
+    return [
+        ("two Content-Lengths", _request(post, [(cl, 0), (cl, len(SMUGGLED))], SMUGGLED), True),
+        ("Content-Length -1", _request(post, [(cl, "-1")], SMUGGLED), True),
+        ("Content-Length +5", _request(post, [(cl, "+5")], b"{}   " + SMUGGLED), True),
+        ("Content-Length 0x10", _request(post, [(cl, "0x10")], SMUGGLED), True),
+        ("Content-Length, chunked", _request(post, [("Transfer-Encoding", "chunked"), (cl, 5)],
+                                             b"0\r\n\r\n" + SMUGGLED), True),
+        ("chunked on HTTP/1.0", _request(f"POST {predict} HTTP/1.0",
+                                         [("Connection", "keep-alive"),
+                                          ("Transfer-Encoding", "chunked")],
+                                         b"0\r\n\r\n" + SMUGGLED), True),
+        ("Transfer-Encoding gzip", _request(post, [("Transfer-Encoding", "gzip")], SMUGGLED), True),
+        ("bad chunk size", _request(post, [("Transfer-Encoding", "chunked")], b"zz\r\n" + SMUGGLED),
+         True),
+        ("chunked GET, unknown route", _request("GET /nope HTTP/1.1",
+                                                [("Transfer-Encoding", "chunked")],
+                                                _chunked(SMUGGLED)), False),
+        ("chunked POST, wrong route", _request(f"POST {status} HTTP/1.1",
+                                               [("Transfer-Encoding", "chunked")],
+                                               _chunked(SMUGGLED)), False),
+        ("body on unknown route", _request("POST /x HTTP/1.1", [(cl, len(SMUGGLED))], SMUGGLED),
+         False),
+        ("garbage request line", b"HELLO THERE\r\n\r\n" + SMUGGLED, True),
+        ("lower-case method", _request(f"get {status} HTTP/1.1"), True),
+        ("bare LF line ends", f"GET {status} HTTP/1.1\nHost: x\n\n".encode() + SMUGGLED, True),
+        ("header without colon", _request(f"GET {status} HTTP/1.1", [("X", "y")]).replace(
+            b"X: y", b"Xy"), True),
+        ("space before colon", _request(f"GET {status} HTTP/1.1").replace(
+            b"Host:", b"Host :"), True),
+        ("NUL in a header", _request(f"GET {status} HTTP/1.1", [("X-A", "a\0b")]), True),
+        ("TRACE", _request(f"TRACE {status} HTTP/1.1"), False),
+        ("CONNECT", _request("CONNECT example.com:443 HTTP/1.1"), False),
+        ("unknown method", _request(f"BREW {predict} HTTP/1.1"), False),
+        ("HEAD", _request(f"HEAD {status} HTTP/1.1"), False),
+        ("100 KB path", _request(f"GET /{'a' * 100_000} HTTP/1.1"), True),
+        ("2,000 headers", _request(f"GET {status} HTTP/1.1", [(f"X-{i}", "v" * 60)
+                                                              for i in range(2000)]), True),
+        ("body over the cap", _request(post, [(cl, max_body_bytes + 1)]), True),
+        ("chunked body over the cap", _request(post, [("Transfer-Encoding", "chunked")],
+                                               _chunked(b" " * (max_body_bytes + 1))), True),
+        ("deep nesting", _request(post, [(cl, 200_000)], b"[" * 100_000 + b"]" * 100_000), False),
+        ("invalid UTF-8 path", _request("GET /v1/models/\xff\xfe HTTP/1.1"), False),
+        ("non-digit version", _request(f"GET {status}/versions/%C2%B2 HTTP/1.1"), False),
+    ]  # fmt: skip

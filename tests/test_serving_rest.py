@@ -24,15 +24,19 @@ from serving.export import export_model
 from tests.serving_helpers import (
     MODEL_KINDS,
     REPO_ROOT,
+    SMUGGLED,
     ServerProcess,
     ThreadServer,
     digits,
     exported,
     http_call,
+    raw_bad_requests,
+    raw_http,
     work_dir,
 )
 
 LOCAL_MAX_BODY_BYTES = 1 << 20
+LOCAL_MAX_INPUT_ELEMENTS = 1 << 16  # 1,024 instances of 64 x 1
 LOCAL_ONLY = "extension of the local server; TensorFlow Serving answers this differently"
 
 
@@ -73,7 +77,8 @@ def target(request):
     _, base = exported("antisymmetric")
     server = ServerProcess(
         base, "antisym", block_keras=True,
-        extra_args=["--max-body-bytes", str(LOCAL_MAX_BODY_BYTES)],
+        extra_args=["--max-body-bytes", str(LOCAL_MAX_BODY_BYTES),
+                    "--max-input-elements", str(LOCAL_MAX_INPUT_ELEMENTS)],
     )  # fmt: skip
     try:
         yield Target(server.url, "antisym", local=True)
@@ -317,18 +322,44 @@ def test_new_version_is_served_without_restart():
         client = ServingClient(server.url, "antisym")
         before = client.predict(inputs=x)["outputs"]["logits"]
         export_model(gated, base, 2)
-        deadline = time.monotonic() + 30
-        while client.status()["model_version_status"][0]["version"] != "2":
-            assert time.monotonic() < deadline, "version 2 was not picked up"
-            time.sleep(0.1)
+        _wait_for_version(client, "2")
         after = client.predict(inputs=x)["outputs"]["logits"]
         with pytest.raises(ServingError) as error:
             client.predict(inputs=x, version=1)  # the `latest` policy serves one version
         assert error.value.status == 404
+        # A version caught mid-copy (no variables/ yet) fails to load, is retried and served.
+        os.makedirs(os.path.join(base, "3"))
+        shutil.copy(os.path.join(base, "2", "saved_model.pb"), os.path.join(base, "3"))
+        time.sleep(0.5)
+        assert _served_version(client) == "2"
+        shutil.copytree(os.path.join(base, "2", "variables"), os.path.join(base, "3", "variables"))
+        _wait_for_version(client, "3")
+        # Deleting the newest version rolls back to the next one, served by number too.
+        shutil.rmtree(os.path.join(base, "3"))
+        shutil.rmtree(os.path.join(base, "2"))
+        _wait_for_version(client, "1")
+        rolled_back = client.predict(inputs=x, version=1)["outputs"]["logits"]
     finally:
         server.stop()
     np.testing.assert_allclose(before, antisym.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(after, gated.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rolled_back, before, rtol=1e-6, atol=1e-6)
+
+
+def _served_version(client):
+    return client.status()["model_version_status"][0]["version"]
+
+
+def _wait_for_version(client, version, seconds=30):
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if _served_version(client) == version:
+                return
+        except ServingError:
+            pass  # 404 while nothing is loaded
+        assert time.monotonic() < deadline, f"version {version} was not served"
+        time.sleep(0.1)
 
 
 LOAD_REQUESTS, LOAD_CLIENTS = 2000, 8
@@ -384,4 +415,73 @@ def test_bounded_load(target, capsys):
             f"\nload test: {LOAD_REQUESTS} requests, {LOAD_CLIENTS} clients, 0 errors, "
             f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, {LOAD_REQUESTS / elapsed:.0f} requests/s"
         )
+    target.assert_still_serving()
+
+
+def _assert_json_error(response, case, low=400, high=499):
+    status, headers, body = response
+    assert status is not None and low <= status <= high, (case, status, body[:200])
+    assert headers.get("content-type") == "application/json", (case, headers)
+    assert json.loads(body)["error"].strip(), case
+
+
+def test_raw_bad_requests_get_one_json_4xx_and_no_smuggling(target):
+    """Broken framing, methods, heads and sizes: one JSON 4xx each, never a second request."""
+    if not target.local:
+        pytest.skip(LOCAL_ONLY)
+    for case, data, closes in raw_bad_requests(target.model, LOCAL_MAX_BODY_BYTES):
+        responses, closed = raw_http(target.url, data, idle=0.5)
+        assert len(responses) == 1, (case, [r[:2] for r in responses])
+        _assert_json_error(responses[0], case)
+        assert b"SMUGGLED" not in responses[0][2], case
+        assert closed or not closes, f"{case}: the connection stayed open"
+    # A body on a GET is read as its body (and ignored), not as the next request.
+    get = f"GET /v1/models/{target.model} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    data = get.encode() + b"\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(SMUGGLED), SMUGGLED)
+    responses, _ = raw_http(target.url, data, idle=0.5)
+    assert [r[0] for r in responses] == [200]
+    target.assert_still_serving()
+
+
+def _local_bad_bodies(target):
+    """`(case, body)`: `:predict` bodies the local server answers with a JSON 400."""
+    good = target.batch(2).tolist()
+    mixed = json.loads(json.dumps(good))
+    mixed[1][5][0] = True  # one boolean among floats
+    nulls = json.loads(json.dumps(good))
+    nulls[0][0][0] = None
+    steps = len(good[0])
+    return [
+        ("a boolean among floats", {"instances": mixed}),
+        ("a boolean among columns", {"inputs": {"sequence": mixed}}),
+        ("all booleans", {"instances": [[[True]] * steps]}),
+        ("a null", {"instances": nulls}),
+        ("an object for a number", {"instances": [[[{}]] * steps]}),
+        ("one number too deep", {"instances": [[[[0.5]]] * steps]}),
+        ("a number for an instance", {"instances": [0.5, 0.5]}),
+        ("a number for inputs", {"inputs": 0.5}),
+        ("an empty time step", {"instances": [[[]] * steps]}),
+        ("instances as an object", {"instances": {"sequence": good}}),
+        ("instances mixing objects and lists", {"instances": [{"sequence": good[0]}, good[1]]}),
+        ("an extra input", {"inputs": {"sequence": good, "extra": good}}),
+        ("signature_name not a string", {"instances": good, "signature_name": 7}),
+        ("1e999 (infinite)", '{"instances": [[' + "[1e999]," * (steps - 1) + "[1]]]}"),
+        ("a 5,000-digit integer",
+         '{"instances": [[' + "[1]," * (steps - 1) + "[" + "9" * 5000 + "]]]}"),
+        ("an integer beyond float32", {"instances": [[[10**40]] * steps]}),
+        ("a string for the body", '"instances"'),
+        ("invalid UTF-8", b'{"instances": "\xff\xfe"}'),
+        ("UTF-16", json.dumps({"instances": good}).encode("utf-16")),
+        ("deeply nested", "[" * 100_000 + "]" * 100_000),
+        ("too many numbers", {"instances": [[[0]] * steps] * (LOCAL_MAX_INPUT_ELEMENTS // 64 + 1)}),
+    ]  # fmt: skip
+
+
+def test_local_bad_bodies_answer_400(target):
+    if not target.local:
+        pytest.skip(LOCAL_ONLY)
+    for case, body in _local_bad_bodies(target):
+        status, answer = http_call(f"{target.model_url}:predict", "POST", body)
+        assert status == 400, (case, status, answer)
+        assert isinstance(answer, dict) and answer["error"].strip(), (case, answer)
     target.assert_still_serving()

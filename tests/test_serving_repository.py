@@ -1,0 +1,92 @@
+"""`serving.repository`: TensorFlow Serving's `latest` policy and a watcher that never dies."""
+
+import os
+import shutil
+import time
+
+
+class _FakeServable:
+    """Loads only complete versions (with a file under variables/), like a SavedModel."""
+
+    def __init__(self, path, version):
+        if not os.listdir(os.path.join(path, "variables")):
+            raise OSError(f"no variables in {path}")
+        self.version = version
+
+
+def _fake_version(base, name, variables=True):
+    os.makedirs(os.path.join(base, name, "variables"), exist_ok=True)
+    with open(os.path.join(base, name, "saved_model.pb"), "w") as f:
+        f.write("pb")
+    if variables:
+        with open(os.path.join(base, name, "variables", "variables.index"), "w") as f:
+            f.write("index")
+
+
+def _served(repository):
+    from serving.payload import RestError
+
+    try:
+        return repository.get(repository.name).version
+    except RestError:
+        return None
+
+
+def test_latest_policy_retries_rolls_back_and_ignores_non_ascii_digits(tmp_path):
+    """The highest loadable version; a half-copied one retried; deletions roll back."""
+    from serving.repository import ModelRepository
+
+    base = str(tmp_path)
+    for name in ("1", "2", "²", "3x", "٣"):  # "²" and "٣" pass str.isdigit()
+        _fake_version(base, name)
+    repository = ModelRepository(base, "m", poll_seconds=0.01, loader=_FakeServable)
+    repository.refresh()
+    assert _served(repository) == 2
+    _fake_version(base, "3", variables=False)  # caught mid-copy
+    repository.refresh()
+    assert _served(repository) == 2
+    _fake_version(base, "3")  # the copy finished: retried at once (its files changed)
+    repository.refresh()
+    assert _served(repository) == 3
+    shutil.rmtree(os.path.join(base, "3"))
+    shutil.rmtree(os.path.join(base, "2"))
+    repository.refresh()
+    assert _served(repository) == 1
+    assert repository.get("m", "1").version == 1
+    shutil.rmtree(os.path.join(base, "1"))
+    repository.refresh()
+    assert _served(repository) is None
+
+
+def test_version_watcher_survives_any_error(tmp_path, monkeypatch):
+    """The base path turned into a file, then gone, then EMFILE: still watching, then loads."""
+    import errno
+
+    from serving.repository import ModelRepository
+
+    base = str(tmp_path / "base")
+    _fake_version(base, "1")
+    repository = ModelRepository(base, "m", 0.02, loader=_FakeServable)
+    repository.start()
+    try:
+        assert _served(repository) == 1
+        shutil.rmtree(base)
+        with open(base, "w") as f:
+            f.write("not a folder")
+        time.sleep(0.2)
+        os.remove(base)
+
+        def emfile():
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(repository, "versions_on_disk", emfile)
+        time.sleep(0.2)
+        monkeypatch.undo()
+        assert repository.watching and _served(repository) == 1
+        _fake_version(base, "5")
+        deadline = time.monotonic() + 10
+        while _served(repository) != 5:
+            assert time.monotonic() < deadline, "version 5 was not loaded"
+            time.sleep(0.02)
+    finally:
+        repository.stop()
