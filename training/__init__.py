@@ -1,6 +1,44 @@
 """Training, tuning and paper experiments for keras-antisym (not shipped in the wheel)."""
 
+import contextlib
+import importlib
 import os
+import sys
 
-# The CLIs start quietly: TensorFlow reads this when it is first imported.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+@contextlib.contextmanager
+def native_stderr_silenced():
+    """Closes the process's native stderr (file descriptor 2) for the block.
+
+    TensorFlow's C++ runtime prints absl INFO and ERROR lines (oneDNN, CUDA
+    stubs, `cuInit` on a machine without a GPU) while it is imported and
+    while it first lists devices, before `TF_CPP_MIN_LOG_LEVEL` can apply.
+    Python exceptions still surface: they are printed after the block.
+    """
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _import_quietly():
+    """Imports Keras and, where installed, TensorFlow (TensorBoard and TFDS import it)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for name in ("tensorflow", "keras"):
+        if name in sys.modules:
+            continue
+        try:
+            with native_stderr_silenced():
+                importlib.import_module(name)
+        except ImportError:
+            if name == "keras":
+                raise
+
+
+_import_quietly()

@@ -35,7 +35,10 @@ def split_cpu(devices):
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        cpu = tf.config.list_physical_devices("CPU")[0]
+        from training import native_stderr_silenced
+
+        with native_stderr_silenced():  # listing devices probes CUDA, which prints
+            cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * devices
         )

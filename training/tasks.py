@@ -10,6 +10,7 @@ every backend (TensorFlow wraps them in `tf.data`), so no task needs TensorFlow.
 """
 
 import dataclasses
+import logging
 import os
 
 import numpy as np
@@ -89,6 +90,9 @@ def _load_tfds(name, split, data_dir):
             f"data set {name!r} needs tensorflow-datasets or an exported "
             f"{name}.npz in --data-dir (python -m training.data export)"
         ) from None
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # TFDS warns about what the DataError below says
     try:
         ds = tfds.load(name, split=split, as_supervised=True, data_dir=data_dir, download=False)
     except (AssertionError, tfds.core.registered.DatasetNotFoundError, OSError) as error:
@@ -97,6 +101,8 @@ def _load_tfds(name, split, data_dir):
             f"{data_dir or '~/tensorflow_datasets'}: pass --data-dir (or set TFDS_DATA_DIR) "
             f"to a folder holding it. ({str(error).splitlines()[0]})"
         ) from None
+    finally:
+        absl.setLevel(level)
     images, labels = [], []
     for x, y in tfds.as_numpy(ds.batch(8192)):
         images.append(x)

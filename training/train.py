@@ -19,7 +19,7 @@ import os
 import sys
 import typing
 
-from training import options
+from training import native_stderr_silenced, options
 from training.config import UsageError, check
 from training.files import atomic_path, write_atomically
 
@@ -166,10 +166,11 @@ def train_and_evaluate(config, workdir=None, log=print):
     from training.summaries import ScalarWriter
 
     task = tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
-    strategy = distribution.make(config.strategy, tpu=config.tpu)  # before any other TF op
+    with native_stderr_silenced():  # TensorFlow's device probing prints absl lines
+        strategy = distribution.make(config.strategy, tpu=config.tpu)  # before other TF ops
+        device = _describe_device()
     workdir = workdir or default_workdir(config)
     os.makedirs(workdir, exist_ok=True)
-    device = _describe_device()
     log(f"training on {device}")
     splits = Splits.load(task, config)
     trainer = _make_trainer(task, config, splits, strategy, workdir)
@@ -186,6 +187,8 @@ def train_and_evaluate(config, workdir=None, log=print):
         trainer, config, start_step, writer=writer, log=log, diagnostics=diagnostics, curve=curve
     )
     metrics = _final_metrics(config, trainer, task, splits, history, start_step, record)
+    if not history["steps"]:  # a finished run run again: its training numbers stay
+        metrics.update(_previous_training_metrics(workdir, metrics["steps"]))
     if curve is not None and curve.points:
         metrics["train_seconds"] = curve.points[-1]["train_seconds"]
     if diagnostics is not None:
@@ -319,6 +322,20 @@ def _final_metrics(config, trainer, task, splits, history, start_step, record):
     if splits.validation is not None:
         metrics["val_loss"], metrics["val_accuracy"] = evaluate(splits.validation)
     return metrics
+
+
+def _previous_training_metrics(workdir, steps):
+    """The last loss, accuracy and seconds of the run's `metrics.json` at `steps` steps."""
+    path = os.path.join(workdir, "metrics.json")
+    try:
+        with open(path) as handle:
+            previous = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    if previous.get("steps") != steps:
+        return {}
+    keys = ("final_train_loss", "final_train_accuracy", "train_seconds")
+    return {key: previous[key] for key in keys if previous.get(key) is not None}
 
 
 def _log_result(trainer, metrics, workdir, log):
