@@ -102,3 +102,58 @@ def test_checkpoint_entry(outputs):
     (entry,) = outputs[1]["checkpoints"].values()
     assert entry["type"] == "AntisymmetricRNN" and set(entry) >= {"40"}
     assert 0.8 < entry["40"]["mean"] < 1.2
+
+
+def _simulate(w, h0, steps, epsilon=None, inputs=None):
+    """The panels' recurrences, written again: vanilla (epsilon None) or with feedback."""
+    h = np.array(h0, dtype="float64")
+    norms = [np.linalg.norm(h)]
+    for t in range(steps):
+        drive = np.asarray(w) @ h + (0 if inputs is None else inputs[t])
+        h = np.tanh(drive) if epsilon is None else h + epsilon * np.tanh(drive)
+        norms.append(np.linalg.norm(h))
+    return h, np.array(norms)
+
+
+def _check_panel(panel, initial, steps, epsilon=None, inputs=None):
+    for i, h0 in enumerate(initial):
+        final, norms = _simulate(panel["matrix"], h0, steps, epsilon,
+                                 None if inputs is None else inputs[i])  # fmt: skip
+        np.testing.assert_allclose(panel["final_state"][i], final, atol=1e-12)
+        np.testing.assert_allclose(panel["final_norm"][i], norms[-1], atol=1e-12)
+        np.testing.assert_allclose(panel["max_norm"][i], norms.max(), atol=1e-12)
+        np.testing.assert_allclose(panel["min_norm"][i], norms.min(), atol=1e-12)
+        np.testing.assert_allclose(panel["norm_ratio"][i], norms[-1] / norms[0], rtol=1e-12)
+    eig = np.linalg.eigvals(np.asarray(panel["matrix"]))
+    expected = sorted(zip(eig.real, eig.imag, strict=True))
+    np.testing.assert_allclose(sorted(map(tuple, panel["eigenvalues"])), expected, atol=1e-12)
+
+
+def test_every_panel_is_its_documented_recurrence(outputs):
+    """Each panel's numbers follow from its matrix, the paper's initial states, ε and T."""
+    dynamics = outputs[1]["dynamics"]
+    initial, steps, epsilon = dynamics["initial_states"], dynamics["steps"], dynamics["epsilon"]
+    assert initial == [[0.0, 0.5], [-0.5, -0.5], [0.5, -0.75]] and epsilon == 0.1
+    assert steps == 50
+    for panel in dynamics["vanilla"].values():
+        _check_panel(panel, initial, steps)
+    for panel in dynamics["feedback"].values():
+        _check_panel(panel, initial, steps, epsilon)
+    # Seed grids (Appendix C): Gaussian W for the vanilla RNN; W - Wᵀ - γI, γ = 0.1, with
+    # feedback, for seeds 1..N.
+    for seed, panel in dynamics["vanilla_seeds"].items():
+        a = np.random.RandomState(int(seed)).standard_normal((2, 2))
+        np.testing.assert_allclose(panel["matrix"], a, atol=0)
+        _check_panel(panel, initial, steps)
+    for seed, panel in dynamics["feedback_seeds"].items():
+        a = np.random.RandomState(int(seed)).standard_normal((2, 2))
+        np.testing.assert_allclose(panel["matrix"], a - a.T - 0.1 * np.eye(2), atol=1e-15)
+        _check_panel(panel, initial, steps, epsilon)
+    assert sorted(map(int, dynamics["feedback_seeds"])) == [1, 2, 3, 4]
+    # With input: independent N(0, 1) inputs per trajectory (V = I), from `input_seed`.
+    with_input = dynamics["feedback_with_input"]
+    inputs = np.random.RandomState(with_input["input_seed"]).standard_normal((3, steps, 2))
+    for name in ("W+", "W-", "W0", "Wdiff"):
+        _check_panel(with_input[name], initial, steps, epsilon, inputs)
+        without = np.array(dynamics["feedback"][name]["final_state"])
+        assert np.abs(np.array(with_input[name]["final_state"]) - without).max() > 1e-3, name
