@@ -7,4 +7,6 @@ set -euo pipefail
 python -m pip install --quiet "torch==2.13.0"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 ruff check .
-python -m pytest -q "$@"
+# One worker per core (this machine and CI have 2); -v names each test as it ends, and
+# pyproject.toml adds a per-test time limit and the slowest tests at the end.
+python -m pytest -v -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"
