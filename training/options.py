@@ -27,6 +27,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def run_parser(prog, description):
+    """A parser with the options of a run: task, model, optimizer and distribution."""
+    parser = OneLineParser(prog=prog, description=description)
+    add_data_arguments(parser)
+    add_model_arguments(parser)
+    add_optimizer_arguments(parser)
+    add_distribution_arguments(parser)
+    return parser
+
+
 def add_data_arguments(parser):
     group = parser.add_argument_group("task")
     group.add_argument("--task", default=DEFAULTS.task, choices=TASK_NAMES)

@@ -25,13 +25,7 @@ from training.files import atomic_path, write_atomically
 
 
 def build_parser():
-    parser = options.OneLineParser(
-        prog="python -m training.train", description=__doc__.split("\n\n")[0]
-    )
-    options.add_data_arguments(parser)
-    options.add_model_arguments(parser)
-    options.add_optimizer_arguments(parser)
-    options.add_distribution_arguments(parser)
+    parser = options.run_parser("python -m training.train", __doc__.split("\n\n")[0])
     group = parser.add_argument_group("run")
     group.add_argument("--steps", type=int, default=2000, help="training steps (global batches)")
     group.add_argument("--output-dir", default=None, help="default: runs/<task>-<model>")

@@ -39,13 +39,7 @@ TUNERS = ("random", "bayesian", "hyperband", "grid")
 
 
 def build_parser():
-    parser = options.OneLineParser(
-        prog="python -m training.tune", description=__doc__.split("\n\n")[0]
-    )
-    options.add_data_arguments(parser)
-    options.add_model_arguments(parser)
-    options.add_optimizer_arguments(parser)
-    options.add_distribution_arguments(parser)
+    parser = options.run_parser("python -m training.tune", __doc__.split("\n\n")[0])
     group = parser.add_argument_group(
         "search space (default: the paper's grids; overrides --epsilon, --gamma, "
         "--sigma-w, --optimizer, --learning-rate)"
