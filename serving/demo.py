@@ -12,6 +12,7 @@
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -33,7 +34,8 @@ def _free_port():
 def _next_version(export_base):
     if not os.path.isdir(export_base):
         return 1
-    versions = [int(name) for name in os.listdir(export_base) if name.isdigit()]
+    # ASCII digits only, as the server reads versions ("²".isdigit() is True).
+    versions = [int(name) for name in os.listdir(export_base) if re.fullmatch(r"[0-9]+", name)]
     return max(versions, default=0) + 1
 
 
@@ -64,6 +66,39 @@ def _test_digits(count):
     return np.asarray(x), np.asarray(y)
 
 
+def _train_and_export(args):
+    """Train (or resume) on `digits`, export the next free version; returns the version."""
+    train = ["-m", "training.train", "--task", "digits", "--steps", str(args.steps)]
+    _run([*train, "--output-dir", args.output_dir], "train")
+    version = _next_version(args.export_base)
+    model = os.path.join(args.output_dir, "model.keras")
+    export = ["-m", "serving.export", "--model", model, "--export-base", args.export_base]
+    _run([*export, "--version", str(version)], "export")
+    return version
+
+
+def _predict_and_print(client, count, version):
+    x, labels = _test_digits(count)
+    print(f"[predict] POST /v1/models/{MODEL_NAME}:predict with {len(x)} test digits")
+    predictions = client.predict(instances=x.tolist())["predictions"]
+    correct = 0
+    for prediction, label in zip(predictions, labels, strict=True):
+        confidence = max(prediction["probabilities"])
+        correct += prediction["class_id"] == int(label)
+        print(f"  true {int(label)}  predicted {prediction['class_id']}  p={confidence:.3f}")
+    print(f"[predict] {correct}/{len(labels)} correct (model version {version})")
+
+
+def _stop(server):
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    print("[stop] server stopped")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m serving.demo", description=__doc__)
     parser.add_argument("--output-dir", default="runs/demo")
@@ -72,68 +107,19 @@ def main(argv=None):
     parser.add_argument("--examples", type=int, default=8, help="test digits to predict")
     args = parser.parse_args(argv)
 
-    _run(
-        [
-            "-m",
-            "training.train",
-            "--task",
-            "digits",
-            "--steps",
-            str(args.steps),
-            "--output-dir",
-            args.output_dir,
-        ],
-        "train",
-    )
-    version = _next_version(args.export_base)
-    _run(
-        [
-            "-m",
-            "serving.export",
-            "--model",
-            os.path.join(args.output_dir, "model.keras"),
-            "--export-base",
-            args.export_base,
-            "--version",
-            str(version),
-        ],
-        "export",
-    )
-
+    version = _train_and_export(args)
     port = _free_port()
-    command = [
-        "-m",
-        "serving.server",
-        "--model-base-path",
-        args.export_base,
-        "--model-name",
-        MODEL_NAME,
-        "--port",
-        str(port),
-    ]
+    command = ["-m", "serving.server", "--model-base-path", args.export_base]
+    command += ["--model-name", MODEL_NAME, "--port", str(port)]
     print(f"[serve] {' '.join(command)}", flush=True)
     server = subprocess.Popen([sys.executable, *command])
     try:
         client = ServingClient(f"http://127.0.0.1:{port}", MODEL_NAME, timeout=30)
         status = _wait_until_serving(client, server, deadline_seconds=120)
         print(f"[serve] {json.dumps(status)}")
-        x, labels = _test_digits(args.examples)
-        print(f"[predict] POST /v1/models/{MODEL_NAME}:predict with {len(x)} test digits")
-        predictions = client.predict(instances=x.tolist())["predictions"]
-        correct = 0
-        for prediction, label in zip(predictions, labels, strict=True):
-            confidence = max(prediction["probabilities"])
-            correct += prediction["class_id"] == int(label)
-            print(f"  true {int(label)}  predicted {prediction['class_id']}  p={confidence:.3f}")
-        print(f"[predict] {correct}/{len(labels)} correct (model version {version})")
+        _predict_and_print(client, args.examples, version)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        print("[stop] server stopped")
+        _stop(server)
     return 0
 
 

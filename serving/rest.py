@@ -66,7 +66,8 @@ class RestApp:
             log.exception("Internal error on %s %s", method, path)
             status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"Internal: {error}"}
         log.debug("%s %s -> %d", method, path[:200], status)
-        return json_response(start_response, status, body, extra)
+        chunks = json_response(start_response, status, body, extra)
+        return [] if method == "HEAD" else chunks  # a HEAD answer has headers only
 
     def _route(self, method, path, environ):
         match = _PATH.match(path)

@@ -440,6 +440,10 @@ def test_raw_bad_requests_get_one_json_4xx_and_no_smuggling(target):
     data = get.encode() + b"\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(SMUGGLED), SMUGGLED)
     responses, _ = raw_http(target.url, data, idle=0.5)
     assert [r[0] for r in responses] == [200]
+    # HEAD is not TensorFlow Serving's: 405, headers only (a body would break framing).
+    head = f"HEAD /v1/models/{target.model} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    responses, _ = raw_http(target.url, head + head, idle=0.5, head=True)
+    assert [(r[0], r[2]) for r in responses] == [(405, b"")] * 2
     target.assert_still_serving()
 
 
