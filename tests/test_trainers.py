@@ -291,3 +291,52 @@ def test_a_truncated_checkpoint_falls_back_to_the_one_before(tmp_path):
     assert "at step 10" in resumed.stdout
     assert json.loads((out / "metrics.json").read_text())["steps"] == 20
     assert not list((out / "checkpoints").glob("*.partial"))
+
+
+_TF_COMMON = ["--task", "digits", "--units", "8", "--batch-size", "32", "--checkpoint-every",
+              "5"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_tf_weights(tmp_path_factory):
+    """The weights of a TensorFlow run of 20 steps that nothing interrupted."""
+    out = tmp_path_factory.mktemp("straight")
+    done = _train("tensorflow", [*_TF_COMMON, "--steps", "20", "--output-dir", str(out)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return _weights(out / "model.keras")
+
+
+@pytest.mark.parametrize("torn", ["data", "index"])
+def test_a_truncated_tf_checkpoint_falls_back_to_the_one_before(
+    tmp_path, torn, uninterrupted_tf_weights
+):
+    import tensorflow as tf
+
+    out = tmp_path / "run"
+    checkpoints = out / "checkpoints"
+    common = [*_TF_COMMON, "--output-dir", str(out)]
+    first = _train("tensorflow", [*common, "--steps", "15"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert tf.train.latest_checkpoint(str(checkpoints)) == str(checkpoints / "ckpt-15")
+    (newest,) = checkpoints.glob(f"ckpt-15.{torn}*")
+    newest.write_bytes(newest.read_bytes()[:100])  # torn by a crash of the disk
+    # What killed saves leave: TF's sharded-save folder and temporary files.
+    (checkpoints / "ckpt-20_temp").mkdir()
+    (checkpoints / "ckpt-20_temp" / "part-00000-of-00001.index").write_bytes(b"killed")
+    (checkpoints / "tmpk1ll3d.tmp").write_text("killed mid-save")
+    (checkpoints / f"checkpoint.tmp{'0f' * 16}").write_text("killed mid-save")
+    (checkpoints / "checkpoint.partial").write_text("killed mid-save")
+    resumed = _train("tensorflow", [*common, "--steps", "20"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    skipped = [line for line in resumed.stdout.splitlines() if "skipping unreadable" in line]
+    assert len(skipped) == 1 and "ckpt-15" in skipped[0], resumed.stdout
+    assert "at step 10" in resumed.stdout
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 20
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(
+        ["checkpoint"]
+        + [f"ckpt-{n}.{kind}" for n in (10, 15, 20) for kind in ("index", "data-00000-of-00001")]
+    )  # leftovers gone, the torn checkpoint rewritten, KEEP=3
+    assert tf.train.latest_checkpoint(str(checkpoints)) == str(checkpoints / "ckpt-20")
+    # Resuming from step 10 retrains steps 11-20 exactly as a run that was never interrupted.
+    for a, b in zip(_weights(out / "model.keras"), uninterrupted_tf_weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

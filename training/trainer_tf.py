@@ -3,18 +3,36 @@
 One custom step (`strategy.run`, `distribute_datasets_from_function`,
 `compute_average_loss`) serves every strategy: `model.fit` fails under
 MultiWorkerMirroredStrategy (keras-team/keras#20585).
+
+Checkpoints are `tf.train.Checkpoint` files `ckpt-N.{index,data-*}` with the
+state file `tf.train.latest_checkpoint` reads. A save writes the checkpoint,
+flushes it to disk, then replaces the state file atomically and durably, so a
+crash at any moment leaves a complete checkpoint named there. `restore` takes
+the newest readable checkpoint (skipping a torn one with one line), and a new
+trainer first removes what killed saves left behind.
 """
 
+import contextlib
 import os
+import re
+import shutil
 import tempfile
 
 import numpy as np
 import tensorflow as tf
 
 from training import distribution
+from training.files import remove_partials, write_atomically
 from training.objectives import per_example_correct, per_example_loss
 from training.tasks import TrainingBatches
 from training.trainers import check_batch_size
+
+KEEP = 3
+STATE = "checkpoint"  # the state file of tf.train.latest_checkpoint
+_CHECKPOINT = re.compile(r"^ckpt-(\d+)\.index$")
+# Left by killed saves: TF's sharded-save folder `ckpt-N_temp/`, its atomic-write
+# temporaries `checkpoint.tmp<hex>`, and `tmp*.tmp` files of older versions of this code.
+_LEFTOVER = re.compile(r"^(ckpt-\d+_temp|.+\.tmp[0-9a-f]{32}|tmp\w*\.tmp)$")
 
 
 def training_dataset(batches, start_step=0, num_replicas=1, replica_ids=(0,)):
@@ -86,27 +104,52 @@ class TFTrainer:
             self.model, self.optimizer = build()
             self.optimizer.build(self.model.trainable_variables)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+        # `write` saves what is tracked: create the counter `save` would add, so that
+        # checkpoints of either kind (older runs used `CheckpointManager.save`) restore
+        # with every object matched.
+        self.checkpoint.save_counter  # noqa: B018
         self.checkpoint_dir = checkpoint_dir
-        self.manager = None
+        self._save_dir = None
         if checkpoint_dir is not None:
             # Every worker saves (the save may synchronize); only the chief keeps its copy.
-            own_dir = checkpoint_dir
+            self._save_dir = checkpoint_dir
             if not self.chief:
-                own_dir = os.path.join(tempfile.mkdtemp(), self.label)
-            self.manager = tf.train.CheckpointManager(self.checkpoint, own_dir, max_to_keep=3)
+                self._save_dir = os.path.join(tempfile.mkdtemp(), self.label)
+            else:
+                remove_leftovers(checkpoint_dir)
         self._train_step, self._iterator, self._predict = None, None, None
 
     def restore(self):
-        if self.checkpoint_dir is None:
-            return int(self.optimizer.iterations.numpy()), None
-        path = tf.train.latest_checkpoint(self.checkpoint_dir)
-        if path:
+        """Loads the newest readable checkpoint (an unreadable one falls back to the one before)."""
+        for path in reversed(checkpoint_paths(self.checkpoint_dir)):
+            try:
+                _read_all(path)
+            except (tf.errors.OpError, IndexError, ValueError, OSError) as error:
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                print(f"skipping unreadable checkpoint {path}: {reason}")
+                continue
             self.checkpoint.restore(path).assert_existing_objects_matched()
-        return int(self.optimizer.iterations.numpy()), path
+            return int(self.optimizer.iterations.numpy()), path
+        return int(self.optimizer.iterations.numpy()), None
 
     def save(self, step):
-        if self.manager is not None:
-            self.manager.save(checkpoint_number=step)
+        if self._save_dir is None:
+            return
+        directory = self._save_dir
+        os.makedirs(directory, exist_ok=True)
+        path = self.checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
+        _fsync_checkpoint(path)
+        # Older ones stay up to KEEP; newer ones are those restore skipped as unreadable.
+        older = [p for p in checkpoint_paths(directory) if _step(p) < step]
+        kept = older[-(KEEP - 1) :] + [path]
+        names = [os.path.basename(p) for p in kept]
+        state = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(
+            f'all_model_checkpoint_paths: "{name}"\n' for name in names
+        )
+        write_atomically(os.path.join(directory, STATE), state)  # fsyncs file and folder
+        for old in checkpoint_paths(directory):
+            if old not in kept:
+                _remove_checkpoint(old)
 
     def step(self):
         if self._train_step is None:
@@ -157,3 +200,68 @@ class TFTrainer:
             return total / batch_size, correct / batch_size
 
         self._train_step = train_step
+
+
+def checkpoint_paths(directory):
+    """Prefixes of the complete-looking checkpoints `ckpt-N` in `directory`, oldest first."""
+    if directory is None or not os.path.isdir(directory):
+        return []
+    steps = sorted(int(m[1]) for m in map(_CHECKPOINT.match, os.listdir(directory)) if m)
+    return [os.path.join(directory, f"ckpt-{step}") for step in steps]
+
+
+def _step(path):
+    return int(os.path.basename(path).split("-")[-1])
+
+
+def remove_leftovers(directory):
+    """Deletes what killed saves left in `directory`; returns the names removed."""
+    if not os.path.isdir(directory):
+        return []
+    remove_partials(directory)
+    removed = []
+    for name in sorted(os.listdir(directory)):
+        if _LEFTOVER.match(name):
+            path = os.path.join(directory, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+            removed.append(name)
+    return removed
+
+
+def _read_all(path):
+    """Reads every tensor of the checkpoint at `path`: raises if any part is torn."""
+    reader = tf.train.load_checkpoint(path)
+    for key in reader.get_variable_to_shape_map():
+        reader.get_tensor(key)
+
+
+def _checkpoint_files(path):
+    directory, prefix = os.path.split(path)
+    return [
+        os.path.join(directory, name)
+        for name in os.listdir(directory)
+        if name == f"{prefix}.index" or name.startswith(f"{prefix}.data-")
+    ]
+
+
+def _fsync_checkpoint(path):
+    """Flushes the files of the checkpoint at `path` and its folder (TF renames them unflushed)."""
+    for name in _checkpoint_files(path):
+        with open(name, "rb") as handle:
+            os.fsync(handle.fileno())
+    if hasattr(os, "O_DIRECTORY"):
+        handle = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+
+
+def _remove_checkpoint(path):
+    for name in _checkpoint_files(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
