@@ -30,16 +30,16 @@ from serving.rest import RestApp
 log = logging.getLogger("serving.server")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-# Limits and their defaults: the CLI flags and make_server's keyword arguments.
+# Limits: the CLI flags and make_server's keyword arguments, with default and meaning.
 LIMITS = {
-    "max_body_bytes": DEFAULT_MAX_BODY_BYTES,  # larger bodies: 413
-    "max_input_elements": DEFAULT_MAX_INPUT_ELEMENTS,  # more numbers per request: 400
-    "max_header_bytes": 64 * 1024,  # larger request line + headers: 431
-    "threads": 4,  # worker threads running predictions
-    "connection_limit": 100,  # open connections; more wait in the listen backlog
-    "max_queued_requests": 32,  # more requests waiting for a worker: 503
-    "channel_timeout": 30,  # seconds a connection may sit idle
-    "request_timeout": 30.0,  # seconds to send one request's headers and body
+    "max_body_bytes": (DEFAULT_MAX_BODY_BYTES, "larger request bodies get 413"),
+    "max_input_elements": (DEFAULT_MAX_INPUT_ELEMENTS, "more input numbers per request: 400"),
+    "max_header_bytes": (64 * 1024, "larger request line + headers get 431"),
+    "threads": (4, "worker threads running predictions"),
+    "connection_limit": (100, "open connections; more wait in the listen backlog"),
+    "max_queued_requests": (32, "more requests waiting for a worker get 503"),
+    "channel_timeout": (30, "seconds a connection may sit idle"),
+    "request_timeout": (30.0, "seconds to send one request's headers and body"),
 }
 FD_RESERVE = 64  # descriptors kept for TensorFlow, model files and logs
 
@@ -91,7 +91,7 @@ def make_server(
     unknown = set(limits) - set(LIMITS)
     if unknown:
         raise TypeError(f"Unknown limits {sorted(unknown)}, expected some of {sorted(LIMITS)}")
-    limits = {**LIMITS, **limits}
+    limits = {**{name: default for name, (default, _) in LIMITS.items()}, **limits}
     for name, value in {"poll_seconds": poll_seconds, **limits}.items():
         _check_positive(name, value)
     if not _is_loopback(host):
@@ -120,7 +120,22 @@ def make_server(
     return server
 
 
-def _parser():
+def _serve(server, name):
+    """Print the URL line, serve until interrupted, then stop."""
+    host, port = server.server_address
+    # One parseable line: tests and scripts started with --port 0 read the port from it.
+    print(f"Serving {name} on http://{host}:{port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.repository.stop()
+        server.server_close()
+
+
+def main(argv=None):
+    """CLI entry point; serves until interrupted."""
     parser = argparse.ArgumentParser(
         prog="python -m serving.server",
         description=__doc__,
@@ -135,18 +150,12 @@ def _parser():
     parser.add_argument(
         "--poll-seconds", type=float, default=1.0, help="seconds between scans for new versions"
     )
-    for name, default in LIMITS.items():
+    for name, (default, meaning) in LIMITS.items():
         parser.add_argument(
             "--" + name.replace("_", "-"), type=type(default), default=default,
-            help=f"default {default} (docs/serving.md)",
+            help=f"{meaning} (default {default})",
         )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="log every request")
-    return parser
-
-
-def main(argv=None):
-    """CLI entry point; serves until interrupted."""
-    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -165,16 +174,7 @@ def main(argv=None):
         )  # fmt: skip
     except (ValueError, OSError) as error:
         parser.error(str(error))
-    host, port = server.server_address
-    # One parseable line: tests and scripts started with --port 0 read the port from it.
-    print(f"Serving {args.model_name} on http://{host}:{port}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.repository.stop()
-        server.server_close()
+    _serve(server, args.model_name)
     return 0
 
 

@@ -124,3 +124,22 @@ def test_saturated_server_answers_503():
     statuses = sorted(status for status, _ in results)
     assert len(statuses) == 12 and set(statuses) == {200, 503}, statuses
     assert all("overloaded" in answer["error"] for status, answer in results if status == 503)
+
+
+def test_public_host_warns_and_connection_limit_fits_ulimit(caplog, monkeypatch):
+    import logging
+
+    from serving import server as server_module
+
+    monkeypatch.setattr(server_module.resource, "getrlimit", lambda _: (256, 256))
+    _, base = exported("antisymmetric")
+    with caplog.at_level(logging.WARNING, logger="serving.server"):
+        server = server_module.make_server(
+            base, "antisym", host="0.0.0.0", port=0, connection_limit=1000
+        )
+        server.repository.stop()
+        server.server_close()
+    assert "no authentication" in caplog.text
+    assert "connection limit 1000 lowered to 192" in caplog.text
+    with pytest.raises(ValueError, match="request_timeout"):
+        server_module.make_server(base, "antisym", port=0, request_timeout=0)
