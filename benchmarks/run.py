@@ -63,25 +63,30 @@ QUICK = {
 }
 
 
-def make_layer(name, units):
+def make_layer(name, units, **fused_options):
+    """A layer by name; `fused_options` (e.g. `hoist_inputs`) go to the fused layers."""
     import keras
 
     import keras_antisym
 
     if name == "AntisymmetricRNN":
-        return keras_antisym.AntisymmetricRNN(units)
+        return keras_antisym.AntisymmetricRNN(units, **fused_options)
     if name == "GatedAntisymmetricRNN":
-        return keras_antisym.GatedAntisymmetricRNN(units)
+        return keras_antisym.GatedAntisymmetricRNN(units, **fused_options)
     if name == "RNN(AntisymmetricCell)":
         return keras.layers.RNN(keras_antisym.AntisymmetricCell(units))
     return getattr(keras.layers, name)(units)
 
 
-def make_model(name, steps, features, units, jit_compile=False):
+def make_model(name, steps, features, units, jit_compile=False, **fused_options):
     import keras
 
     model = keras.Sequential(
-        [keras.Input((steps, features)), make_layer(name, units), keras.layers.Dense(10)]
+        [
+            keras.Input((steps, features)),
+            make_layer(name, units, **fused_options),
+            keras.layers.Dense(10),
+        ]
     )
     model.compile(
         keras.optimizers.SGD(0.01),
@@ -198,32 +203,32 @@ def bench_jit(config, layers=LAYERS):
     }
 
 
+def hoist_models(config, jit_compile=False):
+    """`{name: model}` of the hoist section: the fused layers with `hoist_inputs` False, True."""
+    batch, steps, features, units = config["hoist_shape"]
+    models = {"SimpleRNN": make_model("SimpleRNN", steps, features, units, jit_compile)}
+    for name in ("AntisymmetricRNN", "GatedAntisymmetricRNN"):
+        for hoist in (False, True):
+            models[f"{name}|hoist={hoist}"] = make_model(
+                name, steps, features, units, jit_compile, hoist_inputs=hoist
+            )
+    return models
+
+
 def bench_hoist(config, synced=lambda call: call, jit_compile=False):
     """Fused training step with the input projection hoisted or not, wide inputs.
 
-    The fused layers decide by device (`keras_antisym.layers.hoists_inputs`);
-    this measures both choices on this machine, interleaved.
+    The fused layers choose by device with `hoist_inputs="auto"`; this
+    measures both choices (`hoist_inputs=False` and `True`) on this machine,
+    interleaved.
     """
-    import keras_antisym.layers
-
     batch, steps, features, units = config["hoist_shape"]
     x, y = _data(batch, steps, features)
-    calls = {}
-    for name in ("SimpleRNN", "AntisymmetricRNN", "GatedAntisymmetricRNN"):
-        for hoist in (False, True) if name != "SimpleRNN" else (None,):
-            model = make_model(name, steps, features, units, jit_compile)
-
-            def call(m=model, hoist=hoist):
-                # Read when the step is traced (the first, warm-up call) or,
-                # on an eager backend, at every call.
-                keras_antisym.layers.HOIST_INPUTS = hoist
-                m.train_on_batch(x, y)
-
-            calls[name if hoist is None else f"{name}|hoist={hoist}"] = synced(call)
-    try:
-        times = interleaved(calls, config["repeats"], config["warmup"])
-    finally:
-        keras_antisym.layers.HOIST_INPUTS = None
+    calls = {
+        name: synced(lambda m=model: m.train_on_batch(x, y))
+        for name, model in hoist_models(config, jit_compile).items()
+    }
+    times = interleaved(calls, config["repeats"], config["warmup"])
     return {"batch": batch, "steps": steps, "features": features, "units": units, "times": times}
 
 

@@ -1,48 +1,12 @@
 """AntisymmetricRNN cells (Chang, Chen, Haber & Chi, ICLR 2019)."""
 
-import math
-import numbers
-
 import keras
 import numpy as np
 from keras import ops
 
 from keras_antisym._keras_private import SequenceConstantsCell, accelerator_available
+from keras_antisym._validation import check_bool, check_float, check_positive_int, check_rate
 from keras_antisym.initializers import FanInNormal
-
-
-def _invalid(name, expected, value):
-    return ValueError(
-        f"Received an invalid value for argument `{name}`, expected {expected}, got {value!r}."
-    )
-
-
-def _check_units(units):
-    if isinstance(units, bool) or not isinstance(units, numbers.Integral) or units <= 0:
-        raise _invalid("units", "a positive integer", units)
-    return int(units)
-
-
-def _check_float(name, value, expected, allow_zero):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _invalid(name, expected, value)
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise _invalid(name, expected, value)
-    return value
-
-
-def _check_rate(name, value):
-    rate = _check_float(name, value, "a float in [0, 1)", allow_zero=True)
-    if rate >= 1:
-        raise _invalid(name, "a float in [0, 1)", value)
-    return rate
-
-
-def _check_bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise _invalid(name, "a boolean", value)
-    return bool(value)
 
 
 def upper_triangle_indices(units):
@@ -52,6 +16,29 @@ def upper_triangle_indices(units):
     `numpy.triu_indices(units, 1)`.
     """
     return np.stack(np.triu_indices(units, 1), axis=-1).astype("int32")
+
+
+def activation_derivative(activation, x):
+    """`activation'(x)`, in closed form for the usual activations.
+
+    Any other activation gets central differences, accurate to ~1e-3 relative
+    in float32: backend autodiff would tie the caller to one backend.
+    """
+    name = keras.activations.serialize(activation)
+    name = name if isinstance(name, str) else getattr(activation, "__name__", "")
+    if name == "tanh":
+        return 1.0 - ops.square(ops.tanh(x))
+    if name == "sigmoid":
+        s = ops.sigmoid(x)
+        return s * (1.0 - s)
+    if name == "linear":
+        return ops.ones_like(x)
+    if name == "relu":
+        return ops.cast(x > 0, x.dtype)
+    if name == "softsign":
+        return 1.0 / ops.square(1.0 + ops.abs(x))
+    step = 1e-2
+    return (activation(x + step) - activation(x - step)) / (2 * step)
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
@@ -144,20 +131,12 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         antisymmetric=True,
         **kwargs,
     ):
-        units = _check_units(units)
-        epsilon = _check_float("epsilon", epsilon, "a positive float", allow_zero=False)
-        gamma = _check_float("gamma", gamma, "a non-negative float", allow_zero=True)
-        dropout = _check_rate("dropout", dropout)
-        recurrent_dropout = _check_rate("recurrent_dropout", recurrent_dropout)
-        use_bias = _check_bool("use_bias", use_bias)
-        antisymmetric = _check_bool("antisymmetric", antisymmetric)
         super().__init__(**kwargs)
-        self.units = units
-        self.epsilon = epsilon
-        self.gamma = gamma
+        self.units = check_positive_int("units", units)
+        self.epsilon = check_float("epsilon", epsilon, "a positive float", allow_zero=False)
+        self.gamma = check_float("gamma", gamma, "a non-negative float", allow_zero=True)
         self.activation = keras.activations.get(activation)
-        self.use_bias = use_bias
-        self.antisymmetric = antisymmetric
+        self.use_bias = check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(
             kernel_initializer if kernel_initializer is not None else FanInNormal(1.0)
         )
@@ -171,17 +150,18 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.recurrent_constraint = keras.constraints.get(recurrent_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
-        self.dropout = dropout
-        self.recurrent_dropout = recurrent_dropout
+        self.dropout = check_rate("dropout", dropout)
+        self.recurrent_dropout = check_rate("recurrent_dropout", recurrent_dropout)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed=seed)
-        self.state_size = units
-        self.output_size = units
+        self.antisymmetric = check_bool("antisymmetric", antisymmetric)
+        self.state_size = self.units
+        self.output_size = self.units
         # On a CPU, XLA makes TensorFlow's recurrent while-loop slower (see
         # benchmarks/), so jit_compile="auto"/True keeps the plain graph there;
         # on a GPU/TPU XLA is what makes the loop fast (as on JAX).
         self.supports_jit = keras.backend.backend() != "tensorflow" or accelerator_available()
-        self._upper_indices = upper_triangle_indices(units) if antisymmetric else None
+        self._upper_indices = upper_triangle_indices(self.units) if self.antisymmetric else None
 
     def build(self, input_shape):
         input_shape = tuple(input_shape)
@@ -294,25 +274,59 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
             for kernel, bias in weights
         ]
 
-    def step(self, h, blocks, operand, recurrent_mask=None):
-        """One Euler step from `h_{t-1}`, given the projected input blocks
-        `[x_t·V_kᵀ + b_k]` and the operand."""
+    def vector_field(self, shared, blocks, return_slope=False):
+        """The right-hand side `f` of the ODE `h' = f(h, x)` that the cell discretizes.
+
+        Every block reads the same recurrent term, so `∂f/∂h = diag(d)·M`:
+        the Jacobian of a step is `I + ε·diag(d)·M` (see `keras_antisym.stability`).
+
+        Args:
+            shared: `h·(W - Wᵀ - γI)ᵀ`, the recurrent term `M h`, `(batch, units)`.
+            blocks: The projected input blocks `[x·V_kᵀ + b_k]` (`project_blocks`).
+            return_slope: Boolean, also return `d = ∂f/∂shared` (elementwise).
+
+        Returns:
+            `f = act(M h + V x + b)`, `(batch, units)`, or `(f, d)`.
+        """
+        (projected,) = blocks
+        pre_activation = shared + projected
+        rate = self.activation(pre_activation)
+        if not return_slope:
+            return rate
+        return rate, activation_derivative(self.activation, pre_activation)
+
+    def step(self, h, blocks, operand, recurrent_mask=None, return_slope=False):
+        """One Euler step `h_t = h_{t-1} + ε·f` from `h_{t-1}`.
+
+        The one definition of the step: the cell's `call`, the fused layers'
+        loop and the stability diagnostics all take it.
+
+        Args:
+            h: `h_{t-1}`, `(batch, units)`.
+            blocks: The projected input blocks `[x_t·V_kᵀ + b_k]` (`project_blocks`).
+            operand: `(W - Wᵀ - γI)ᵀ` (`recurrent_operand`).
+            recurrent_mask: Optional recurrent dropout mask for `h_{t-1}`
+                in the recurrent term only (the skip path is never dropped).
+            return_slope: Boolean, also return `d` of `vector_field`.
+
+        Returns:
+            `h_t`, or `(h_t, d)`.
+        """
         recurrent_input = h if recurrent_mask is None else h * recurrent_mask
         shared = ops.matmul(recurrent_input, operand)
-        return self._update(h, shared, blocks)
-
-    def _update(self, h, shared, blocks):
-        (projected,) = blocks
-        return h + self.epsilon * self.activation(shared + projected)
+        if not return_slope:
+            return h + self.epsilon * self.vector_field(shared, blocks)
+        rate, slope = self.vector_field(shared, blocks, return_slope=True)
+        return h + self.epsilon * rate, slope
 
     def call(self, sequence, states, training=False):
         h = states[0] if isinstance(states, (list, tuple)) else states
-        dropout_mask = self.get_dropout_mask(sequence)
-        recurrent_mask = self.step_recurrent_dropout_mask(h)
-        if training and dropout_mask is not None:
-            sequence = sequence * dropout_mask
-        if not training:
-            recurrent_mask = None
+        recurrent_mask = None
+        if training:
+            dropout_mask = self.get_dropout_mask(sequence)
+            if dropout_mask is not None:
+                sequence = sequence * dropout_mask
+            recurrent_mask = self.step_recurrent_dropout_mask(h)
         operand, weights = self.cached_sequence_constants()
         h_new = self.step(h, self.project_blocks(sequence, weights), operand, recurrent_mask)
         new_states = [h_new] if isinstance(states, (list, tuple)) else h_new
@@ -360,12 +374,17 @@ class GatedAntisymmetricCell(AntisymmetricCell):
         h_t = h_{t-1} + ε · z_t ⊙ tanh((W - Wᵀ - γI) h_{t-1} + V_h x_t + b_h)
 
     `kernel` has shape `(input_dim, 2·units)` and `bias` `(2·units,)`, laid
-    out as `[gate z | candidate h]`. Arguments are those of
-    `AntisymmetricCell`, plus:
+    out as `[gate z | candidate h]`.
 
     Args:
+        units, epsilon, gamma, activation: As in `AntisymmetricCell`.
         recurrent_activation: Activation of the gate `z` (sigmoid in the
             paper).
+        use_bias, kernel_initializer, recurrent_initializer,
+        bias_initializer, kernel_regularizer, recurrent_regularizer,
+        bias_regularizer, kernel_constraint, recurrent_constraint,
+        bias_constraint, dropout, recurrent_dropout, seed, antisymmetric:
+            As in `AntisymmetricCell`.
 
     Call arguments:
         sequence: A 2D tensor of shape `(batch, input_dim)`, one time step.
@@ -383,15 +402,70 @@ class GatedAntisymmetricCell(AntisymmetricCell):
 
     num_blocks = 2
 
-    def __init__(self, units, recurrent_activation="sigmoid", **kwargs):
-        super().__init__(units, **kwargs)
+    def __init__(
+        self,
+        units,
+        epsilon=0.01,
+        gamma=0.01,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        kernel_initializer=None,
+        recurrent_initializer=None,
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        antisymmetric=True,
+        **kwargs,
+    ):
+        super().__init__(
+            units,
+            epsilon=epsilon,
+            gamma=gamma,
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            antisymmetric=antisymmetric,
+            **kwargs,
+        )
         self.recurrent_activation = keras.activations.get(recurrent_activation)
 
-    def _update(self, h, shared, blocks):
+    def vector_field(self, shared, blocks, return_slope=False):
+        """`f = z ⊙ act(a_c)`, `z = recurrent_activation(a_z)`; see `AntisymmetricCell`.
+
+        Both `a_z` and `a_c` read `M h`, so `d = c ⊙ σ'(a_z) + z ⊙ act'(a_c)`
+        and the Jacobian keeps the paper's "diagonal times M" form.
+        """
         projected_gate, projected_candidate = blocks
-        gate = self.recurrent_activation(shared + projected_gate)
-        candidate = self.activation(shared + projected_candidate)
-        return h + self.epsilon * gate * candidate
+        gate_input = shared + projected_gate
+        candidate_input = shared + projected_candidate
+        gate = self.recurrent_activation(gate_input)
+        candidate = self.activation(candidate_input)
+        rate = gate * candidate
+        if not return_slope:
+            return rate
+        slope = candidate * activation_derivative(
+            self.recurrent_activation, gate_input
+        ) + gate * activation_derivative(self.activation, candidate_input)
+        return rate, slope
 
     def argument_config(self):
         return {

@@ -4,29 +4,77 @@ import keras
 from keras import ops
 
 from keras_antisym._keras_private import accelerator_available, rnn_loop
+from keras_antisym._validation import check_auto_or_bool
 from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
 
-# Hoisting `x·Vᵀ + b` of all steps out of the loop into one product. Measured
-# (training step, batch 128, units 128, T=400, m=96): on an H200 it made the
-# step 8-12% faster (gated 15-28%; JAX and PyTorch); on a 2-core CPU 16-35%
-# slower (gated 36-81%; TensorFlow and JAX), at m=16 too. So the fused layers
-# hoist on accelerators only, for inputs of at least HOIST_MIN_INPUT_DIM features.
-# `benchmarks` measures both choices on any machine (its `hoist` section).
+#: With `hoist_inputs="auto"`, the least input width that is hoisted on a GPU or TPU.
 HOIST_MIN_INPUT_DIM = 8
-#: None: on accelerators only; True or False: always or never (for inputs of at
-#: least HOIST_MIN_INPUT_DIM features).
-HOIST_INPUTS = None
-# Euler steps per iteration of the time loop (sequences of a static length that
-# it divides, without mask or unroll). Measured as above: 2 steps per iteration
-# made a training step 12% faster (gated 9%); 4 gained less.
-STEPS_PER_ITERATION = 2
+# Euler steps per iteration of the time loop, for sequences of a static length
+# that it divides (without mask or unroll): the loop's own per-iteration work
+# is shared by the steps. Not an argument: it changes no result, only speed,
+# and 2 was fastest on every machine measured (benchmarks/).
+_STEPS_PER_ITERATION = 2
 
 
-def hoists_inputs(input_dim):
-    """Whether the fused layers project all steps' inputs before the loop."""
-    if input_dim is None or input_dim < HOIST_MIN_INPUT_DIM:
+def hoists_inputs(hoist_inputs, input_dim):
+    """Whether a fused layer projects all steps' inputs before its loop.
+
+    Args:
+        hoist_inputs: The layer's argument, `"auto"`, `True` or `False`.
+        input_dim: The number of input features (None or 0: never).
+
+    Returns:
+        `hoist_inputs` when it is a boolean. `"auto"` hoists on a GPU or TPU,
+        where one large product beats `T` small ones, for inputs of at least
+        `HOIST_MIN_INPUT_DIM` features; not on a CPU, whose loop is bound by
+        per-op dispatch, and there the stored `(batch, T, units)` projection
+        and its gradient cost more than the per-step products they replace.
+    """
+    if not input_dim:
         return False
-    return accelerator_available() if HOIST_INPUTS is None else bool(HOIST_INPUTS)
+    if hoist_inputs == "auto":
+        return input_dim >= HOIST_MIN_INPUT_DIM and accelerator_available()
+    return hoist_inputs
+
+
+def _steps_per_iteration(sequences, mask, unroll):
+    steps, width = sequences.shape[1], sequences.shape[-1]
+    chunk = _STEPS_PER_ITERATION
+    if mask is not None or unroll or steps is None or steps % chunk or not width:
+        return 1
+    return chunk
+
+
+def _group_steps(sequences, chunk, go_backwards):
+    """`(batch, T, w)` as `(batch, T / chunk, chunk·w)`, reversed first if `go_backwards`.
+
+    Returns the grouped sequences and the `go_backwards` left to the loop.
+    """
+    if chunk == 1:
+        return sequences, go_backwards
+    if go_backwards:
+        sequences = ops.flip(sequences, axis=1)
+    steps, width = sequences.shape[1], sequences.shape[-1]
+    return ops.reshape(sequences, (-1, steps // chunk, chunk * width)), False
+
+
+def _fold_bias(sequences, weights):
+    """A constant-1 input feature that makes each block's bias a row of its kernel.
+
+    One product per block and step instead of a product and a bias add,
+    whose gradient would be a reduction at every step.
+    """
+    if not sequences.shape[-1] or weights[0][1] is None:
+        return sequences, weights
+    ones = ops.ones_like(sequences[..., :1])
+    folded = [
+        (ops.concatenate([kernel, ops.expand_dims(bias, 0)], 0), None) for kernel, bias in weights
+    ]
+    return ops.concatenate([sequences, ones], -1), folded
+
+
+def _cell_property(name):
+    return property(lambda self: getattr(self.cell, name), doc=f"The cell's `{name}` (read-only).")
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
@@ -38,20 +86,19 @@ class AntisymmetricRNN(keras.layers.RNN):
     Computes exactly what `keras.layers.RNN(AntisymmetricCell(...))` computes,
     with the same weights in the same order and shapes (so `set_weights`
     moves a model between the two), on the same time loop as Keras' own
-    recurrent layers. `W - Wᵀ - γI` is formed once per call. On a GPU or TPU,
-    for inputs with at least `HOIST_MIN_INPUT_DIM` features, the input
-    projection `V x_t + b` of all time steps is one matrix product before the
-    loop; otherwise each step projects its own input, with a constant-1
-    feature carrying the bias.
+    recurrent layers. `W - Wᵀ - γI` is formed once per call. The input
+    projection `V x_t + b` of all time steps is either one matrix product
+    before the loop (`hoist_inputs`), or each step projects its own input,
+    with a constant-1 feature carrying the bias.
 
     Args:
         units: Positive integer, the dimension of the hidden state.
         epsilon, gamma, activation, use_bias, kernel_initializer,
         recurrent_initializer, bias_initializer, kernel_regularizer,
-        recurrent_regularizer, bias_regularizer, kernel_constraint,
-        recurrent_constraint, bias_constraint, dropout, recurrent_dropout,
-        seed, antisymmetric: As in `AntisymmetricCell`.
+        recurrent_regularizer, bias_regularizer: As in `AntisymmetricCell`.
         activity_regularizer: Regularizer for the layer's output.
+        kernel_constraint, recurrent_constraint, bias_constraint, dropout,
+        recurrent_dropout, seed, antisymmetric: As in `AntisymmetricCell`.
         return_sequences: Boolean, return the whole output sequence instead
             of the last output.
         return_state: Boolean, also return the last state.
@@ -60,6 +107,12 @@ class AntisymmetricRNN(keras.layers.RNN):
         stateful: Boolean, the last state of sample `i` of a batch is the
             initial state of sample `i` of the next batch.
         unroll: Boolean, unroll the loop in Python (static length only).
+        hoist_inputs: `"auto"`, `True` or `False`: whether the input
+            projection of all steps is one product before the loop (the same
+            numbers either way, only speed differs). `"auto"` hoists on a GPU
+            or TPU for inputs of at least `HOIST_MIN_INPUT_DIM` features.
+
+    Every argument is also a read-only property of the layer.
 
     Call arguments:
         sequences: A 3D tensor `(batch, timesteps, features)`.
@@ -83,6 +136,7 @@ class AntisymmetricRNN(keras.layers.RNN):
 
     cell_class = AntisymmetricCell
     cell_name = "antisymmetric_cell"
+    #: Arguments of `cell_class` beyond those of `AntisymmetricCell`.
     cell_only_arguments = ()
 
     def __init__(
@@ -111,35 +165,32 @@ class AntisymmetricRNN(keras.layers.RNN):
         go_backwards=False,
         stateful=False,
         unroll=False,
+        hoist_inputs="auto",
         **kwargs,
     ):
-        extra = {name: kwargs.pop(name) for name in self.cell_only_arguments if name in kwargs}
-        cell = self.cell_class(
-            units,
-            epsilon=epsilon,
-            gamma=gamma,
-            activation=activation,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            recurrent_initializer=recurrent_initializer,
-            bias_initializer=bias_initializer,
-            kernel_regularizer=kernel_regularizer,
-            recurrent_regularizer=recurrent_regularizer,
-            bias_regularizer=bias_regularizer,
-            kernel_constraint=kernel_constraint,
-            recurrent_constraint=recurrent_constraint,
-            bias_constraint=bias_constraint,
-            dropout=dropout,
-            recurrent_dropout=recurrent_dropout,
-            seed=seed,
-            antisymmetric=antisymmetric,
-            dtype=kwargs.get("dtype"),
-            trainable=kwargs.get("trainable", True),
-            name=self.cell_name,
-            **extra,
-        )
-        super().__init__(
-            cell,
+        self._init_rnn(
+            self.cell_class(
+                units,
+                epsilon=epsilon,
+                gamma=gamma,
+                activation=activation,
+                use_bias=use_bias,
+                kernel_initializer=kernel_initializer,
+                recurrent_initializer=recurrent_initializer,
+                bias_initializer=bias_initializer,
+                kernel_regularizer=kernel_regularizer,
+                recurrent_regularizer=recurrent_regularizer,
+                bias_regularizer=bias_regularizer,
+                kernel_constraint=kernel_constraint,
+                recurrent_constraint=recurrent_constraint,
+                bias_constraint=bias_constraint,
+                dropout=dropout,
+                recurrent_dropout=recurrent_dropout,
+                seed=seed,
+                antisymmetric=antisymmetric,
+                **self._cell_keywords(kwargs),
+            ),
+            hoist_inputs,
             return_sequences=return_sequences,
             return_state=return_state,
             go_backwards=go_backwards,
@@ -148,70 +199,38 @@ class AntisymmetricRNN(keras.layers.RNN):
             activity_regularizer=activity_regularizer,
             **kwargs,
         )
+
+    def _init_rnn(self, cell, hoist_inputs, **kwargs):
+        """`keras.layers.RNN.__init__`, then the 3D input spec and `hoist_inputs`."""
+        super().__init__(cell, **kwargs)
+        self._hoist_inputs = check_auto_or_bool("hoist_inputs", hoist_inputs)
         self.input_spec = keras.layers.InputSpec(ndim=3)
 
+    def _cell_keywords(self, kwargs):
+        """The cell's name, dtype and trainability, and its own arguments (popped)."""
+        own = {name: kwargs.pop(name) for name in self.cell_only_arguments if name in kwargs}
+        return {
+            "dtype": kwargs.get("dtype"),
+            "trainable": kwargs.get("trainable", True),
+            "name": self.cell_name,
+            **own,
+        }
+
     def inner_loop(self, sequences, initial_state, mask, training=False):
+        # Called by RNN.call (keras_antisym/_keras_private.py, assumption 3).
         cell = self.cell
         h0 = initial_state[0] if isinstance(initial_state, (list, tuple)) else initial_state
-        # RNN.call has already drawn this call's dropout masks (one per
-        # sequence) and formed the per-sequence constants.
-        dropout_mask = cell.get_dropout_mask(sequences[:, 0])
-        if training and dropout_mask is not None:
-            sequences = sequences * ops.expand_dims(dropout_mask, 1)
-        recurrent_mask = cell.step_recurrent_dropout_mask(h0) if training else None
+        sequences, recurrent_mask = self._apply_dropout(sequences, h0, training)
         operand, weights = cell.cached_sequence_constants()
-        blocks = len(weights)
-        features = sequences.shape[-1]
-        hoist = hoists_inputs(features)
+        hoist = hoists_inputs(self.hoist_inputs, sequences.shape[-1])
         if hoist:
             sequences = cell.project_inputs(sequences)  # blocks side by side
-        elif features and weights[0][1] is not None:
-            # A constant-1 input feature makes each bias a row of its kernel:
-            # one product per block and step instead of a product and a bias
-            # add, whose gradient is a per-step reduction (6% faster, gated 4%).
-            sequences = ops.concatenate([sequences, ops.ones_like(sequences[..., :1])], -1)
-            weights = [
-                (ops.concatenate([kernel, ops.expand_dims(bias, 0)], 0), None)
-                for kernel, bias in weights
-            ]
+        else:
+            sequences, weights = _fold_bias(sequences, weights)
         steps, width = sequences.shape[1], sequences.shape[-1]
-        chunk = STEPS_PER_ITERATION
-        if mask is not None or self.unroll or steps is None or steps % chunk or not width:
-            chunk = 1
-        go_backwards = self.go_backwards
-        if chunk > 1:
-            # `chunk` Euler steps per loop iteration: the loop's own per-iteration
-            # work is shared by several steps. Reversal happens before chunking.
-            if go_backwards:
-                sequences = ops.flip(sequences, axis=1)
-                go_backwards = False
-            sequences = ops.reshape(sequences, (-1, steps // chunk, chunk * width))
-
-        # RNN.call assigns the last state into the state variables in place;
-        # under torch autograd the loop must not hold those tensors (as RNN's own loop).
-        copy_states = keras.backend.backend() == "torch" and self.stateful
-
-        def step_blocks(inputs):
-            """The projected input blocks of each of the `chunk` steps."""
-            if hoist:
-                pieces = [inputs] if chunk * blocks == 1 else ops.split(inputs, chunk * blocks, -1)
-                return [pieces[j * blocks : (j + 1) * blocks] for j in range(chunk)]
-            # Strided slices of narrow raw inputs (measured faster than a split).
-            raw = (
-                [inputs]
-                if chunk == 1
-                else [inputs[:, j * width : (j + 1) * width] for j in range(chunk)]
-            )
-            return [cell.project_blocks(x_j, weights) for x_j in raw]
-
-        def step(inputs, states):
-            h = ops.copy(states[0]) if copy_states else states[0]
-            outputs = []
-            for projected in step_blocks(inputs):
-                h = cell.step(h, projected, operand, recurrent_mask)
-                outputs.append(h)
-            return (h if chunk == 1 else ops.concatenate(outputs, axis=-1)), [h]
-
+        chunk = _steps_per_iteration(sequences, mask, self.unroll)
+        sequences, go_backwards = _group_steps(sequences, chunk, self.go_backwards)
+        step = self._step_function(operand, weights, recurrent_mask, hoist, chunk, width)
         last_output, outputs, states = rnn_loop(
             step,
             sequences,
@@ -229,42 +248,78 @@ class AntisymmetricRNN(keras.layers.RNN):
                 outputs = ops.reshape(outputs, (-1, steps, cell.units))
         return last_output, outputs, states
 
+    def _apply_dropout(self, sequences, h0, training):
+        """The inputs with their dropout mask applied, and the recurrent mask.
+
+        Inside `RNN.call` these are the masks RNN drew for this call, one per
+        sequence (keras_antisym/_keras_private.py, assumptions 2 and 3).
+        """
+        if not training:
+            return sequences, None
+        dropout_mask = self.cell.get_dropout_mask(sequences[:, 0])
+        if dropout_mask is not None:
+            sequences = sequences * ops.expand_dims(dropout_mask, 1)
+        return sequences, self.cell.step_recurrent_dropout_mask(h0)
+
+    def _step_function(self, operand, weights, recurrent_mask, hoist, chunk, width):
+        """The loop's step: `chunk` Euler steps on inputs of `chunk·width` features."""
+        cell, blocks = self.cell, len(weights)
+        # RNN.call assigns the last state into the state variables in place:
+        # under torch autograd the loop must not hold those tensors (as
+        # Keras' own RNN.inner_loop).
+        copy_states = keras.backend.backend() == "torch" and self.stateful
+
+        def projected_blocks(inputs):
+            """The projected input blocks of each of the `chunk` steps."""
+            if hoist:
+                pieces = [inputs] if chunk * blocks == 1 else ops.split(inputs, chunk * blocks, -1)
+                return [pieces[j * blocks : (j + 1) * blocks] for j in range(chunk)]
+            # Strided slices: cheaper than a split for narrow inputs.
+            raw = [inputs[:, j * width : (j + 1) * width] for j in range(chunk)]
+            return [cell.project_blocks(x, weights) for x in ([inputs] if chunk == 1 else raw)]
+
+        def step(inputs, states):
+            h = ops.copy(states[0]) if copy_states else states[0]
+            outputs = []
+            for projected in projected_blocks(inputs):
+                h = cell.step(h, projected, operand, recurrent_mask)
+                outputs.append(h)
+            return (h if chunk == 1 else ops.concatenate(outputs, axis=-1)), [h]
+
+        return step
+
     def transition_matrix(self):
         """The paper's `W - Wᵀ - γI` (see `AntisymmetricCell`)."""
         return self.cell.transition_matrix()
 
     @property
-    def units(self):
-        return self.cell.units
+    def hoist_inputs(self):
+        """`"auto"`, `True` or `False`, as given (read-only)."""
+        return self._hoist_inputs
 
-    @property
-    def epsilon(self):
-        return self.cell.epsilon
-
-    @property
-    def gamma(self):
-        return self.cell.gamma
-
-    @property
-    def antisymmetric(self):
-        return self.cell.antisymmetric
-
-    @property
-    def activation(self):
-        return self.cell.activation
-
-    @property
-    def dropout(self):
-        return self.cell.dropout
-
-    @property
-    def recurrent_dropout(self):
-        return self.cell.recurrent_dropout
+    units = _cell_property("units")
+    epsilon = _cell_property("epsilon")
+    gamma = _cell_property("gamma")
+    activation = _cell_property("activation")
+    use_bias = _cell_property("use_bias")
+    kernel_initializer = _cell_property("kernel_initializer")
+    recurrent_initializer = _cell_property("recurrent_initializer")
+    bias_initializer = _cell_property("bias_initializer")
+    kernel_regularizer = _cell_property("kernel_regularizer")
+    recurrent_regularizer = _cell_property("recurrent_regularizer")
+    bias_regularizer = _cell_property("bias_regularizer")
+    kernel_constraint = _cell_property("kernel_constraint")
+    recurrent_constraint = _cell_property("recurrent_constraint")
+    bias_constraint = _cell_property("bias_constraint")
+    dropout = _cell_property("dropout")
+    recurrent_dropout = _cell_property("recurrent_dropout")
+    seed = _cell_property("seed")
+    antisymmetric = _cell_property("antisymmetric")
 
     def get_config(self):
         base_config = super().get_config()
         del base_config["cell"]
-        return {**base_config, **self.cell.argument_config()}
+        return {**base_config, **self.cell.argument_config(), "hoist_inputs": self.hoist_inputs}
 
     @classmethod
     def from_config(cls, config):
@@ -279,11 +334,17 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
         h_t = h_{t-1} + ε · z_t ⊙ tanh((W - Wᵀ - γI) h_{t-1} + V_h x_t + b_h)
 
     The same weights, in the same order and shapes, as
-    `keras.layers.RNN(GatedAntisymmetricCell(...))`. Arguments are those of
-    `AntisymmetricRNN`, plus:
+    `keras.layers.RNN(GatedAntisymmetricCell(...))`.
 
     Args:
+        units, epsilon, gamma, activation: As in `AntisymmetricRNN`.
         recurrent_activation: Activation of the gate `z` (sigmoid).
+        use_bias, kernel_initializer, recurrent_initializer,
+        bias_initializer, kernel_regularizer, recurrent_regularizer,
+        bias_regularizer, activity_regularizer, kernel_constraint,
+        recurrent_constraint, bias_constraint, dropout, recurrent_dropout,
+        seed, antisymmetric, return_sequences, return_state, go_backwards,
+        stateful, unroll, hoist_inputs: As in `AntisymmetricRNN`.
 
     Example:
 
@@ -302,9 +363,64 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
     cell_name = "gated_antisymmetric_cell"
     cell_only_arguments = ("recurrent_activation",)
 
-    def __init__(self, units, recurrent_activation="sigmoid", **kwargs):
-        super().__init__(units, recurrent_activation=recurrent_activation, **kwargs)
+    def __init__(
+        self,
+        units,
+        epsilon=0.01,
+        gamma=0.01,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        kernel_initializer=None,
+        recurrent_initializer=None,
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        antisymmetric=True,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        unroll=False,
+        hoist_inputs="auto",
+        **kwargs,
+    ):
+        super().__init__(
+            units,
+            epsilon=epsilon,
+            gamma=gamma,
+            activation=activation,
+            recurrent_activation=recurrent_activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            antisymmetric=antisymmetric,
+            return_sequences=return_sequences,
+            return_state=return_state,
+            go_backwards=go_backwards,
+            stateful=stateful,
+            unroll=unroll,
+            hoist_inputs=hoist_inputs,
+            **kwargs,
+        )
 
-    @property
-    def recurrent_activation(self):
-        return self.cell.recurrent_activation
+    recurrent_activation = _cell_property("recurrent_activation")

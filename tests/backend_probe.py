@@ -11,7 +11,6 @@ import tempfile
 import keras
 import numpy as np
 
-import keras_antisym.layers
 from keras_antisym._keras_private import accelerator_available
 from tests.conftest import make_layer
 
@@ -37,10 +36,10 @@ def main(in_path, out_path):
         "backend": np.array(keras.backend.backend()),
         "accelerator": np.array(accelerator_available()),
     }
-    # Cases with >= 8 features take the hoisted path, as on a GPU.
-    keras_antisym.layers.HOIST_INPUTS = True
     for name, kind, gated, kwargs, masked, features in CASES:
         x = data[f"x{features}"]
+        # Cases with >= 8 features take the hoisted path, as on a GPU.
+        kwargs = {**kwargs, "hoist_inputs": features >= 8}
         layer = make_layer(kind, gated, 5, epsilon=0.3, gamma=0.05, return_sequences=True, **kwargs)
         layer(x)
         layer.set_weights([data[f"{name}_w{i}"] for i in range(len(layer.weights))])

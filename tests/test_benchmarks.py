@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.run import LAYERS
+from benchmarks.run import LAYERS, QUICK, _data, hoist_models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,3 +49,31 @@ def test_benchmark_runs_on_tiny_shapes(tmp_path):
     }
     assert results["hoist"]["features"] >= 8  # wide enough for the layers to hoist
     assert "| training step (s) |" in (tmp_path / "results.md").read_text()
+
+
+def test_hoist_section_switches_the_path_it_measures(monkeypatch):
+    """Each `hoist=True` model projects its inputs before the loop; each `hoist=False` one not."""
+    from keras_antisym import AntisymmetricCell
+
+    hoisted = set()
+    original = AntisymmetricCell.project_inputs
+
+    def spy(cell, sequences):
+        hoisted.add(id(cell))
+        return original(cell, sequences)
+
+    monkeypatch.setattr(AntisymmetricCell, "project_inputs", spy)
+    batch, steps, features, _ = QUICK["hoist_shape"]
+    x, y = _data(batch, steps, features)
+    models = hoist_models(QUICK)
+    for model in models.values():
+        model.train_on_batch(x, y)  # traces the step, where the path is chosen
+    paths = {
+        name: id(model.layers[0].cell) in hoisted for name, model in models.items() if "|" in name
+    }
+    assert paths == {
+        "AntisymmetricRNN|hoist=False": False,
+        "AntisymmetricRNN|hoist=True": True,
+        "GatedAntisymmetricRNN|hoist=False": False,
+        "GatedAntisymmetricRNN|hoist=True": True,
+    }

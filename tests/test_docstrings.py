@@ -9,6 +9,7 @@ MODULES = [
     "keras_antisym.cells",
     "keras_antisym.layers",
     "keras_antisym.initializers",
+    "keras_antisym.stability",
     "keras_antisym.diagnostics",
 ]
 

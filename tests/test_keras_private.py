@@ -1,19 +1,78 @@
-"""The private Keras pieces we rely on (keras_antisym/_keras_private.py)."""
+"""keras_antisym/_keras_private.py: each private-Keras assumption on this Keras, and each fallback.
+
+The numbered assumptions are those of the module's docstring.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 
 from keras_antisym import AntisymmetricCell, AntisymmetricRNN, _keras_private
+from tests import reference
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_keras_version_is_in_the_pinned_range():
-    low, high = _keras_private.SUPPORTED_KERAS
-    version = _keras_private._version_tuple(keras.__version__)
-    assert low <= version < high
+def test_keras_floor_and_version_parsing():
+    assert _keras_private.version_tuple(keras.__version__) >= _keras_private.MINIMUM_KERAS
+    assert _keras_private.version_tuple("3.16.0rc1") == (3, 16, 0)
+    assert _keras_private.version_tuple("3.16.0.dev2026010103") == (3, 16, 0)
+    assert _keras_private.version_tuple("4.1") == (4, 1, 0)
+    for too_old in ("3.10.0", "3.11.2", "2.15.0"):
+        with pytest.raises(ImportError, match=f"needs Keras >= 3.11.3, found keras {too_old}"):
+            _keras_private.check_keras_version(too_old)
+    for newer in ("3.11.3", "3.16.0", "3.16.0rc1", "4.0.0"):
+        _keras_private.check_keras_version(newer)  # newer releases are checked by behaviour
 
 
-def test_cell_is_a_dropout_rnn_cell_with_the_expected_protocol():
+def test_this_keras_has_every_private_piece():
+    from keras.src.backend import rnn
+    from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
+
+    assert _keras_private.MISSING == []
+    assert _keras_private.rnn_loop is rnn
+    assert _keras_private.DropoutRNNCell is DropoutRNNCell
+
+
+@pytest.mark.parametrize("loop", ["rnn_loop", "public_rnn_loop"])
+@pytest.mark.parametrize("zero_output_for_mask", [False, True])
+def test_assumption_1_rnn_loop_semantics(loop, zero_output_for_mask):
+    """(last_output, outputs, states), outputs in processing order; masked steps keep the state."""
+    x = np.arange(1, 5, dtype="float32").reshape(1, 4, 1)
+    mask = np.array([[True, True, False, True]])
+
+    def step(inputs, states):
+        total = states[0] + inputs
+        return total, [total]
+
+    held = 0.0 if zero_output_for_mask else None
+    for go_backwards, expected in [(False, [1, 3, 3, 7]), (True, [4, 4, 6, 7])]:
+        last, outputs, states = getattr(_keras_private, loop)(
+            step,
+            keras.ops.convert_to_tensor(x),
+            [keras.ops.zeros((1, 1))],
+            go_backwards=go_backwards,
+            mask=keras.ops.convert_to_tensor(mask),
+            input_length=4,
+            zero_output_for_mask=zero_output_for_mask,
+            return_all_outputs=True,
+        )
+        masked_position = 1 if go_backwards else 2
+        if held is not None:
+            expected = list(expected)
+            expected[masked_position] = held
+        np.testing.assert_allclose(np.asarray(outputs)[0, :, 0], expected)
+        np.testing.assert_allclose(np.asarray(last)[0, 0], expected[-1])
+        np.testing.assert_allclose(np.asarray(states[0])[0, 0], 7.0)
+
+
+def test_assumption_2_dropout_cell_protocol():
     cell = AntisymmetricCell(3, dropout=0.5, recurrent_dropout=0.5, seed=0)
     cell.build((2, 4))
     assert isinstance(cell, _keras_private.DropoutRNNCell)
@@ -25,7 +84,7 @@ def test_cell_is_a_dropout_rnn_cell_with_the_expected_protocol():
     assert set(np.unique(np.asarray(recurrent))) <= {0.0, 2.0}
     cell.reset_dropout_mask()
     cell.reset_recurrent_dropout_mask()
-    assert cell._dropout_mask is None and cell._recurrent_dropout_mask is None
+    assert cell.get_dropout_mask(step) is not first  # a new mask after the reset
 
 
 class CountingCell(AntisymmetricCell):
@@ -36,7 +95,7 @@ class CountingCell(AntisymmetricCell):
         return super().sequence_constants()
 
 
-def test_rnn_forms_sequence_constants_once_per_call_and_resets():
+def test_assumption_2_rnn_calls_the_hook_once_per_call_and_resets():
     CountingCell.formed = 0
     cell = CountingCell(3, dropout=0.5, seed=0)
     layer = keras.layers.RNN(cell)
@@ -48,7 +107,7 @@ def test_rnn_forms_sequence_constants_once_per_call_and_resets():
     assert CountingCell.formed == 2
 
 
-def test_direct_cell_calls_never_see_stale_constants():
+def test_assumption_2_direct_cell_calls_never_see_stale_constants():
     cell = AntisymmetricCell(3, epsilon=1.0, gamma=0.0)
     layer = keras.layers.RNN(cell)
     x = np.ones((1, 2, 1), "float32")
@@ -64,35 +123,42 @@ def test_direct_cell_calls_never_see_stale_constants():
     )
 
 
-def test_rnn_loop_signature_and_semantics():
-    """`rnn_loop` returns (last_output, outputs, states), outputs in processing order."""
-    x = np.arange(1, 5, dtype="float32").reshape(1, 4, 1)
-    mask = np.array([[True, True, False, True]])
-
-    def step(inputs, states):
-        total = states[0] + inputs
-        return total, [total]
-
-    for go_backwards, expected in [(False, [1, 3, 3, 7]), (True, [4, 4, 6, 7])]:
-        last, outputs, states = _keras_private.rnn_loop(
-            step,
-            keras.ops.convert_to_tensor(x),
-            [keras.ops.zeros((1, 1))],
-            go_backwards=go_backwards,
-            mask=keras.ops.convert_to_tensor(mask),
-            input_length=4,
-            return_all_outputs=True,
-        )
-        np.testing.assert_allclose(np.asarray(outputs)[0, :, 0], expected)
-        np.testing.assert_allclose(np.asarray(last)[0, 0], expected[-1])
-        np.testing.assert_allclose(np.asarray(states[0])[0, 0], 7.0)
-
-
 class CountingRNN(AntisymmetricRNN):
     cell_class = CountingCell
 
 
-def test_fused_layer_forms_the_matrix_once_per_call():
+class RecordingRNN(AntisymmetricRNN):
+    """Records what `inner_loop` receives from `RNN.call`."""
+
+    def inner_loop(self, sequences, initial_state, mask, training=False):
+        self.seen = {
+            "masks drawn": self.cell._dropout_mask is not None
+            and self.cell._recurrent_dropout_mask is not None,
+            "constants formed": self.cell._sequence_cache is not None,
+            "mask": mask,
+            "training": training,
+            "state shapes": [tuple(s.shape) for s in initial_state],
+        }
+        return super().inner_loop(sequences, initial_state, mask, training)
+
+
+def test_assumption_3_rnn_call_draws_the_masks_then_calls_inner_loop():
+    layer = RecordingRNN(4, dropout=0.5, recurrent_dropout=0.5, seed=0, stateful=True)
+    x = np.ones((2, 5, 3), "float32")
+    mask = np.ones((2, 5), bool)
+    layer(x, mask=mask, training=True)
+    assert layer.seen["masks drawn"] and layer.seen["constants formed"]
+    assert layer.seen["training"] is True and layer.seen["state shapes"] == [(2, 4)]
+    np.testing.assert_array_equal(np.asarray(layer.seen["mask"]), mask)
+    assert layer.cell._dropout_mask is None  # reset after the loop
+    state_variable = layer.states[0]
+    before = np.asarray(state_variable).copy()
+    layer(x)
+    assert layer.states[0] is state_variable  # assigned in place
+    assert not np.allclose(np.asarray(state_variable), before)
+
+
+def test_assumption_3_fused_layer_forms_the_matrix_once_per_call():
     CountingCell.formed = 0
     layer = CountingRNN(4, return_sequences=True)
     layer(np.ones((1, 9, 2), "float32"))  # eager: 9 steps
@@ -100,7 +166,9 @@ def test_fused_layer_forms_the_matrix_once_per_call():
     assert layer.cell._sequence_cache is None
 
 
-def test_accelerator_available_reads_keras_default_devices(monkeypatch):
+def test_assumption_4_accelerator_available_reads_keras_default_devices(monkeypatch):
+    import importlib.util
+
     import tensorflow as tf
 
     expected = bool(tf.config.list_physical_devices("GPU"))
@@ -108,26 +176,93 @@ def test_accelerator_available_reads_keras_default_devices(monkeypatch):
     for devices, answer in ((["cpu:0"], False), (["gpu:0", "gpu:1"], True), (["tpu:0"], True)):
         monkeypatch.setattr(keras.distribution, "list_devices", lambda d=devices: d)
         assert _keras_private.accelerator_available() is answer
+    # PyTorch's answer comes from this module (run on torch by tests/test_backends.py).
+    assert importlib.util.find_spec("keras.src.backend.torch.core") is not None
 
 
-def test_fused_layers_hoist_only_wide_inputs_on_accelerators(monkeypatch):
-    from keras_antisym import layers
+FALLBACK_SCRIPT = """
+import json, sys, warnings
+import keras
+import keras.src.backend as backend
+import numpy as np
 
-    for accelerator in (False, True):
-        monkeypatch.setattr(layers, "accelerator_available", lambda a=accelerator: a)
-        assert layers.hoists_inputs(layers.HOIST_MIN_INPUT_DIM) is accelerator
-        assert layers.hoists_inputs(layers.HOIST_MIN_INPUT_DIM - 1) is False
-        assert layers.hoists_inputs(None) is False
-    monkeypatch.setattr(layers, "HOIST_INPUTS", False)
-    assert layers.hoists_inputs(100) is False
+# Simulate a Keras without the private pieces: no `keras.src.backend.rnn`, no
+# importable DropoutRNNCell. Keras' own layers keep theirs (restored after import).
+real_rnn = backend.rnn
+del backend.rnn
+real_module = sys.modules["keras.src.layers.rnn.dropout_rnn_cell"]
+sys.modules["keras.src.layers.rnn.dropout_rnn_cell"] = None
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    from keras_antisym import AntisymmetricCell, GatedAntisymmetricRNN, _keras_private
+backend.rnn = real_rnn
+sys.modules["keras.src.layers.rnn.dropout_rnn_cell"] = real_module
+
+data = np.load(sys.argv[1])
+x, mask, weights = data["x"], data["mask"], [data["w0"], data["w1"], data["w2"]]
+out = {"warnings": [str(w.message) for w in caught], "missing": _keras_private.MISSING,
+       "loop": _keras_private.rnn_loop.__name__}
+fused = GatedAntisymmetricRNN(5, epsilon=0.3, gamma=0.05, go_backwards=True,
+                              return_sequences=True, return_state=True)
+fused(x)
+fused.set_weights(weights)
+outputs, state = fused(x, mask=mask)
+out["fused"] = [keras.ops.convert_to_numpy(outputs).tolist(),
+                keras.ops.convert_to_numpy(state).tolist()]
+cell = keras.layers.RNN(AntisymmetricCell(5, epsilon=0.3, gamma=0.05), return_sequences=True)
+cell(x)
+cell.set_weights([data["w0"][:, :5], data["w1"], data["w2"][:5]])
+out["cell"] = keras.ops.convert_to_numpy(cell(x)).tolist()
+# Input dropout still draws one mask per sequence in the fused layer.
+features, units = 40, 3
+drop = GatedAntisymmetricRNN(units, dropout=0.5, epsilon=1.0, gamma=0.0, return_sequences=True,
+                             seed=11)
+ones = np.ones((1, 6, features), "float32")
+drop(ones)
+kernel = np.zeros((features, 2 * units), "float32")
+kernel[:, units] = 2.0 ** -np.arange(features)
+bias = np.zeros(2 * units, "float32")
+bias[:units] = 30.0
+drop.set_weights([kernel, np.zeros(units * (units - 1) // 2, "float32"), bias])
+out["dropout"] = [keras.ops.convert_to_numpy(drop(ones, training=True))[0, :, 0].tolist()
+                  for _ in range(2)]
+json.dump(out, open(sys.argv[2], "w"))
+"""
 
 
-def test_tensorflow_allows_xla_only_on_an_accelerator(monkeypatch):
-    import keras_antisym.cells
-
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("the choice is TensorFlow's; JAX always compiles")
-    assert not keras_antisym.cells.AntisymmetricCell(4).supports_jit  # this CPU
-    monkeypatch.setattr(keras_antisym.cells, "accelerator_available", lambda: True)
-    assert keras_antisym.cells.AntisymmetricCell(4).supports_jit
-    assert keras_antisym.cells.GatedAntisymmetricCell(4).supports_jit
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_fallbacks_when_the_private_pieces_are_missing(backend, tmp_path):
+    rng = np.random.RandomState(0)
+    x = rng.standard_normal((3, 8, 4)).astype("float32")
+    mask = np.ones((3, 8), bool)
+    mask[0, 5:] = False
+    mask[2, [1, 2]] = False
+    weights = [0.5 * rng.standard_normal(s).astype("float32") for s in [(4, 10), (10,), (10,)]]
+    np.savez(tmp_path / "in.npz", x=x, mask=mask, **{f"w{i}": w for i, w in enumerate(weights)})
+    env = {**os.environ, "KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", FALLBACK_SCRIPT, str(tmp_path / "in.npz"), str(tmp_path / "o")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads((tmp_path / "o").read_text())
+    assert out["loop"] == "public_rnn_loop" and len(out["missing"]) == 2
+    assert len(out["warnings"]) == 2
+    for warning in out["warnings"]:
+        assert f"Keras {keras.__version__} lacks" in warning and "instead" in warning
+    assert "keras.src.backend.rnn" in out["warnings"][0]
+    assert "DropoutRNNCell" in out["warnings"][1]
+    common = dict(units=5, epsilon=0.3, gamma=0.05)
+    expected, state = reference.run(weights, x, gated=True, mask=mask, go_backwards=True, **common)
+    np.testing.assert_allclose(out["fused"][0], expected, atol=2e-5)
+    np.testing.assert_allclose(out["fused"][1], state, atol=2e-5)
+    plain = [weights[0][:, :5], weights[1], weights[2][:5]]
+    np.testing.assert_allclose(out["cell"], reference.run(plain, x, **common)[0], atol=2e-5)
+    first, second = (np.diff(np.concatenate([[0.0], run])) for run in out["dropout"])
+    assert np.allclose(first, first[0]), "mask changed within a sequence"
+    assert not np.allclose(first, second), "mask not redrawn between calls"

@@ -1,4 +1,7 @@
-"""What a Keras user expects from SimpleRNN/GRU, for the cells and the fused layers."""
+"""keras_antisym/layers.py: the fused layers, and what a Keras user expects of them.
+
+Most tests run `keras.layers.RNN(cell)` too, which the fused layers must equal.
+"""
 
 import copy
 import json
@@ -15,7 +18,15 @@ from keras_antisym import (
     GatedAntisymmetricRNN,
 )
 from tests import reference
-from tests.conftest import LAYER_KINDS, make_layer, random_weights
+from tests.conftest import (
+    LAYER_KINDS,
+    check_against_reference,
+    check_every_argument_round_trips,
+    constructor_arguments,
+    inputs,
+    make_layer,
+    random_weights,
+)
 
 
 def _x(batch=4, steps=10, features=3, seed=0):
@@ -37,7 +48,6 @@ def _outputs_and_gradients(layer, x, mask=None):
 @pytest.mark.parametrize("return_sequences", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("features", [3, 9])  # 9: the fused layers hoist V·x
-@pytest.mark.usefixtures("hoist_wide_inputs")
 def test_fused_layer_equals_cell_outputs_and_gradients(
     gated, antisymmetric, return_sequences, masked, features
 ):
@@ -46,7 +56,11 @@ def test_fused_layer_equals_cell_outputs_and_gradients(
     mask[1, 6:] = False
     mask[2, :2] = False
     args = dict(
-        epsilon=0.3, gamma=0.02, antisymmetric=antisymmetric, return_sequences=return_sequences
+        epsilon=0.3,
+        gamma=0.02,
+        antisymmetric=antisymmetric,
+        return_sequences=return_sequences,
+        hoist_inputs=features >= 8,
     )
     cell_layer = make_layer("cell", gated, 6, **args)
     fused = make_layer("fused", gated, 6, **args)
@@ -424,3 +438,81 @@ def test_weight_gradients_match_finite_differences_of_the_reference(kind, gated)
             values[index][position] -= 2 * step
             numeric[position] = (up - objective(values)) / (2 * step)
         np.testing.assert_allclose(grads[index], numeric, rtol=1e-3, atol=1e-4, err_msg=index)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("steps", [1, 7, 11])  # odd: the fused loop's one-step iterations
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_odd_lengths_match_numpy_reference(gated, steps, go_backwards):
+    check_against_reference("fused", gated, inputs(steps=steps), go_backwards, unroll=False)
+
+
+@pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
+@pytest.mark.parametrize("shape", [(4, 3), (2, 4, 3, 1)])
+def test_fused_layer_rejects_wrong_rank(layer_class, shape):
+    with pytest.raises(ValueError, match="expected ndim=3"):
+        layer_class(4)(np.zeros(shape, "float32"))
+
+
+def test_auto_hoists_only_wide_inputs_on_accelerators(monkeypatch):
+    from keras_antisym import layers
+
+    wide = layers.HOIST_MIN_INPUT_DIM
+    for accelerator in (False, True):
+        monkeypatch.setattr(layers, "accelerator_available", lambda a=accelerator: a)
+        assert layers.hoists_inputs("auto", wide) is accelerator
+        assert layers.hoists_inputs("auto", wide - 1) is False
+        assert layers.hoists_inputs("auto", None) is False
+        assert layers.hoists_inputs(True, 1) is True and layers.hoists_inputs(False, 100) is False
+        assert layers.hoists_inputs(True, 0) is False  # nothing to project
+
+
+@pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
+@pytest.mark.parametrize("hoist_inputs", [False, True])
+def test_hoist_inputs_switches_the_path_and_keeps_the_numbers(
+    monkeypatch, layer_class, hoist_inputs
+):
+    projected = []
+    original = AntisymmetricCell.project_inputs
+
+    def spy(cell, sequences):
+        projected.append(tuple(sequences.shape))
+        return original(cell, sequences)
+
+    monkeypatch.setattr(AntisymmetricCell, "project_inputs", spy)
+    x = _x(features=3)
+    layer = layer_class(5, return_sequences=True, hoist_inputs=hoist_inputs)
+    reference_layer = layer_class(5, return_sequences=True, hoist_inputs=not hoist_inputs)
+    layer(x)
+    reference_layer(x)
+    reference_layer.set_weights(random_weights(layer))
+    projected.clear()
+    np.testing.assert_allclose(np.asarray(layer(x)), np.asarray(reference_layer(x)), atol=1e-6)
+    assert projected == [(4, 10, 3)], projected  # one (batch, T, m) product, by the hoisting layer
+
+
+@pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
+def test_every_argument_round_trips_and_is_a_property(layer_class):
+    layer = check_every_argument_round_trips(layer_class)
+    cell_arguments = set(constructor_arguments(layer.cell_class))
+    for name in constructor_arguments(layer_class):
+        if name in cell_arguments:
+            assert getattr(layer, name) is getattr(layer.cell, name), name
+            with pytest.raises(AttributeError):
+                setattr(layer, name, object())
+    assert layer.hoist_inputs is True and layer.activity_regularizer.l2 == pytest.approx(0.5)
+    with pytest.raises(AttributeError):
+        layer.hoist_inputs = False
+
+
+def test_layers_take_the_cells_arguments_in_the_cells_order():
+    for layer_class in (AntisymmetricRNN, GatedAntisymmetricRNN):
+        layer_arguments = constructor_arguments(layer_class)
+        cell_arguments = constructor_arguments(layer_class.cell_class)
+        assert [name for name in layer_arguments if name in cell_arguments] == cell_arguments
+        layer = layer_class(4, 0.5, 0.25, "relu")
+        assert (layer.epsilon, layer.gamma, layer.activation) == (0.5, 0.25, keras.activations.relu)
+    assert AntisymmetricRNN(4).use_bias is True
+    assert GatedAntisymmetricRNN(4, recurrent_activation="relu").recurrent_activation is (
+        keras.activations.relu
+    )

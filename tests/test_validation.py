@@ -1,8 +1,7 @@
-"""Bad arguments and bad inputs fail early with a message naming what is wrong."""
+"""keras_antisym/_validation.py: bad arguments fail early, naming the argument, as Keras does."""
 
 import math
 
-import keras
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,9 +10,9 @@ from hypothesis import strategies as st
 from keras_antisym import (
     AntisymmetricCell,
     AntisymmetricRNN,
-    FanInNormal,
     GatedAntisymmetricCell,
     GatedAntisymmetricRNN,
+    _validation,
 )
 
 CONSTRUCTORS = [AntisymmetricCell, GatedAntisymmetricCell, AntisymmetricRNN, GatedAntisymmetricRNN]
@@ -38,6 +37,7 @@ CONSTRUCTORS = [AntisymmetricCell, GatedAntisymmetricCell, AntisymmetricRNN, Gat
         ({"dropout": -0.1}, "dropout", "a float in [0, 1)"),
         ({"recurrent_dropout": 1.5}, "recurrent_dropout", "a float in [0, 1)"),
         ({"antisymmetric": "yes"}, "antisymmetric", "a boolean"),
+        ({"use_bias": 1}, "use_bias", "a boolean"),
     ],
 )
 def test_invalid_arguments(constructor, kwargs, argument, expected):
@@ -51,43 +51,29 @@ def test_invalid_arguments(constructor, kwargs, argument, expected):
 
 
 def test_valid_edge_values_are_accepted():
-    AntisymmetricCell(np.int64(3), gamma=0, dropout=0.0)
-    AntisymmetricRNN(1, epsilon=1e-9, recurrent_dropout=0.999)
-
-
-def test_invalid_sigma():
-    with pytest.raises(ValueError, match="argument `sigma`, expected a non-negative float"):
-        FanInNormal(-1.0)
-
-
-@pytest.mark.parametrize("shape", [(4, 3), (2, 4, 3, 1), (5,)])
-def test_cell_in_rnn_rejects_wrong_rank(shape):
-    layer = keras.layers.RNN(AntisymmetricCell(4))
-    with pytest.raises(ValueError, match=r"sequences of shape \(batch, timesteps, features\)"):
-        layer(np.zeros(shape, "float32"))
+    cell = AntisymmetricCell(np.int64(3), gamma=0, dropout=0.0, use_bias=np.bool_(False))
+    assert (cell.units, cell.gamma, cell.dropout, cell.use_bias) == (3, 0.0, 0.0, False)
+    assert type(cell.units) is int and type(cell.use_bias) is bool
+    layer = AntisymmetricRNN(1, epsilon=1e-9, recurrent_dropout=0.999)
+    assert (layer.units, layer.epsilon, layer.recurrent_dropout) == (1, 1e-9, 0.999)
 
 
 @pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
-@pytest.mark.parametrize("shape", [(4, 3), (2, 4, 3, 1)])
-def test_fused_layer_rejects_wrong_rank(layer_class, shape):
-    with pytest.raises(ValueError, match="expected ndim=3"):
-        layer_class(4)(np.zeros(shape, "float32"))
+@pytest.mark.parametrize("value", ["always", "Auto", 1, None, np.array([True])])
+def test_hoist_inputs_is_auto_or_a_boolean(layer_class, value):
+    with pytest.raises(ValueError) as info:
+        layer_class(4, hoist_inputs=value)
+    assert 'argument `hoist_inputs`, expected "auto" or a boolean' in str(info.value)
+    for valid in ("auto", True, False, np.bool_(True)):
+        assert layer_class(4, hoist_inputs=valid).hoist_inputs == valid
 
 
-def test_cell_rejects_wrong_rank_step():
-    with pytest.raises(ValueError, match="expects step inputs of shape"):
-        AntisymmetricCell(4)(np.zeros((2, 3, 4), "float32"), [np.zeros((2, 4), "float32")])
-
-
-def test_unknown_feature_dimension():
-    with pytest.raises(ValueError, match="known number of features"):
-        AntisymmetricRNN(4)(keras.Input((None, None)))
-
-
-def test_fan_in_normal_accepts_numpy_scalars():
-    init = FanInNormal(np.float32(2.0), seed=1)
-    values = np.asarray(init((400, 300)))
-    assert init.sigma == 2.0 and abs(values.std() - 2.0 / np.sqrt(400)) < 0.01
+def test_the_one_message_helper():
+    error = _validation.invalid("rate", "a float", "x")
+    assert isinstance(error, ValueError)
+    assert str(error) == "Received an invalid value for argument `rate`, expected a float, got 'x'."
+    assert _validation.check_rate("r", 0) == 0.0 and _validation.check_positive_int("n", 2) == 2
+    assert _validation.check_auto_or_bool("h", np.bool_(False)) is False
 
 
 # Property-based: any value either constructs (and is kept) or fails naming the argument.

@@ -1,0 +1,42 @@
+"""keras_antisym/initializers.py: the paper's `N(0, σ²/fan_in)` initialization."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_antisym import AntisymmetricRNN, FanInNormal
+
+
+def test_paper_initialization_statistics():
+    n, m = 256, 3
+    layer = AntisymmetricRNN(n)
+    layer(np.zeros((1, 1, m), "float32"))
+    kernel, rec, bias = layer.get_weights()
+    assert abs(kernel.std() - np.sqrt(1 / m)) < 0.05 * np.sqrt(1 / m)
+    assert abs(rec.std() - np.sqrt(1 / n)) < 0.05 * np.sqrt(1 / n)
+    assert abs(rec.mean()) < 0.01 and np.all(bias == 0)
+    for sigma_w in (0, 4, 16):
+        layer = AntisymmetricRNN(n, recurrent_initializer=FanInNormal(sigma_w, seed=1))
+        layer(np.zeros((1, 1, m), "float32"))
+        std = layer.get_weights()[1].std()
+        assert abs(std - sigma_w / np.sqrt(n)) <= 0.05 * sigma_w / np.sqrt(n)
+
+
+def test_invalid_sigma():
+    with pytest.raises(ValueError, match="argument `sigma`, expected a non-negative float"):
+        FanInNormal(-1.0)
+
+
+def test_fan_in_normal_accepts_numpy_scalars():
+    init = FanInNormal(np.float32(2.0), seed=1)
+    values = np.asarray(init((400, 300)))
+    assert init.sigma == 2.0 and abs(values.std() - 2.0 / np.sqrt(400)) < 0.01
+
+
+def test_seeding_and_config_round_trip():
+    init = FanInNormal(3.0, seed=5)
+    clone = keras.initializers.deserialize(keras.initializers.serialize(init))
+    assert isinstance(clone, FanInNormal) and clone.get_config() == {"sigma": 3.0, "seed": 5}
+    np.testing.assert_array_equal(np.asarray(clone((6, 2))), np.asarray(init((6, 2))))
+    with pytest.raises(ValueError, match="argument `shape`, expected at least one dimension"):
+        init(())
