@@ -41,11 +41,6 @@ import keras_antisym  # noqa: E402,F401  (registers the layers for `load_model`)
 INPUT_NAME = "sequence"
 SIGNATURE_NAME = "serving_default"
 HEADS = ("classification", "regression", "per_step_classification")
-OUTPUT_NAMES = {
-    "classification": ("probabilities", "class_id", "logits"),
-    "regression": ("value",),
-    "per_step_classification": ("probabilities", "class_ids", "logits"),
-}
 # Staging folders `.tmp-<version>-<pid>@<host>-<random>`; dot-prefixed, because
 # TensorFlow Serving only loads all-digit names. Older exports wrote `.tmp-<version>-<random>`.
 _STAGING = re.compile(r"^\.tmp-\d+-(?:(?P<pid>\d+)@(?P<host>[\w.]+)-)?[^-@]+$")
@@ -183,7 +178,7 @@ def load_keras_model(path):
     """Loads a `.keras` file; any reason it cannot be read becomes one `ModelFileError` line."""
     if not os.path.isfile(path):
         raise _invalid("model", "an existing .keras file", repr(str(path)))
-    if not zipfile.is_zipfile(path):
+    if str(path).endswith(".keras") and not zipfile.is_zipfile(path):
         raise ModelFileError(
             f"cannot read model {str(path)!r}: not a .keras archive (not a zip file)"
         )
