@@ -213,5 +213,4 @@ class RNNHyperModel(keras_tuner.HyperModel):
         logs = {"val_accuracy": float(val_accuracy), "val_loss": float(val_loss)}
         for callback in callbacks:  # keras-tuner's: it saves the weights of the best epoch
             callback.on_epoch_end(max(0, (epochs or 1) - 1), logs)
-        self.log(f"{OBJECTIVE} {logs[OBJECTIVE]:.4f} val_loss {val_loss:.4g}")
         return logs

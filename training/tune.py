@@ -173,7 +173,12 @@ def _tuner_classes():
         def run_trial(self, trial, *args, **kwargs):
             values = _describe(trial.hyperparameters.values)
             self.hypermodel.log(f"[{self.tuner_id}] trial {trial.trial_id} {values}")
-            return super().run_trial(trial, *args, **kwargs)
+            results = super().run_trial(trial, *args, **kwargs)  # one per execution
+            score = sum(result[OBJECTIVE] for result in results) / len(results)
+            self.hypermodel.log(
+                f"[{self.tuner_id}] trial {trial.trial_id} done {OBJECTIVE} {score:.4f}"
+            )
+            return results
 
     return {
         name: type(base.__name__, (Logged, base), {})
