@@ -222,7 +222,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         # A scatter (whose gradient is a dense gather), not a gather: the
         # gradient of `w` stays a dense vector for the optimizers. Not
         # `ops.scatter`: on PyTorch it loops over the n(n-1)/2 indices in
-        # Python (1.5 s per training step at units=128 on an H200).
+        # Python.
         zeros = ops.zeros((self.units, self.units), dtype=stored.dtype)
         upper = ops.scatter_update(zeros, self._upper_indices, stored)
         return ops.transpose(upper) - upper - self.gamma * eye
@@ -232,8 +232,8 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
 
         One block ungated; `[gate z, candidate h]` gated (`b_k` is None
         without bias). Each block gets its own product in the loop: slicing
-        one `(batch, 2·units)` product instead made the gated training step
-        40% slower on TensorFlow (a strided-slice gradient per step).
+        one `(batch, 2·units)` product would add a strided-slice gradient at
+        every step.
         """
         n, blocks = self.units, self.num_blocks
         kernel = ops.convert_to_tensor(self.kernel)

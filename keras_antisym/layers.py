@@ -10,9 +10,9 @@ from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
 #: With `hoist_inputs="auto"`, the least input width that is hoisted on a GPU or TPU.
 HOIST_MIN_INPUT_DIM = 8
 # Euler steps per iteration of the time loop, for sequences of a static length
-# that it divides (without mask or unroll): the loop's own per-iteration work
-# is shared by the steps. Not an argument: it changes no result, only speed,
-# and 2 was fastest on every machine measured (benchmarks/).
+# that it divides (without mask or unroll): the steps share the loop's own
+# per-iteration work, while more steps per iteration make a longer step body.
+# Not an argument: it changes no result, and no machine needs another value.
 _STEPS_PER_ITERATION = 2
 
 
@@ -112,7 +112,8 @@ class AntisymmetricRNN(keras.layers.RNN):
             numbers either way, only speed differs). `"auto"` hoists on a GPU
             or TPU for inputs of at least `HOIST_MIN_INPUT_DIM` features.
 
-    Every argument is also a read-only property of the layer.
+    The cell's arguments and `hoist_inputs` are also read-only properties
+    of the layer, as in `keras.layers.GRU`.
 
     Call arguments:
         sequences: A 3D tensor `(batch, timesteps, features)`.
