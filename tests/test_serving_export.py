@@ -389,3 +389,19 @@ def test_only_stale_staging_folders_are_removed():
     export_model(build_model("antisymmetric"), base, 2)
     kept = {name for name, keep in names.items() if keep}
     assert set(os.listdir(base)) == kept | {"2"}
+
+
+def test_build_model_records_every_task_head_and_stays_short():
+    import inspect
+
+    from serving.export import HEADS, recorded_head
+    from training import models, tasks
+
+    served = {}
+    for name, timesteps in (("digits", None), ("adding", 12), ("copy", 24)):
+        spec = tasks.get_task(name, timesteps=timesteps).spec
+        served[spec.head] = recorded_head(models.build_model(spec, "lstm", units=4))
+    assert served == {"last": "classification", "regression": "regression",
+                      "sequence": "per_step_classification"}  # fmt: skip
+    assert set(served.values()) == set(HEADS)
+    assert len(inspect.getsource(models.build_model).splitlines()) <= 60
