@@ -14,6 +14,8 @@ import pytest
 
 from tests.serving_helpers import ServerProcess, ThreadServer, exported, http_call
 
+pytestmark = pytest.mark.timeout(180)
+
 
 def _proc_status(pid, field):
     with open(f"/proc/{pid}/status") as f:

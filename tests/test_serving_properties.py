@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from serving.export import export_model
 from tests.serving_helpers import ThreadServer, http_call, work_dir
 
+pytestmark = pytest.mark.timeout(180)
+
 
 @pytest.fixture(scope="module")
 def variable_length():
@@ -102,7 +104,7 @@ def _bad_bodies(draw):
     return _envelope(x, fmt)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(x=_batches(), fmt=st.sampled_from(_FORMATS))
 def test_property_good_bodies_predict_like_the_signature(variable_length, x, fmt):
     server, signature = variable_length
@@ -117,7 +119,7 @@ def test_property_good_bodies_predict_like_the_signature(variable_length, x, fmt
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-@settings(max_examples=120, deadline=None, derandomize=True)
+@settings(max_examples=120, deadline=None, derandomize=True, database=None)
 @given(body=_bad_bodies())
 def test_property_bad_bodies_get_json_4xx(variable_length, body):
     server, _ = variable_length

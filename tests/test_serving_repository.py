@@ -4,6 +4,10 @@ import os
 import shutil
 import time
 
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
 
 class _FakeServable:
     """Loads only complete versions (with a file under variables/), like a SavedModel."""

@@ -35,6 +35,8 @@ from tests.serving_helpers import (
     work_dir,
 )
 
+pytestmark = pytest.mark.timeout(300)  # every test stops by itself; this bounds a bug
+
 LOCAL_MAX_BODY_BYTES = 1 << 20
 LOCAL_MAX_INPUT_ELEMENTS = 1 << 16  # 1,024 instances of 64 x 1
 LOCAL_ONLY = "extension of the local server; TensorFlow Serving answers this differently"
