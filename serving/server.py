@@ -161,6 +161,8 @@ def main(argv=None):
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if not args.verbose:  # waitress warns on every queued request; the 503s tell overload
+        logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     if not os.path.isdir(args.model_base_path):
         parser.error(
             "Received an invalid value for argument `--model-base-path`, expected an "
