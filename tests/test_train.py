@@ -366,6 +366,13 @@ def test_resume_refuses_other_settings_and_rewrites_nothing(tmp_path):
     changed = _run_cli([*common, "--steps", "40", "--learning-rate", "0.5"])
     assert changed.returncode == 2 and "Traceback" not in changed.stderr
     assert "argument `--learning-rate`, expected 0.01 as in" in changed.stderr
+    # A model of another shape, or another backend's checkpoints: refused before the restore.
+    wider = _run_cli([*common, "--steps", "40", "--units", "16"])
+    assert wider.returncode == 2 and "Traceback" not in wider.stderr, wider.stderr[-2000:]
+    assert "argument `--units`, expected 8 as in" in wider.stderr
+    other_backend = _run_cli([*common, "--steps", "40"], backend="jax")
+    assert other_backend.returncode == 2, other_backend.stderr[-2000:]
+    assert "`KERAS_BACKEND`, expected 'tensorflow' as in" in other_backend.stderr
     fewer = _run_cli([*common, "--steps", "10"])
     assert fewer.returncode == 2 and "expected at least the 20 steps" in fewer.stderr
     assert (out / "config.yaml").read_text() == config

@@ -76,13 +76,23 @@ RUN_IDENTITY = (
 
 
 def check_resumable(path, config):
-    """Refuses (one line, nothing rewritten) to resume a run with other settings."""
+    """Refuses (one line, nothing rewritten) to resume a run with other settings.
+
+    Called before any checkpoint is read, so that a model of another shape or
+    another backend's checkpoint format fails here, not in the restore.
+    """
     import yaml
 
     if not os.path.isfile(path):
         return
     with open(path) as handle:
         before = yaml.safe_load(handle) or {}
+    if before.get("backend", config["backend"]) != config["backend"]:
+        raise UsageError(
+            f"Received an invalid value for the environment variable `KERAS_BACKEND`, expected "
+            f"{before['backend']!r} as in {path} (checkpoints resume on the backend that wrote "
+            f"them; start a new run with another --output-dir), got {config['backend']!r}."
+        )
     for key in RUN_IDENTITY:
         if key in before and before[key] != config.get(key):
             raise UsageError(
@@ -251,9 +261,11 @@ def _restore(trainer, config, record, workdir, log):
     """Restores the last checkpoint (checking it may resume), writes `config.yaml`."""
     import yaml
 
+    checkpoints = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(checkpoints) and os.listdir(checkpoints):
+        check_resumable(os.path.join(workdir, "config.yaml"), record)
     start_step, restored = trainer.restore()
     if restored:
-        check_resumable(os.path.join(workdir, "config.yaml"), record)
         check(
             config.steps >= start_step,
             "steps",
