@@ -108,7 +108,7 @@ def test_saturated_server_answers_503():
     """One worker and at most one queued request: the rest get a quick JSON 503."""
     _, base = exported("antisymmetric")
     server = ThreadServer(base, "antisym", threads=1, max_queued_requests=1)
-    body = json.dumps({"instances": [[[0.5]] * 64] * 512})
+    body = json.dumps({"instances": [[[0.5]] * 64] * 1024})
     results = []
 
     def post():
