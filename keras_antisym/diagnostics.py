@@ -111,10 +111,11 @@ class StabilityDiagnostics(keras.callbacks.Callback):
     - with a probe and `jacobian=True`: `e2e_eig_abs_mean`, `e2e_eig_abs_std`,
       `e2e_sv_max`, `e2e_sv_min` of `∂h_T/∂h_0` over the probe sequences
       (truncated to `probe_steps`), the quantities of the paper's Figure 2.
-    - with probe targets and a compiled single loss: `"{prefix}/grad_norm/
-      {layer.name}"`, the L2 norm of the loss gradient for each top-level
-      layer with trainable weights, on the probe batch, in inference mode.
-      Uses the backend's autodiff (TensorFlow, JAX or PyTorch).
+    - with probe targets and a loss (`loss_fn`, else the model's compiled
+      single loss): `"{prefix}/grad_norm/{layer.name}"`, the L2 norm of the
+      loss gradient for each top-level layer with trainable weights, on the
+      probe batch, in inference mode. Uses the backend's autodiff
+      (TensorFlow, JAX or PyTorch).
 
     The latest values are added to the `logs` of the batch and of the epoch,
     so they appear in `model.fit(...).history` (one value per epoch, the last
@@ -134,6 +135,10 @@ class StabilityDiagnostics(keras.callbacks.Callback):
         jacobian: Boolean, whether to compute the end-to-end Jacobian stats.
         log_dir: Optional directory for TensorBoard event files.
         prefix: String, prefix of the logged names.
+        loss_fn: Optional loss for the gradient norms: a Keras loss, a
+            callable `loss_fn(y_true, y_pred)` or a loss name. Default: the
+            loss the model was compiled with (a custom training loop that
+            does not compile passes its own).
 
     Example:
 
@@ -161,8 +166,14 @@ class StabilityDiagnostics(keras.callbacks.Callback):
         jacobian=True,
         log_dir=None,
         prefix="stability",
+        loss_fn=None,
     ):
         super().__init__()
+        if isinstance(loss_fn, (str, dict)):  # a name, or a config from `get_config`
+            loss_fn = keras.losses.get(loss_fn)
+        if loss_fn is not None and not callable(loss_fn):
+            raise invalid("loss_fn", "None, a loss name or a callable(y_true, y_pred)", loss_fn)
+        self.loss_fn = loss_fn
         self.every_n_steps = check_positive_int("every_n_steps", every_n_steps)
         if probe_steps is not None and (
             isinstance(probe_steps, bool) or not isinstance(probe_steps, int) or probe_steps <= 0
@@ -191,6 +202,7 @@ class StabilityDiagnostics(keras.callbacks.Callback):
             "jacobian": self.jacobian,
             "log_dir": self.log_dir,
             "prefix": self.prefix,
+            "loss_fn": None if self.loss_fn is None else keras.losses.serialize(self.loss_fn),
         }
 
     def on_train_begin(self, logs=None):
@@ -261,7 +273,7 @@ class StabilityDiagnostics(keras.callbacks.Callback):
         return values
 
     def _gradient_norms(self, model):
-        loss_fn = _loss_function(model)
+        loss_fn = self.loss_fn if self.loss_fn is not None else _loss_function(model)
         if self.probe_y is None or loss_fn is None:
             return {}
         grads = _gradients(model, loss_fn, self.probe_x, self.probe_y)

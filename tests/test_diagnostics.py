@@ -77,6 +77,38 @@ def test_callback_logs_history_records_and_tensorboard(tmp_path):
     assert StabilityDiagnostics(**config).every_n_steps == 3
 
 
+def test_loss_fn_gives_gradient_norms_without_compiling():
+    """A custom loop's model is not compiled: `loss_fn` names the loss to differentiate."""
+    keras.utils.set_random_seed(1)
+    x = np.random.RandomState(1).standard_normal((4, 12, 3)).astype("float32")
+    y = np.random.RandomState(2).standard_normal((4, 2)).astype("float32")
+    model = keras.Sequential([keras.Input((12, 3)), make_layer("fused", False, 6, name="arnn"),
+                              keras.layers.Dense(2, name="head")])  # fmt: skip
+
+    def squared_error(y_true, y_pred):
+        return keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.reduce_mean(tf.square(y - model(x, training=False)), axis=-1))
+    variables = model.get_layer("arnn").trainable_variables
+    hand = float(np.sqrt(sum(np.sum(g.numpy() ** 2) for g in tape.gradient(loss, variables))))
+    for loss_fn in (squared_error, "mean_squared_error"):
+        callback = StabilityDiagnostics(every_n_steps=1, probe_data=(x, y), loss_fn=loss_fn)
+        callback.set_model(model)
+        callback.on_train_begin()
+        values = callback.compute()
+        assert values["stability/grad_norm/arnn"] == pytest.approx(hand, rel=1e-5), loss_fn
+    restored = StabilityDiagnostics(**callback.get_config())
+    assert restored.loss_fn(y, y).shape == (4,)
+    assert float(keras.ops.max(restored.loss_fn(y, 0 * y))) > 0
+    without = StabilityDiagnostics(every_n_steps=1, probe_data=(x, y))
+    without.set_model(model)
+    without.on_train_begin()
+    assert not any("grad_norm" in key for key in without.compute())  # no loss: none
+    with pytest.raises(ValueError, match="argument `loss_fn`, expected None, a loss name"):
+        StabilityDiagnostics(loss_fn=3)
+
+
 JAX_SCRIPT = """
 import json, sys
 import keras, numpy as np

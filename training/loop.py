@@ -7,6 +7,7 @@ checkpoints, and a clear stop when the loss stops being finite.
 """
 
 import contextlib
+import functools
 import math
 import time
 
@@ -220,22 +221,16 @@ class Diagnostics:
     """
 
     def __init__(self, model, task, inputs, targets, every, probe_size=4):
-        import keras
-
         import keras_antisym
 
         self.every = every
         count = min(probe_size, len(targets))
         x, y = task.make_batch(inputs[:count], targets[:count], (0, 0))
         probe = (np.asarray(x), np.asarray(y))
-        self.callback = keras_antisym.StabilityDiagnostics(every, probe_data=probe)
-        self.callback.set_model(model)
-        # The callback reads the loss from the model for its gradient norms.
-        model.loss = (
-            keras.losses.MeanSquaredError()
-            if task.spec.head == "regression"
-            else keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        self.callback = keras_antisym.StabilityDiagnostics(
+            every, probe_data=probe, loss_fn=functools.partial(per_example_loss, task.spec)
         )
+        self.callback.set_model(model)
         self.callback.on_train_begin()
         self.latest = {}
 
