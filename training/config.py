@@ -14,9 +14,9 @@ class UsageError(ValueError):
     """A bad option: reported as one line, exit status 2."""
 
 
-def invalid(argument, expected, value):
-    """The `UsageError` for `value` of `argument` (a flag, `--x`, or a Python argument)."""
-    return UsageError(
+def invalid(argument, expected, value, error=UsageError):
+    """The `error` (an exception class) for `value` of `argument` (`--flag` or a Python name)."""
+    return error(
         f"Received an invalid value for argument `{argument}`, expected {expected}, got {value!r}."
     )
 

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 from training import tasks
+from training.config import invalid
 from training.files import atomic_path
 
 EXPORTABLE = (*tasks.MNIST_DATASETS, "cifar10")
@@ -23,10 +24,7 @@ EXPORTABLE = (*tasks.MNIST_DATASETS, "cifar10")
 def export(dataset, data_dir, out):
     """Writes `out/DATASET.npz` from the TFDS data in `data_dir`; returns its path."""
     if dataset not in EXPORTABLE:
-        raise ValueError(
-            f"Received an invalid value for argument `--dataset`, expected one of "
-            f"{', '.join(EXPORTABLE)}, got {dataset!r}."
-        )
+        raise invalid("--dataset", f"one of {', '.join(EXPORTABLE)}", dataset)
     arrays = {}
     for split in ("train", "test"):
         arrays[f"x_{split}"], arrays[f"y_{split}"] = tasks._load_images(dataset, split, data_dir)

@@ -9,6 +9,8 @@ device. TensorFlow is imported only on its backend.
 import json
 import os
 
+from training.config import invalid
+
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu", "data_parallel")
 TF_STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
 KERAS_STRATEGIES = {"jax": ("auto", "default", "data_parallel"), "torch": ("auto", "default")}
@@ -61,10 +63,8 @@ def _workers(config):
 
 def _check_strategy(name, allowed, backend):
     if name not in allowed:
-        raise StrategyError(
-            f"Received an invalid value for argument `--strategy`, expected one of "
-            f"{', '.join(allowed)} on the {backend} backend, got {name!r}."
-        )
+        expected = f"one of {', '.join(allowed)} on the {backend} backend"
+        raise invalid("--strategy", expected, name, StrategyError)
 
 
 def make(name, tpu=None):

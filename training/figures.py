@@ -39,6 +39,7 @@ from keras_antisym import (  # noqa: E402
     FanInNormal,
     diagnostics,  # noqa: E402
 )
+from training.config import invalid  # noqa: E402
 
 INITIAL_STATES = np.array([[0.0, 0.5], [-0.5, -0.5], [0.5, -0.75]])
 EPSILON = 0.1
@@ -360,10 +361,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     unknown = set(args.which) - {"dynamics", "jacobian"}
     if unknown:
-        parser.error(
-            "Received an invalid value for argument `--which`, expected a comma-separated "
-            f"subset of dynamics,jacobian, got {','.join(sorted(unknown))!r}."
-        )
+        expected = "a comma-separated subset of dynamics,jacobian"
+        parser.error(str(invalid("--which", expected, ",".join(sorted(unknown)))))
     if args.paper_sizes:
         args.units, args.lstm_units = 256, 128
     return args

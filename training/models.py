@@ -8,6 +8,7 @@ the name back to choose the serving signature.
 import keras
 
 import keras_antisym
+from training.config import invalid
 
 MODEL_NAMES = ("antisymmetric", "gated", "ablation", "lstm")
 # Task head (`training.tasks.TaskSpec.head`) -> name of the model's output layer.
@@ -38,15 +39,9 @@ def build_model(spec, model, units=128, epsilon=0.01, gamma=0.01, sigma_w=1.0, s
         `HEAD_LAYER_NAMES[spec.head]`.
     """
     if model not in MODEL_NAMES:
-        raise ValueError(
-            f"Received an invalid value for argument `model`, expected one of "
-            f"{', '.join(MODEL_NAMES)}, got {model!r}."
-        )
+        raise invalid("model", f"one of {', '.join(MODEL_NAMES)}", model)
     if spec.head not in HEAD_LAYER_NAMES:
-        raise ValueError(
-            f"Received an invalid value for argument `spec`, expected a head in "
-            f"{', '.join(HEAD_LAYER_NAMES)}, got {spec.head!r}."
-        )
+        raise invalid("spec", f"a head in {', '.join(HEAD_LAYER_NAMES)}", spec.head)
     seeds = (None, None) if seed is None else (seed, seed + 1)
     rnn = _recurrent_layer(
         model,

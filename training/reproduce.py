@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from training.config import invalid
+
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 MOCK_EXAMPLES = 64  # per split, for --mock-data
 
@@ -367,11 +369,7 @@ def main(argv=None):
          "a positive number of seconds"),
     ):  # fmt: skip
         if not ok:
-            parser.exit(
-                2,
-                f"{parser.prog}: error: Received an invalid value for argument "
-                f"`{name}`, expected {expected}, got {value!r}.\n",
-            )
+            parser.exit(2, f"{parser.prog}: error: {invalid(name, expected, value)}\n")
     from training import report
 
     runs = select(args.suite, args.only)

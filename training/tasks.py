@@ -71,10 +71,8 @@ def _load_images(name, split, data_dir):
     """
     data_dir = data_dir or os.environ.get("TFDS_DATA_DIR")
     if data_dir is not None and not os.path.isdir(data_dir):
-        raise DataError(
-            f"Received an invalid value for argument `--data-dir`, expected an existing "
-            f"TFDS data directory or a folder of .npz files, got {data_dir!r}."
-        )
+        expected = "an existing TFDS data directory or a folder of .npz files"
+        raise invalid("--data-dir", expected, data_dir, DataError)
     if data_dir is not None and os.path.isfile(npz_path(data_dir, name)):
         with np.load(npz_path(data_dir, name)) as arrays:
             return arrays[f"x_{split}"].astype("uint8"), arrays[f"y_{split}"].astype("int32")

@@ -20,7 +20,7 @@ import sys
 import typing
 
 from training import native_stderr_silenced, options
-from training.config import UsageError, check
+from training.config import UsageError, check, invalid
 from training.files import atomic_path, write_atomically
 
 
@@ -95,11 +95,11 @@ def check_resumable(path, config):
         )
     for key in RUN_IDENTITY:
         if key in before and before[key] != config.get(key):
-            raise UsageError(
-                f"Received an invalid value for argument `--{key.replace('_', '-')}`, expected "
+            expected = (
                 f"{before[key]!r} as in {path} (a resumed run keeps its settings; start a new "
-                f"one with another --output-dir), got {config.get(key)!r}."
+                f"one with another --output-dir)"
             )
+            raise invalid(f"--{key.replace('_', '-')}", expected, config.get(key))
 
 
 def _describe_device():

@@ -68,10 +68,7 @@ def make_trainer(
 
 
 def check_batch_size(batch_size, replicas):
-    from training.options import UsageError
+    from training.config import invalid
 
     if batch_size % replicas:
-        raise UsageError(
-            f"Received an invalid value for argument `--batch-size`, expected a multiple of "
-            f"the {replicas} replicas, got {batch_size!r}."
-        )
+        raise invalid("--batch-size", f"a multiple of the {replicas} replicas", batch_size)
