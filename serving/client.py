@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from http import HTTPStatus
 
+from serving.messages import invalid
+
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
 
@@ -45,15 +47,9 @@ class ServingClient:
 
     def __init__(self, url, model, timeout=DEFAULT_TIMEOUT_SECONDS, retries=3, backoff=0.2):
         if not isinstance(retries, int) or retries < 0:
-            raise ValueError(
-                "Received an invalid value for argument `retries`, expected a non-negative "
-                f"integer, got {retries!r}"
-            )
+            raise invalid("retries", "a non-negative integer", repr(retries))
         if not timeout or timeout <= 0:
-            raise ValueError(
-                "Received an invalid value for argument `timeout`, expected a positive "
-                f"number of seconds, got {timeout!r}"
-            )
+            raise invalid("timeout", "a positive number of seconds", repr(timeout))
         self.url = url.rstrip("/")
         self.model = model
         self.timeout = timeout
@@ -174,10 +170,7 @@ def main(argv=None):
             result = client.metadata(args.version)
         else:
             if not args.instances_file:
-                parser.error(
-                    "Received an invalid value for argument `--instances-file`, expected a "
-                    "JSON file for `predict`, got none"
-                )
+                parser.error(str(invalid("--instances-file", "a JSON file for `predict`", "none")))
             with open(args.instances_file) as f:
                 batch = json.load(f)
             key = "inputs" if args.columnar else "instances"

@@ -37,6 +37,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_antisym  # noqa: E402,F401  (registers the layers for `load_model`)
+from serving.messages import invalid  # noqa: E402
 
 INPUT_NAME = "sequence"
 SIGNATURE_NAME = "serving_default"
@@ -51,23 +52,17 @@ class ModelFileError(ValueError):
     """The `.keras` file exists but cannot be loaded."""
 
 
-def _invalid(argument, expected, got):
-    return ValueError(
-        f"Received an invalid value for argument `{argument}`, expected {expected}, got {got}"
-    )
-
-
 def _input_spec(model, variable_length):
     """The `(batch, T, m)` float32 spec of the model's single input."""
     shape = tuple(model.inputs[0].shape) if getattr(model, "inputs", None) else None
     if shape is None or len(shape) != 3 or shape[2] is None:
-        raise _invalid(
+        raise invalid(
             "model",
             "a model with one input of shape (batch, T, m) with known m",
             f"input shape {shape}",
         )
     if variable_length and shape[1] is not None:
-        raise _invalid(
+        raise invalid(
             "variable_length",
             "a model built with T=None (any number of time steps)",
             f"a model built with a fixed T={shape[1]}",
@@ -101,14 +96,14 @@ def resolve_head(model, head=None):
     """
     shape = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
     if head is not None and head not in HEADS:
-        raise _invalid("head", f"one of {', '.join(HEADS)}", repr(head))
+        raise invalid("head", f"one of {', '.join(HEADS)}", repr(head))
     how = "given"
     if head is None:
         head, how = recorded_head(model), "recorded"
     if head is None:
         layer = getattr(_output_layer(model), "name", None)
         if shape is None or len(shape) != 2 or not shape[1] or shape[1] < 2:
-            raise _invalid(
+            raise invalid(
                 "model",
                 "a model whose output layer is named for its head ("
                 + ", ".join(f"{h}_head" for h in HEADS)
@@ -124,7 +119,7 @@ def resolve_head(model, head=None):
             "regression": "(batch, k)",
             "per_step_classification": "(batch, T, classes >= 2)",
         }[head]
-        raise _invalid(
+        raise invalid(
             "head",
             f"a model with {layout} outputs for head {head!r} ({how})",
             f"output shape {shape}",
@@ -161,7 +156,7 @@ def build_archive(model, variable_length=False, head=None):
         A `keras.export.ExportArchive` ready for `write_out`.
     """
     if keras.backend.backend() != "tensorflow":
-        raise _invalid(
+        raise invalid(
             "model",
             "a model on the TensorFlow backend",
             f"backend {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)",
@@ -177,7 +172,7 @@ def build_archive(model, variable_length=False, head=None):
 def load_keras_model(path):
     """Loads a `.keras` file; any reason it cannot be read becomes one `ModelFileError` line."""
     if not os.path.isfile(path):
-        raise _invalid("model", "an existing .keras file", repr(str(path)))
+        raise invalid("model", "an existing .keras file", repr(str(path)))
     if str(path).endswith(".keras") and not zipfile.is_zipfile(path):
         raise ModelFileError(
             f"cannot read model {str(path)!r}: not a .keras archive (not a zip file)"
@@ -249,16 +244,14 @@ def _fsync_dir(path):
 
 
 def _exists_error(version, target, how="exists"):
-    return FileExistsError(
-        f"Received an invalid value for argument `version`, expected a version not "
-        f"yet exported, got {version} (`{target}` {how})"
-    )
+    return invalid("version", "a version not yet exported", f"{version} (`{target}` {how})",
+                   FileExistsError)  # fmt: skip
 
 
 def _check_version(export_base, version):
     """The target folder of `version`; raises if it is invalid or exported already."""
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise _invalid("version", "a positive integer", repr(version))
+        raise invalid("version", "a positive integer", repr(version))
     target = os.path.join(export_base, str(version))
     if os.path.exists(target):
         raise _exists_error(version, target)

@@ -23,6 +23,7 @@ import resource
 import sys
 
 from serving.httpd import ServerThread
+from serving.messages import invalid
 from serving.payload import DEFAULT_MAX_INPUT_ELEMENTS
 from serving.repository import ModelRepository
 from serving.rest import RestApp
@@ -46,10 +47,7 @@ FD_RESERVE = 64  # descriptors kept for TensorFlow, model files and logs
 
 def _check_positive(name, value):
     if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected a positive "
-            f"number, got {value!r}"
-        )
+        raise invalid(name, "a positive number", repr(value))
 
 
 def _connection_limit(wanted):
@@ -165,8 +163,7 @@ def main(argv=None):
         logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     if not os.path.isdir(args.model_base_path):
         parser.error(
-            "Received an invalid value for argument `--model-base-path`, expected an "
-            f"existing folder, got {args.model_base_path!r}"
+            str(invalid("--model-base-path", "an existing folder", repr(args.model_base_path)))
         )
     limits = {name: getattr(args, name) for name in LIMITS}
     try:
