@@ -1,0 +1,97 @@
+"""Fused GPU kernels of the AntisymmetricRNN recurrence (JAX: Pallas; PyTorch: Triton).
+
+`recurrence(u, mt, h0, epsilon, gated)` is the one entry point: all states
+`H (B, T, n)` of `h_t = h_{t-1} + ε·rate(h_{t-1}·Mt + u_t)` from the
+projected inputs `u (B, T, k·n)` of all steps, the operand `mt (n, n)` and
+`h0 (B, n)`, differentiable in all three (see `pallas_recurrence`). The
+fused layers call it through `kernel_applies` and `run_layer` when
+`fused_kernel` allows; the backend modules are imported on first use only
+(Triton and TensorFlow must not share a process).
+"""
+
+import keras
+from keras import ops
+
+#: Backends with a kernel; TensorFlow keeps the loop.
+KERNEL_BACKENDS = ("jax", "torch")
+#: The one dtype of the kernels.
+KERNEL_DTYPE = "float32"
+#: The product precision of the kernels' steps (see `pallas_recurrence.PRECISIONS`).
+DEFAULT_PRECISION = "float32"
+
+
+def cuda_available():
+    """Whether the current backend computes on a CUDA GPU by default."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "gpu"
+    if backend == "torch":
+        from keras.src.backend.torch.core import get_device
+
+        return str(get_device()).lower().startswith("cuda")
+    return False
+
+
+def _activation_name(activation):
+    name = keras.activations.serialize(activation)
+    return name if isinstance(name, str) else getattr(activation, "__name__", "")
+
+
+def kernel_applies(cell, sequences, fused_kernel):
+    """Whether a fused layer's call runs the kernel rather than the loop.
+
+    The caller checks that the call has no mask and no recurrent dropout.
+    `fused_kernel=False` never; `"auto"` on a CUDA device; `True` on any
+    device (elsewhere than on a GPU: Pallas interpret mode or Triton's
+    interpreter, for tests). In every case: a kernel backend, tanh (and a
+    sigmoid gate), float32, a static positive length and input width.
+    """
+    if fused_kernel is False or keras.backend.backend() not in KERNEL_BACKENDS:
+        return False
+    steps, width = sequences.shape[1], sequences.shape[-1]
+    if not steps or not width or cell.compute_dtype != KERNEL_DTYPE:
+        return False
+    if keras.backend.standardize_dtype(sequences.dtype) != KERNEL_DTYPE:
+        return False
+    if _activation_name(cell.activation) != "tanh":
+        return False
+    gate = getattr(cell, "recurrent_activation", None)
+    if gate is not None and _activation_name(gate) != "sigmoid":
+        return False
+    return fused_kernel is True or cuda_available()
+
+
+def recurrence(u, mt, h0, epsilon, gated=False, precision=DEFAULT_PRECISION):
+    """All states `(B, T, n)` of the recurrence on the current Keras backend."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        from keras_antisym.kernels import pallas_recurrence
+
+        return pallas_recurrence.recurrence(u, mt, h0, epsilon, gated, precision)
+    if backend == "torch":
+        from keras_antisym.kernels import triton_recurrence
+
+        return triton_recurrence.recurrence(u, mt, h0, epsilon, gated, precision)
+    raise NotImplementedError(f"No fused kernel on the {backend} backend.")
+
+
+def run_layer(cell, sequences, h0, go_backwards):
+    """`(last_output, outputs, [last_state])` of a fused layer's call, by the kernel.
+
+    `sequences` already carry their input dropout; the inputs of all steps
+    are projected by one product (as `hoist_inputs`), the operand is the
+    one `recurrent_operand()` of this call, and `go_backwards` reverses the
+    steps (the outputs are in processing order, as the loop's).
+    """
+    operand, _ = cell.cached_sequence_constants()
+    projected = cell.project_inputs(sequences)
+    if go_backwards:
+        projected = ops.flip(projected, axis=1)
+    states = recurrence(projected, operand, h0, cell.epsilon, gated=cell.num_blocks == 2)
+    last = states[:, -1]
+    return last, states, [last]
+
+
+__all__ = ["cuda_available", "kernel_applies", "recurrence", "run_layer"]

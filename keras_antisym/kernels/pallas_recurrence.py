@@ -1,0 +1,206 @@
+"""The AntisymmetricRNN recurrence as one Pallas kernel (JAX), forward and backward.
+
+`recurrence(u, mt, h0, epsilon, gated)` runs all `T` Euler steps
+
+    a_t = h_{t-1}·Mt + u_t            (each of the `k` blocks of `u_t`)
+    h_t = h_{t-1} + ε·tanh(a_t)                   ungated (k = 1)
+    h_t = h_{t-1} + ε·σ(a_t^z)⊙tanh(a_t^c)        gated (k = 2, `u_t = [z | c]`)
+
+in one kernel: one program owns a tile of `BLOCK_BATCH` batch rows, keeps
+`Mt` on chip and loops over `T` inside the kernel. Shapes are row-major and
+batch-major, as in the fused layers: `u (B, T, k·n)`, `mt (n, n)` (the
+layers' `recurrent_operand()`), `h0 (B, n)`; it returns `H (B, T, n)`.
+
+The gradient (`jax.custom_vjp`): the forward kernel also stores the slopes
+`ε·∂rate/∂a_t` (`(B, T, k·n)`); the backward kernel runs the reverse
+recurrence for `δ_t = ∂L/∂a_t` (which is `∂L/∂u_t`) and `∂L/∂h0`, and
+`∂L/∂Mt = Σ_t H_{t-1}ᵀ·Σ_k δ_t^k` is one product over all `T·B` rows after it.
+
+On a CUDA device the kernels lower through Pallas' Triton backend; anywhere
+else they run with `interpret=True` (slow: for tests on tiny shapes).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+#: Batch rows per program: the least `M` of a tensor-core product.
+BLOCK_BATCH = 16
+#: The least state width of the kernel (smaller widths are zero-padded).
+MIN_UNITS = 16
+#: `precision` names and the product each step uses.
+PRECISIONS = {
+    "float32": lax.Precision.HIGHEST,
+    "tf32x3": lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+    "tf32": lax.Precision.DEFAULT,
+}
+
+
+def padded_units(units):
+    """The kernel's state width: the next power of two, at least `MIN_UNITS`."""
+    return max(MIN_UNITS, 1 << (int(units) - 1).bit_length())
+
+
+def _on_gpu():
+    return jax.default_backend() == "gpu"
+
+
+def _dot(a, b, precision, transpose_b=False):
+    dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _forward_kernel(u_ref, mt_ref, h0_ref, h_ref, *slope_refs, eps, gated, precision):
+    """One batch tile, all steps; `slope_refs` is empty when no gradient is needed."""
+    steps, n = u_ref.shape[1], mt_ref.shape[0]
+    mt = mt_ref[...]
+
+    def step(t, h):
+        shared = _dot(h, mt, precision)
+        if gated:
+            gate = jax.nn.sigmoid(shared + u_ref[:, t, pl.ds(0, n)])
+            cand = jnp.tanh(shared + u_ref[:, t, pl.ds(n, n)])
+            new = h + eps * gate * cand
+            if slope_refs:
+                slope_refs[0][:, t, pl.ds(0, n)] = eps * cand * gate * (1.0 - gate)
+                slope_refs[0][:, t, pl.ds(n, n)] = eps * gate * (1.0 - cand * cand)
+        else:
+            cand = jnp.tanh(shared + u_ref[:, t, :])
+            new = h + eps * cand
+            if slope_refs:
+                slope_refs[0][:, t, :] = eps * (1.0 - cand * cand)
+        h_ref[:, t, :] = new.astype(h_ref.dtype)
+        return new
+
+    lax.fori_loop(0, steps, step, h0_ref[...].astype(jnp.float32))
+
+
+def _backward_kernel(dh_ref, slope_ref, mt_ref, du_ref, dh0_ref, *, gated, precision):
+    """The reverse recurrence of one batch tile: `δ_t` for all steps, then `∂L/∂h0`."""
+    steps, n = dh_ref.shape[1], mt_ref.shape[0]
+    mt = mt_ref[...]
+
+    def step(j, g):
+        t = steps - 1 - j
+        g = g + dh_ref[:, t, :]
+        if gated:
+            d_gate = g * slope_ref[:, t, pl.ds(0, n)]
+            d_cand = g * slope_ref[:, t, pl.ds(n, n)]
+            du_ref[:, t, pl.ds(0, n)] = d_gate
+            du_ref[:, t, pl.ds(n, n)] = d_cand
+            delta = d_gate + d_cand
+        else:
+            delta = g * slope_ref[:, t, :]
+            du_ref[:, t, :] = delta
+        return g + _dot(delta, mt, precision, transpose_b=True)
+
+    dh0_ref[...] = lax.fori_loop(0, steps, step, jnp.zeros(dh0_ref.shape, jnp.float32))
+
+
+def _tile(shape):
+    """The `BlockSpec` of one batch tile of an array whose first axis is the batch."""
+    block = (BLOCK_BATCH, *shape[1:])
+    return pl.BlockSpec(block, lambda i: (i,) + (0,) * (len(shape) - 1))
+
+
+def _whole(shape):
+    return pl.BlockSpec(tuple(shape), lambda i: (0,) * len(shape))
+
+
+def _call(kernel, ins, in_specs, outs, interpret):
+    """`pallas_call` over batch tiles; Triton compiler parameters on a GPU."""
+    params = {}
+    if not interpret:
+        from jax.experimental.pallas import triton as plgpu
+
+        params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=1)
+    return pl.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct(s, d) for s, d in outs],
+        grid=(ins[0].shape[0] // BLOCK_BATCH,),
+        in_specs=in_specs,
+        out_specs=[_tile(s) for s, _ in outs],
+        interpret=interpret,
+        **params,
+    )(*ins)
+
+
+def _forward(u, mt, h0, eps, gated, precision, interpret, with_slopes):
+    kernel = functools.partial(
+        _forward_kernel, eps=eps, gated=gated, precision=PRECISIONS[precision]
+    )
+    outs = [((*u.shape[:2], mt.shape[0]), u.dtype)]
+    if with_slopes:
+        outs.append((u.shape, jnp.float32))
+    specs = [_tile(u.shape), _whole(mt.shape), _tile(h0.shape)]
+    return _call(kernel, (u, mt, h0), specs, outs, interpret)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _padded_recurrence(u, mt, h0, eps, gated, precision, interpret):
+    return _forward(u, mt, h0, eps, gated, precision, interpret, False)[0]
+
+
+def _padded_fwd(u, mt, h0, eps, gated, precision, interpret):
+    states, slopes = _forward(u, mt, h0, eps, gated, precision, interpret, True)
+    return states, (mt, h0, states, slopes)
+
+
+def _padded_bwd(eps, gated, precision, interpret, residuals, d_states):
+    mt, h0, states, slopes = residuals
+    kernel = functools.partial(_backward_kernel, gated=gated, precision=PRECISIONS[precision])
+    specs = [_tile(d_states.shape), _tile(slopes.shape), _whole(mt.shape)]
+    outs = [(slopes.shape, jnp.float32), (h0.shape, jnp.float32)]
+    d_u, d_h0 = _call(kernel, (d_states, slopes, mt), specs, outs, interpret)
+    n = mt.shape[0]
+    delta = d_u[..., :n] + d_u[..., n:] if gated else d_u
+    previous = jnp.concatenate([h0[:, None].astype(states.dtype), states[:, :-1]], axis=1)
+    # ∂L/∂Mt = Σ_{b,t} h_{t-1}ᵀ δ_t: one product over all T·B rows.
+    d_mt = jnp.einsum("btn,btm->nm", previous, delta, precision=lax.Precision.HIGHEST).astype(
+        mt.dtype
+    )
+    return d_u.astype(slopes.dtype), d_mt, d_h0.astype(h0.dtype)
+
+
+_padded_recurrence.defvjp(_padded_fwd, _padded_bwd)
+
+
+def _pad_blocks(u, blocks, units, width, batch):
+    """`u (B, T, k·units)` zero-padded to `(batch, T, k·width)`, block by block."""
+    b, steps, _ = u.shape
+    u = u.reshape(b, steps, blocks, units)
+    u = jnp.pad(u, ((0, batch - b), (0, 0), (0, 0), (0, width - units)))
+    return u.reshape(batch, steps, blocks * width)
+
+
+def recurrence(u, mt, h0, epsilon, gated=False, precision="float32", interpret=None):
+    """All states `H (B, T, n)` of the recurrence (see the module docstring).
+
+    Args:
+        u: `(B, T, k·n)`, the projected inputs `x_t·V + b` of all steps,
+            blocks `[gate z | candidate c]` side by side when `gated`.
+        mt: `(n, n)`, the operand that multiplies `h` from the right.
+        h0: `(B, n)`, the initial state.
+        epsilon: Python float, the Euler step.
+        gated: Python bool, whether `u` has a gate block.
+        precision: `"float32"` (full float32 products), `"tf32x3"` or `"tf32"`.
+        interpret: Python bool or None (None: interpret unless on a GPU).
+
+    Zero padding of the state width to a power of two and of the batch to
+    a multiple of `BLOCK_BATCH` changes no result: padded units stay 0.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    interpret = not _on_gpu() if interpret is None else bool(interpret)
+    batch, steps, _ = u.shape
+    units, blocks = mt.shape[0], 2 if gated else 1
+    width = padded_units(units)
+    tiles = -(-batch // BLOCK_BATCH) * BLOCK_BATCH
+    u_p = _pad_blocks(u, blocks, units, width, tiles)
+    mt_p = jnp.pad(mt, ((0, width - units), (0, width - units)))
+    h0_p = jnp.pad(h0, ((0, tiles - batch), (0, width - units)))
+    states = _padded_recurrence(u_p, mt_p, h0_p, float(epsilon), bool(gated), precision, interpret)
+    return states[:batch, :, :units]

@@ -1,0 +1,221 @@
+"""The AntisymmetricRNN recurrence as one Triton kernel (PyTorch), forward and backward.
+
+The same algorithm, shapes and padding as `pallas_recurrence` (see there):
+one program owns `BLOCK_BATCH` batch rows, loads `Mt` once and runs all `T`
+steps; the forward also stores the slopes `ε·∂rate/∂a_t` when a gradient is
+needed, and the backward kernel runs the reverse recurrence for `δ_t` and
+`∂L/∂h0`, with `∂L/∂Mt` one product over all `T·B` rows after it
+(`torch.autograd.Function`).
+
+Runs on CUDA tensors, or on CPU tensors under Triton's interpreter
+(`TRITON_INTERPRET=1` set before `triton` is first imported).
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+#: Batch rows per program: the least `M` of `tl.dot`.
+BLOCK_BATCH = 16
+#: The least state width of the kernel (smaller widths are zero-padded).
+MIN_UNITS = 16
+#: `precision` names and Triton's `input_precision` of each step's product.
+PRECISIONS = {"float32": "ieee", "tf32x3": "tf32x3", "tf32": "tf32"}
+NUM_WARPS = 4
+
+
+def padded_units(units):
+    """The kernel's state width: the next power of two, at least `MIN_UNITS`."""
+    return max(MIN_UNITS, 1 << (int(units) - 1).bit_length())
+
+
+def interpreted():
+    """Whether Triton runs its interpreter (on CPU tensors) instead of compiling."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _forward_kernel(
+    u_ptr,
+    mt_ptr,
+    h0_ptr,
+    h_ptr,
+    s_ptr,
+    steps,
+    eps,
+    N: tl.constexpr,
+    BB: tl.constexpr,
+    GATED: tl.constexpr,
+    SLOPES: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One batch tile, all steps. `u`/`s` are `(B, T, k·N)`, `h` `(B, T, N)`, contiguous."""
+    rows = tl.program_id(0) * BB + tl.arange(0, BB)
+    cols = tl.arange(0, N)
+    k = 2 if GATED else 1
+    mt = tl.load(mt_ptr + cols[:, None] * N + cols[None, :])
+    h = tl.load(h0_ptr + rows[:, None] * N + cols[None, :]).to(tl.float32)
+    u_row = rows[:, None] * (steps * k * N) + cols[None, :]
+    h_row = rows[:, None] * (steps * N) + cols[None, :]
+    for t in range(steps):
+        shared = tl.dot(h, mt, input_precision=PRECISION)
+        at = u_row + t * (k * N)
+        if GATED:
+            gate = tl.sigmoid(shared + tl.load(u_ptr + at))
+            a_c = shared + tl.load(u_ptr + at + N)
+            cand = 2.0 * tl.sigmoid(2.0 * a_c) - 1.0  # tanh
+            h = h + eps * gate * cand
+            if SLOPES:
+                tl.store(s_ptr + at, eps * cand * gate * (1.0 - gate))
+                tl.store(s_ptr + at + N, eps * gate * (1.0 - cand * cand))
+        else:
+            a = shared + tl.load(u_ptr + at)
+            cand = 2.0 * tl.sigmoid(2.0 * a) - 1.0
+            h = h + eps * cand
+            if SLOPES:
+                tl.store(s_ptr + at, eps * (1.0 - cand * cand))
+        tl.store(h_ptr + h_row + t * N, h)
+
+
+@triton.jit
+def _backward_kernel(
+    dh_ptr,
+    s_ptr,
+    mt_ptr,
+    du_ptr,
+    dh0_ptr,
+    steps,
+    N: tl.constexpr,
+    BB: tl.constexpr,
+    GATED: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """The reverse recurrence of one tile: `du = δ` for all steps, then `dh0`."""
+    rows = tl.program_id(0) * BB + tl.arange(0, BB)
+    cols = tl.arange(0, N)
+    k = 2 if GATED else 1
+    mt_t = tl.load(mt_ptr + cols[None, :] * N + cols[:, None])  # Mtᵀ
+    g = tl.zeros((BB, N), dtype=tl.float32)
+    u_row = rows[:, None] * (steps * k * N) + cols[None, :]
+    h_row = rows[:, None] * (steps * N) + cols[None, :]
+    for j in range(steps):
+        t = steps - 1 - j
+        g = g + tl.load(dh_ptr + h_row + t * N)
+        at = u_row + t * (k * N)
+        if GATED:
+            d_gate = g * tl.load(s_ptr + at)
+            d_cand = g * tl.load(s_ptr + at + N)
+            tl.store(du_ptr + at, d_gate)
+            tl.store(du_ptr + at + N, d_cand)
+            delta = d_gate + d_cand
+        else:
+            delta = g * tl.load(s_ptr + at)
+            tl.store(du_ptr + at, delta)
+        g = g + tl.dot(delta, mt_t, input_precision=PRECISION)
+    tl.store(dh0_ptr + rows[:, None] * N + cols[None, :], g)
+
+
+def _forward(u, mt, h0, eps, gated, precision, with_slopes):
+    batch, steps, _ = u.shape
+    n = mt.shape[0]
+    states = torch.empty((batch, steps, n), dtype=torch.float32, device=u.device)
+    slopes = torch.empty_like(u) if with_slopes else states  # unused when no slopes
+    _forward_kernel[(batch // BLOCK_BATCH,)](
+        u,
+        mt,
+        h0,
+        states,
+        slopes,
+        steps,
+        eps,
+        N=n,
+        BB=BLOCK_BATCH,
+        GATED=gated,
+        SLOPES=with_slopes,
+        PRECISION=PRECISIONS[precision],
+        num_warps=NUM_WARPS,
+    )
+    return states, (slopes if with_slopes else None)
+
+
+def _backward(d_states, slopes, mt, gated, precision):
+    batch, steps, n = d_states.shape
+    d_u = torch.empty_like(slopes)
+    d_h0 = torch.empty((batch, n), dtype=torch.float32, device=d_states.device)
+    _backward_kernel[(batch // BLOCK_BATCH,)](
+        d_states,
+        slopes,
+        mt,
+        d_u,
+        d_h0,
+        steps,
+        N=n,
+        BB=BLOCK_BATCH,
+        GATED=gated,
+        PRECISION=PRECISIONS[precision],
+        num_warps=NUM_WARPS,
+    )
+    return d_u, d_h0
+
+
+class _Recurrence(torch.autograd.Function):
+    """`H = recurrence(u, mt, h0)` on padded, contiguous float32 tensors."""
+
+    @staticmethod
+    def forward(ctx, u, mt, h0, eps, gated, precision):
+        states, slopes = _forward(u, mt, h0, eps, gated, precision, True)
+        ctx.save_for_backward(mt, h0, states, slopes)
+        ctx.gated, ctx.precision = gated, precision
+        return states
+
+    @staticmethod
+    def backward(ctx, d_states):
+        mt, h0, states, slopes = ctx.saved_tensors
+        d_u, d_h0 = _backward(d_states.contiguous(), slopes, mt, ctx.gated, ctx.precision)
+        n = mt.shape[0]
+        delta = d_u[..., :n] + d_u[..., n:] if ctx.gated else d_u
+        previous = torch.cat([h0[:, None], states[:, :-1]], dim=1)
+        # ∂L/∂Mt = Σ_{b,t} h_{t-1}ᵀ δ_t: one product over all T·B rows.
+        d_mt = previous.reshape(-1, n).transpose(0, 1) @ delta.reshape(-1, n)
+        return d_u, d_mt, d_h0, None, None, None
+
+
+def _pad(u, mt, h0, gated):
+    """Zero padding to a power-of-two width and whole batch tiles (changes no result)."""
+    batch, steps, _ = u.shape
+    units, blocks = mt.shape[0], 2 if gated else 1
+    width = padded_units(units)
+    tiles = -(-batch // BLOCK_BATCH) * BLOCK_BATCH
+    pad_n, pad_b = width - units, tiles - batch
+    u_p = torch.nn.functional.pad(u.reshape(batch, steps, blocks, units), (0, pad_n, 0, 0))
+    u_p = torch.nn.functional.pad(u_p.reshape(batch, steps, blocks * width), (0, 0, 0, 0, 0, pad_b))
+    mt_p = torch.nn.functional.pad(mt, (0, pad_n, 0, pad_n))
+    h0_p = torch.nn.functional.pad(h0, (0, pad_n, 0, pad_b))
+    return u_p.contiguous(), mt_p.contiguous(), h0_p.contiguous()
+
+
+def recurrence(u, mt, h0, epsilon, gated=False, precision="float32"):
+    """All states `H (B, T, n)`; see `pallas_recurrence.recurrence` for the arguments.
+
+    float32 tensors on a CUDA device, or on the CPU under `TRITON_INTERPRET=1`.
+    Differentiable (`torch.autograd`); without a gradient to record, the
+    forward kernel stores no slopes.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    if u.device.type != "cuda" and not interpreted():
+        raise RuntimeError(
+            "The Triton recurrence kernel runs on CUDA tensors, or on the CPU "
+            "under Triton's interpreter (TRITON_INTERPRET=1 before importing triton)."
+        )
+    batch, _, _ = u.shape
+    units = mt.shape[0]
+    u_p, mt_p, h0_p = _pad(u, mt, h0, gated)
+    eps = float(epsilon)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (u, mt, h0)):
+        states = _Recurrence.apply(u_p, mt_p, h0_p, eps, bool(gated), precision)
+    else:
+        states, _ = _forward(u_p, mt_p, h0_p, eps, bool(gated), precision, False)
+    return states[:batch, :, :units]

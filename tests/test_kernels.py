@@ -1,0 +1,231 @@
+"""The fused recurrence kernels (keras_antisym.kernels) on a CPU, on tiny shapes.
+
+Pallas runs with `interpret=True`, Triton under its interpreter
+(`TRITON_INTERPRET=1`, in a PyTorch-only subprocess: Triton and TensorFlow
+must not share a process). Both are checked against the float64 NumPy
+reference and against autodiff of a plain loop; both are also compiled for
+a Hopper GPU (Pallas: lowered to Triton IR; Triton: down to a cubin), which
+needs no GPU. The layers' `fused_kernel` path runs per backend in a
+subprocess (`python -m tests.test_kernels layer BACKEND OUT`).
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests import reference
+
+ROOT = Path(__file__).resolve().parents[1]
+EPSILON, GAMMA = 0.3, 0.05
+# Interpreted float32 against float64 (reference) or float32 autodiff (loops).
+ATOL = 2e-5
+
+
+def problem(gated, batch=3, steps=6, features=2, units=5, seed=0):
+    """Weights and inputs, and the kernel's operands `u`, `mt`, `h0` built from them."""
+    rng = np.random.RandomState(seed)
+    blocks = 2 if gated else 1
+    kernel = 0.5 * rng.standard_normal((features, blocks * units))
+    triangle = 0.5 * rng.standard_normal(units * (units - 1) // 2)
+    bias = 0.5 * rng.standard_normal(blocks * units)
+    x = rng.standard_normal((batch, steps, features))
+    h0 = 0.5 * rng.standard_normal((batch, units))
+    weights = [kernel, triangle, bias]
+    mt = reference.transition_matrix(triangle, units, GAMMA).T
+    u = x @ kernel + bias
+    f32 = [a.astype("float32") for a in (u, mt, h0)]
+    return weights, x, f32, rng.standard_normal((batch, steps, units)).astype("float32")
+
+
+def expected_states(gated, weights, x, h0):
+    units = h0.shape[1]
+    states, _ = reference.run(
+        weights, x, units=units, epsilon=EPSILON, gamma=GAMMA, gated=gated, h0=h0
+    )
+    return states
+
+
+def scan_recurrence(u, mt, h0, gated):
+    """A plain `jax.lax.scan` of the recurrence: the gradients' reference."""
+    import jax
+    import jax.numpy as jnp
+
+    n = mt.shape[0]
+
+    def step(h, ut):
+        shared = jnp.dot(h, mt, precision="highest")
+        if gated:
+            rate = jax.nn.sigmoid(shared + ut[:, :n]) * jnp.tanh(shared + ut[:, n:])
+        else:
+            rate = jnp.tanh(shared + ut)
+        h = h + EPSILON * rate
+        return h, h
+
+    _, states = jax.lax.scan(step, h0, jnp.swapaxes(u, 0, 1))
+    return jnp.swapaxes(states, 0, 1)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_pallas_recurrence_matches_reference_and_scan_gradients(gated):
+    import jax
+
+    from keras_antisym.kernels import pallas_recurrence
+
+    weights, x, (u, mt, h0), probe = problem(gated)
+    states = pallas_recurrence.recurrence(u, mt, h0, EPSILON, gated, interpret=True)
+    np.testing.assert_allclose(states, expected_states(gated, weights, x, h0), atol=ATOL)
+
+    def loss(fn):
+        return lambda *a: (fn(*a) * probe).sum()
+
+    def kernel(u, mt, h0):
+        return pallas_recurrence.recurrence(u, mt, h0, EPSILON, gated, interpret=True)
+
+    got = jax.grad(loss(kernel), argnums=(0, 1, 2))(u, mt, h0)
+    want = jax.grad(loss(lambda *a: scan_recurrence(*a, gated)), argnums=(0, 1, 2))(u, mt, h0)
+    for name, g, w in zip(("u", "mt", "h0"), got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=ATOL, err_msg=name)
+
+
+def test_pallas_recurrence_checks_precision():
+    from keras_antisym.kernels import pallas_recurrence
+
+    _, _, (u, mt, h0), _ = problem(False)
+    with pytest.raises(ValueError, match="precision"):
+        pallas_recurrence.recurrence(u, mt, h0, EPSILON, precision="fp8")
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_pallas_kernels_lower_for_a_cuda_gpu(gated):
+    """Forward and backward lower through Pallas' Triton backend (no GPU needed)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    from keras_antisym.kernels import pallas_recurrence
+
+    n, k = 32, 2 if gated else 1
+    shapes = [(20, 7, k * n), (n, n), (20, n)]
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+
+    def loss(u, mt, h0):
+        return pallas_recurrence.recurrence(u, mt, h0, 0.1, gated, interpret=False).sum()
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    triton_call = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    exported = export.export(step, platforms=["cuda"], disabled_checks=[triton_call])(*args)
+    assert exported.mlir_module().count("xla.gpu.triton") == 2  # forward, backward
+
+
+def run_subprocess(args, backend, interpret=True, timeout=600):
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": backend,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "CUDA_VISIBLE_DEVICES": "",
+        "TRITON_INTERPRET": "1" if interpret else "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.test_kernels", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def needs_triton():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (pip install triton)")
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_triton_recurrence_matches_reference_and_torch_gradients(gated, tmp_path):
+    needs_triton()
+    weights, x, (u, mt, h0), probe = problem(gated)
+    path = tmp_path / "io.npz"
+    np.savez(path, u=u, mt=mt, h0=h0, probe=probe)
+    run_subprocess(["triton", str(int(gated)), str(path)], "torch")
+    out = np.load(tmp_path / "io.out.npz")
+    np.testing.assert_allclose(out["states"], expected_states(gated, weights, x, h0), atol=ATOL)
+    np.testing.assert_allclose(out["nograd"], out["states"], atol=0)
+    for name in ("u", "mt", "h0"):
+        np.testing.assert_allclose(out[f"d{name}"], out[f"want_d{name}"], atol=ATOL, err_msg=name)
+
+
+def test_triton_kernels_compile_for_hopper():
+    needs_triton()
+    assert "compiled 4" in run_subprocess(["compile"], "torch", interpret=False)
+
+
+def triton_probe(gated, path):
+    """Subprocess side: the Triton kernel (interpreted) and torch autograd of a loop."""
+    import torch
+
+    from keras_antisym.kernels import triton_recurrence
+
+    data = {k: torch.tensor(v) for k, v in np.load(path).items()}
+    probe, n = data.pop("probe"), data["mt"].shape[0]
+    leaves = {k: v.clone().requires_grad_() for k, v in data.items()}
+    states = triton_recurrence.recurrence(*leaves.values(), EPSILON, gated)
+    grads = torch.autograd.grad((states * probe).sum(), list(leaves.values()))
+    loop = {k: v.clone().requires_grad_() for k, v in data.items()}
+    h, outs = loop["h0"], []
+    for t in range(loop["u"].shape[1]):
+        shared, ut = h @ loop["mt"], loop["u"][:, t]
+        if gated:
+            rate = torch.sigmoid(shared + ut[:, :n]) * torch.tanh(shared + ut[:, n:])
+        else:
+            rate = torch.tanh(shared + ut)
+        h = h + EPSILON * rate
+        outs.append(h)
+    want = torch.autograd.grad((torch.stack(outs, 1) * probe).sum(), list(loop.values()))
+    with torch.no_grad():
+        nograd = triton_recurrence.recurrence(*data.values(), EPSILON, gated)
+    result = {"states": states.detach(), "nograd": nograd}
+    result.update({f"d{k}": g for k, g in zip(leaves, grads, strict=True)})
+    result.update({f"want_d{k}": g for k, g in zip(leaves, want, strict=True)})
+    np.savez(str(path)[: -len(".npz")] + ".out.npz", **{k: v.numpy() for k, v in result.items()})
+
+
+def triton_compile():
+    """Subprocess side: both kernels, gated and not, compiled for sm_90 (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from keras_antisym.kernels import triton_recurrence as tr
+
+    ptr, count = "*fp32", 0
+    forward = dict.fromkeys(("u_ptr", "mt_ptr", "h0_ptr", "h_ptr", "s_ptr"), ptr)
+    forward.update(steps="i32", eps="fp32")
+    backward = dict.fromkeys(("dh_ptr", "s_ptr", "mt_ptr", "du_ptr", "dh0_ptr"), ptr)
+    backward.update(steps="i32")
+    for gated in (False, True):
+        constants = {"N": 128, "BB": tr.BLOCK_BATCH, "GATED": gated, "PRECISION": "ieee"}
+        for fn, signature, extra in (
+            (tr._forward_kernel, forward, {"SLOPES": True}),
+            (tr._backward_kernel, backward, {}),
+        ):
+            signature = {**signature, **dict.fromkeys({**constants, **extra}, "constexpr")}
+            source = ASTSource(fn, signature, constexprs={**constants, **extra})
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+            assert compiled.asm["cubin"]
+            count += 1
+    print(f"compiled {count}")
+
+
+if __name__ == "__main__":
+    command, *rest = sys.argv[1:]
+    if command == "triton":
+        triton_probe(bool(int(rest[0])), rest[1])
+    elif command == "compile":
+        triton_compile()
