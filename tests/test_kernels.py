@@ -10,6 +10,7 @@ subprocess (`python -m tests.test_kernels layer BACKEND OUT`).
 """
 
 import importlib.util
+import itertools
 import os
 import subprocess
 import sys
@@ -70,13 +71,19 @@ def scan_recurrence(u, mt, h0, gated):
     return jnp.swapaxes(states, 0, 1)
 
 
+# A batch of 3 is one padded 16-row tile (products on tensor cores on a GPU),
+# a batch of 1 its own tile (a broadcast product); 5 units are padded to 16.
+BATCHES = [3, 1]
+
+
+@pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("gated", [False, True])
-def test_pallas_recurrence_matches_reference_and_scan_gradients(gated):
+def test_pallas_recurrence_matches_reference_and_scan_gradients(gated, batch):
     import jax
 
     from keras_antisym.kernels import pallas_recurrence
 
-    weights, x, (u, mt, h0), probe = problem(gated)
+    weights, x, (u, mt, h0), probe = problem(gated, batch=batch)
     states = pallas_recurrence.recurrence(u, mt, h0, EPSILON, gated, interpret=True)
     np.testing.assert_allclose(states, expected_states(gated, weights, x, h0), atol=ATOL)
 
@@ -100,8 +107,9 @@ def test_pallas_recurrence_checks_precision():
         pallas_recurrence.recurrence(u, mt, h0, EPSILON, precision="fp8")
 
 
+@pytest.mark.parametrize("batch", [20, 1])
 @pytest.mark.parametrize("gated", [False, True])
-def test_pallas_kernels_lower_for_a_cuda_gpu(gated):
+def test_pallas_kernels_lower_for_a_cuda_gpu(gated, batch):
     """Forward and backward lower through Pallas' Triton backend (no GPU needed)."""
     import jax
     import jax.numpy as jnp
@@ -110,7 +118,7 @@ def test_pallas_kernels_lower_for_a_cuda_gpu(gated):
     from keras_antisym.kernels import pallas_recurrence
 
     n, k = 32, 2 if gated else 1
-    shapes = [(20, 7, k * n), (n, n), (20, n)]
+    shapes = [(batch, 7, k * n), (n, n), (batch, n)]
     args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
 
     def loss(u, mt, h0):
@@ -147,10 +155,11 @@ def needs_triton():
         pytest.skip("triton is not installed (pip install triton)")
 
 
+@pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("gated", [False, True])
-def test_triton_recurrence_matches_reference_and_torch_gradients(gated, tmp_path):
+def test_triton_recurrence_matches_reference_and_torch_gradients(gated, batch, tmp_path):
     needs_triton()
-    weights, x, (u, mt, h0), probe = problem(gated)
+    weights, x, (u, mt, h0), probe = problem(gated, batch=batch)
     path = tmp_path / "io.npz"
     np.savez(path, u=u, mt=mt, h0=h0, probe=probe)
     run_subprocess(["triton", str(int(gated)), str(path)], "torch")
@@ -163,7 +172,7 @@ def test_triton_recurrence_matches_reference_and_torch_gradients(gated, tmp_path
 
 def test_triton_kernels_compile_for_hopper():
     needs_triton()
-    assert "compiled 4" in run_subprocess(["compile"], "torch", interpret=False)
+    assert "compiled 8" in run_subprocess(["compile"], "torch", interpret=False)
 
 
 def triton_probe(gated, path):
@@ -197,7 +206,7 @@ def triton_probe(gated, path):
 
 
 def triton_compile():
-    """Subprocess side: both kernels, gated and not, compiled for sm_90 (no GPU needed)."""
+    """Subprocess side: both kernels, gated and not, whole and small tiles, for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -209,15 +218,17 @@ def triton_compile():
     forward.update(steps="i32", eps="fp32")
     backward = dict.fromkeys(("dh_ptr", "s_ptr", "mt_ptr", "du_ptr", "dh0_ptr"), ptr)
     backward.update(steps="i32")
-    for gated in (False, True):
-        constants = {"N": 128, "BB": tr.BLOCK_BATCH, "GATED": gated, "PRECISION": "ieee"}
+    for gated, rows in itertools.product((False, True), (tr.BLOCK_BATCH, 1)):
+        constants = {"N": 128, "BB": rows, "GATED": gated, "PRECISION": "ieee"}
         for fn, signature, extra in (
             (tr._forward_kernel, forward, {"SLOPES": True}),
             (tr._backward_kernel, backward, {}),
         ):
             signature = {**signature, **dict.fromkeys({**constants, **extra}, "constexpr")}
             source = ASTSource(fn, signature, constexprs={**constants, **extra})
-            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+            warps = tr.NUM_WARPS if rows == tr.BLOCK_BATCH else tr.SMALL_BATCH_WARPS
+            options = {"num_warps": warps}
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
             assert compiled.asm["cubin"]
             count += 1
     print(f"compiled {count}")

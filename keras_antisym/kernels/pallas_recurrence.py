@@ -29,6 +29,10 @@ from jax.experimental import pallas as pl
 
 #: Batch rows per program: the least `M` of a tensor-core product.
 BLOCK_BATCH = 16
+#: Batches of at most this many rows are one tile of their own size.
+SMALL_BATCH = 2
+#: Warps per program: whole tiles, and the small tile's broadcast product.
+NUM_WARPS, SMALL_BATCH_WARPS = 4, 8
 #: The least state width of the kernel (smaller widths are zero-padded).
 MIN_UNITS = 16
 #: `precision` names and the product each step uses.
@@ -49,80 +53,115 @@ def _on_gpu():
 
 
 def _dot(a, b, precision, transpose_b=False):
+    """`a·b` (or `a·bᵀ`): a tensor-core product for whole tiles, else multiply and sum.
+
+    Tiles of fewer than `BLOCK_BATCH` rows (a batch of 1 or 2) take the
+    broadcast product, exact in float32 and free of the product's least `M`.
+    """
+    if a.shape[0] < BLOCK_BATCH:
+        b = b.T if transpose_b else b
+        return jnp.sum(a[:, :, None] * b[None, :, :], axis=1)
     dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
     return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
+def _blocks_at(ref, t, blocks, n):
+    """The `blocks` `n`-wide column blocks of `ref[:, t]`, each `(rows, n)`."""
+    return tuple(ref[:, t, pl.ds(j * n, n)] for j in range(blocks))
+
+
 def _forward_kernel(u_ref, mt_ref, h0_ref, h_ref, *slope_refs, eps, gated, precision):
-    """One batch tile, all steps; `slope_refs` is empty when no gradient is needed."""
+    """One batch tile, all steps; `slope_refs` is empty when no gradient is needed.
+
+    Step `t` loads the inputs of step `t + 1`, whose latency the product hides.
+    """
     steps, n = u_ref.shape[1], mt_ref.shape[0]
+    blocks = 2 if gated else 1
     mt = mt_ref[...]
 
-    def step(t, h):
+    def step(t, carry):
+        h, u_t = carry
+        u_next = _blocks_at(u_ref, jnp.minimum(t + 1, steps - 1), blocks, n)
         shared = _dot(h, mt, precision)
         if gated:
-            gate = jax.nn.sigmoid(shared + u_ref[:, t, pl.ds(0, n)])
-            cand = jnp.tanh(shared + u_ref[:, t, pl.ds(n, n)])
+            gate = jax.nn.sigmoid(shared + u_t[0])
+            cand = jnp.tanh(shared + u_t[1])
             new = h + eps * gate * cand
-            if slope_refs:
-                slope_refs[0][:, t, pl.ds(0, n)] = eps * cand * gate * (1.0 - gate)
-                slope_refs[0][:, t, pl.ds(n, n)] = eps * gate * (1.0 - cand * cand)
+            slopes = (eps * cand * gate * (1.0 - gate), eps * gate * (1.0 - cand * cand))
         else:
-            cand = jnp.tanh(shared + u_ref[:, t, :])
+            cand = jnp.tanh(shared + u_t[0])
             new = h + eps * cand
-            if slope_refs:
-                slope_refs[0][:, t, :] = eps * (1.0 - cand * cand)
+            slopes = (eps * (1.0 - cand * cand),)
+        for j, slope in enumerate(slopes if slope_refs else ()):
+            slope_refs[0][:, t, pl.ds(j * n, n)] = slope
         h_ref[:, t, :] = new.astype(h_ref.dtype)
-        return new
+        return new, u_next
 
-    lax.fori_loop(0, steps, step, h0_ref[...].astype(jnp.float32))
+    h0 = h0_ref[...].astype(jnp.float32)
+    lax.fori_loop(0, steps, step, (h0, _blocks_at(u_ref, 0, blocks, n)))
 
 
 def _backward_kernel(dh_ref, slope_ref, mt_ref, du_ref, dh0_ref, *, gated, precision):
     """The reverse recurrence of one batch tile: `δ_t` for all steps, then `∂L/∂h0`."""
     steps, n = dh_ref.shape[1], mt_ref.shape[0]
+    blocks = 2 if gated else 1
     mt = mt_ref[...]
 
-    def step(j, g):
+    def load(t):
+        return dh_ref[:, t, :], _blocks_at(slope_ref, t, blocks, n)
+
+    def step(j, carry):
+        g, (dh_t, slopes) = carry
         t = steps - 1 - j
-        g = g + dh_ref[:, t, :]
-        if gated:
-            d_gate = g * slope_ref[:, t, pl.ds(0, n)]
-            d_cand = g * slope_ref[:, t, pl.ds(n, n)]
-            du_ref[:, t, pl.ds(0, n)] = d_gate
-            du_ref[:, t, pl.ds(n, n)] = d_cand
-            delta = d_gate + d_cand
-        else:
-            delta = g * slope_ref[:, t, :]
-            du_ref[:, t, :] = delta
-        return g + _dot(delta, mt, precision, transpose_b=True)
+        ahead = load(jnp.maximum(t - 1, 0))
+        g = g + dh_t
+        delta = jnp.zeros_like(g)
+        for k, slope in enumerate(slopes):
+            du_ref[:, t, pl.ds(k * n, n)] = g * slope
+            delta = delta + g * slope
+        return g + _dot(delta, mt, precision, transpose_b=True), ahead
 
-    dh0_ref[...] = lax.fori_loop(0, steps, step, jnp.zeros(dh0_ref.shape, jnp.float32))
+    g0 = jnp.zeros(dh0_ref.shape, jnp.float32)
+    dh0_ref[...] = lax.fori_loop(0, steps, step, (g0, load(steps - 1)))[0]
 
 
-def _tile(shape):
+def _tile(shape, rows):
     """The `BlockSpec` of one batch tile of an array whose first axis is the batch."""
-    block = (BLOCK_BATCH, *shape[1:])
+    block = (rows, *shape[1:])
     return pl.BlockSpec(block, lambda i: (i,) + (0,) * (len(shape) - 1))
 
 
-def _whole(shape):
+def _whole(shape, rows):
+    del rows
     return pl.BlockSpec(tuple(shape), lambda i: (0,) * len(shape))
 
 
+def padded_batch(batch):
+    """The kernel's batch: 1 or 2 as is (one small tile), else whole `BLOCK_BATCH` tiles."""
+    if batch <= SMALL_BATCH:
+        return batch
+    return -(-batch // BLOCK_BATCH) * BLOCK_BATCH
+
+
 def _call(kernel, ins, in_specs, outs, interpret):
-    """`pallas_call` over batch tiles; Triton compiler parameters on a GPU."""
+    """`pallas_call` over batch tiles; Triton compiler parameters on a GPU.
+
+    `in_specs` are functions of the tile's rows (`_tile`, `_whole`).
+    """
+    rows = min(BLOCK_BATCH, ins[0].shape[0])
     params = {}
     if not interpret:
         from jax.experimental.pallas import triton as plgpu
 
-        params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=1)
+        make = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCompilerParams
+        warps = NUM_WARPS if rows == BLOCK_BATCH else SMALL_BATCH_WARPS
+        params["compiler_params"] = make(num_warps=warps, num_stages=1)
     return pl.pallas_call(
         kernel,
         out_shape=[jax.ShapeDtypeStruct(s, d) for s, d in outs],
-        grid=(ins[0].shape[0] // BLOCK_BATCH,),
-        in_specs=in_specs,
-        out_specs=[_tile(s) for s, _ in outs],
+        grid=(ins[0].shape[0] // rows,),
+        in_specs=[spec(x.shape, rows) for spec, x in zip(in_specs, ins, strict=True)],
+        out_specs=[_tile(s, rows) for s, _ in outs],
         interpret=interpret,
         **params,
     )(*ins)
@@ -135,7 +174,7 @@ def _forward(u, mt, h0, eps, gated, precision, interpret, with_slopes):
     outs = [((*u.shape[:2], mt.shape[0]), u.dtype)]
     if with_slopes:
         outs.append((u.shape, jnp.float32))
-    specs = [_tile(u.shape), _whole(mt.shape), _tile(h0.shape)]
+    specs = [_tile, _whole, _tile]
     return _call(kernel, (u, mt, h0), specs, outs, interpret)
 
 
@@ -152,7 +191,7 @@ def _padded_fwd(u, mt, h0, eps, gated, precision, interpret):
 def _padded_bwd(eps, gated, precision, interpret, residuals, d_states):
     mt, h0, states, slopes = residuals
     kernel = functools.partial(_backward_kernel, gated=gated, precision=PRECISIONS[precision])
-    specs = [_tile(d_states.shape), _tile(slopes.shape), _whole(mt.shape)]
+    specs = [_tile, _tile, _whole]
     outs = [(slopes.shape, jnp.float32), (h0.shape, jnp.float32)]
     d_u, d_h0 = _call(kernel, (d_states, slopes, mt), specs, outs, interpret)
     n = mt.shape[0]
@@ -190,7 +229,7 @@ def recurrence(u, mt, h0, epsilon, gated=False, precision="float32", interpret=N
         interpret: Python bool or None (None: interpret unless on a GPU).
 
     Zero padding of the state width to a power of two and of the batch to
-    a multiple of `BLOCK_BATCH` changes no result: padded units stay 0.
+    a multiple of `BLOCK_BATCH` (batches over `SMALL_BATCH`) changes no result: padded units stay 0.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
@@ -198,7 +237,7 @@ def recurrence(u, mt, h0, epsilon, gated=False, precision="float32", interpret=N
     batch, steps, _ = u.shape
     units, blocks = mt.shape[0], 2 if gated else 1
     width = padded_units(units)
-    tiles = -(-batch // BLOCK_BATCH) * BLOCK_BATCH
+    tiles = padded_batch(batch)
     u_p = _pad_blocks(u, blocks, units, width, tiles)
     mt_p = jnp.pad(mt, ((0, width - units), (0, width - units)))
     h0_p = jnp.pad(h0, ((0, tiles - batch), (0, width - units)))

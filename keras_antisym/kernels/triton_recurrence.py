@@ -23,7 +23,10 @@ BLOCK_BATCH = 16
 MIN_UNITS = 16
 #: `precision` names and Triton's `input_precision` of each step's product.
 PRECISIONS = {"float32": "ieee", "tf32x3": "tf32x3", "tf32": "tf32"}
-NUM_WARPS = 4
+#: Batches of at most this many rows are one tile of their own size.
+SMALL_BATCH = 2
+#: Warps per program: whole tiles, and the small tile's broadcast product.
+NUM_WARPS, SMALL_BATCH_WARPS = 4, 8
 
 
 def padded_units(units):
@@ -34,6 +37,19 @@ def padded_units(units):
 def interpreted():
     """Whether Triton runs its interpreter (on CPU tensors) instead of compiling."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _product(a, b, PRECISION: tl.constexpr, BB: tl.constexpr):
+    """`a·b`: `tl.dot` for whole tiles, multiply and sum for a tile of 1 or 2 rows."""
+    if BB >= 16:
+        return tl.dot(a, b, input_precision=PRECISION)
+    return tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
 
 
 @triton.jit
@@ -51,32 +67,39 @@ def _forward_kernel(
     SLOPES: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """One batch tile, all steps. `u`/`s` are `(B, T, k·N)`, `h` `(B, T, N)`, contiguous."""
+    """One batch tile, all steps. `u`/`s` are `(B, T, k·N)`, `h` `(B, T, N)`, contiguous.
+
+    Step `t` loads the inputs of step `t + 1`, whose latency the product hides.
+    """
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     cols = tl.arange(0, N)
-    k = 2 if GATED else 1
+    width = 2 * N if GATED else N
     mt = tl.load(mt_ptr + cols[:, None] * N + cols[None, :])
     h = tl.load(h0_ptr + rows[:, None] * N + cols[None, :]).to(tl.float32)
-    u_row = rows[:, None] * (steps * k * N) + cols[None, :]
+    u_row = rows[:, None] * (steps * width) + cols[None, :]
     h_row = rows[:, None] * (steps * N) + cols[None, :]
+    u_a = tl.load(u_ptr + u_row)
+    u_c = tl.load(u_ptr + u_row + N) if GATED else u_a
     for t in range(steps):
-        shared = tl.dot(h, mt, input_precision=PRECISION)
-        at = u_row + t * (k * N)
+        ahead = u_row + tl.minimum(t + 1, steps - 1) * width
+        next_a = tl.load(u_ptr + ahead)
+        next_c = tl.load(u_ptr + ahead + N) if GATED else next_a
+        shared = _product(h, mt, PRECISION, BB)
+        at = u_row + t * width
         if GATED:
-            gate = tl.sigmoid(shared + tl.load(u_ptr + at))
-            a_c = shared + tl.load(u_ptr + at + N)
-            cand = 2.0 * tl.sigmoid(2.0 * a_c) - 1.0  # tanh
+            gate = tl.sigmoid(shared + u_a)
+            cand = _tanh(shared + u_c)
             h = h + eps * gate * cand
             if SLOPES:
                 tl.store(s_ptr + at, eps * cand * gate * (1.0 - gate))
                 tl.store(s_ptr + at + N, eps * gate * (1.0 - cand * cand))
         else:
-            a = shared + tl.load(u_ptr + at)
-            cand = 2.0 * tl.sigmoid(2.0 * a) - 1.0
+            cand = _tanh(shared + u_a)
             h = h + eps * cand
             if SLOPES:
                 tl.store(s_ptr + at, eps * (1.0 - cand * cand))
         tl.store(h_ptr + h_row + t * N, h)
+        u_a, u_c = next_a, next_c
 
 
 @triton.jit
@@ -95,26 +118,38 @@ def _backward_kernel(
     """The reverse recurrence of one tile: `du = δ` for all steps, then `dh0`."""
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     cols = tl.arange(0, N)
-    k = 2 if GATED else 1
+    width = 2 * N if GATED else N
     mt_t = tl.load(mt_ptr + cols[None, :] * N + cols[:, None])  # Mtᵀ
     g = tl.zeros((BB, N), dtype=tl.float32)
-    u_row = rows[:, None] * (steps * k * N) + cols[None, :]
+    u_row = rows[:, None] * (steps * width) + cols[None, :]
     h_row = rows[:, None] * (steps * N) + cols[None, :]
+    last = steps - 1
+    dh_t = tl.load(dh_ptr + h_row + last * N)
+    s_a = tl.load(s_ptr + u_row + last * width)
+    s_c = tl.load(s_ptr + u_row + last * width + N) if GATED else s_a
     for j in range(steps):
-        t = steps - 1 - j
-        g = g + tl.load(dh_ptr + h_row + t * N)
-        at = u_row + t * (k * N)
+        t = last - j
+        ahead = tl.maximum(t - 1, 0)
+        next_dh = tl.load(dh_ptr + h_row + ahead * N)
+        next_a = tl.load(s_ptr + u_row + ahead * width)
+        next_c = tl.load(s_ptr + u_row + ahead * width + N) if GATED else next_a
+        g = g + dh_t
+        at = u_row + t * width
+        delta = g * s_a
+        tl.store(du_ptr + at, delta)
         if GATED:
-            d_gate = g * tl.load(s_ptr + at)
-            d_cand = g * tl.load(s_ptr + at + N)
-            tl.store(du_ptr + at, d_gate)
-            tl.store(du_ptr + at + N, d_cand)
-            delta = d_gate + d_cand
-        else:
-            delta = g * tl.load(s_ptr + at)
-            tl.store(du_ptr + at, delta)
-        g = g + tl.dot(delta, mt_t, input_precision=PRECISION)
+            tl.store(du_ptr + at + N, g * s_c)
+            delta = delta + g * s_c
+        g = g + _product(delta, mt_t, PRECISION, BB)
+        dh_t, s_a, s_c = next_dh, next_a, next_c
     tl.store(dh0_ptr + rows[:, None] * N + cols[None, :], g)
+
+
+def _tiles(batch):
+    """`(padded batch, rows per program, warps)`: 1 or 2 rows as is, else whole tiles."""
+    if batch <= SMALL_BATCH:
+        return batch, batch, SMALL_BATCH_WARPS
+    return -(-batch // BLOCK_BATCH) * BLOCK_BATCH, BLOCK_BATCH, NUM_WARPS
 
 
 def _forward(u, mt, h0, eps, gated, precision, with_slopes):
@@ -122,7 +157,8 @@ def _forward(u, mt, h0, eps, gated, precision, with_slopes):
     n = mt.shape[0]
     states = torch.empty((batch, steps, n), dtype=torch.float32, device=u.device)
     slopes = torch.empty_like(u) if with_slopes else states  # unused when no slopes
-    _forward_kernel[(batch // BLOCK_BATCH,)](
+    _, rows, warps = _tiles(batch)
+    _forward_kernel[(batch // rows,)](
         u,
         mt,
         h0,
@@ -131,11 +167,11 @@ def _forward(u, mt, h0, eps, gated, precision, with_slopes):
         steps,
         eps,
         N=n,
-        BB=BLOCK_BATCH,
+        BB=rows,
         GATED=gated,
         SLOPES=with_slopes,
         PRECISION=PRECISIONS[precision],
-        num_warps=NUM_WARPS,
+        num_warps=warps,
     )
     return states, (slopes if with_slopes else None)
 
@@ -144,7 +180,8 @@ def _backward(d_states, slopes, mt, gated, precision):
     batch, steps, n = d_states.shape
     d_u = torch.empty_like(slopes)
     d_h0 = torch.empty((batch, n), dtype=torch.float32, device=d_states.device)
-    _backward_kernel[(batch // BLOCK_BATCH,)](
+    _, rows, warps = _tiles(batch)
+    _backward_kernel[(batch // rows,)](
         d_states,
         slopes,
         mt,
@@ -152,10 +189,10 @@ def _backward(d_states, slopes, mt, gated, precision):
         d_h0,
         steps,
         N=n,
-        BB=BLOCK_BATCH,
+        BB=rows,
         GATED=gated,
         PRECISION=PRECISIONS[precision],
-        num_warps=NUM_WARPS,
+        num_warps=warps,
     )
     return d_u, d_h0
 
@@ -187,7 +224,7 @@ def _pad(u, mt, h0, gated):
     batch, steps, _ = u.shape
     units, blocks = mt.shape[0], 2 if gated else 1
     width = padded_units(units)
-    tiles = -(-batch // BLOCK_BATCH) * BLOCK_BATCH
+    tiles, _, _ = _tiles(batch)
     pad_n, pad_b = width - units, tiles - batch
     u_p = torch.nn.functional.pad(u.reshape(batch, steps, blocks, units), (0, pad_n, 0, 0))
     u_p = torch.nn.functional.pad(u_p.reshape(batch, steps, blocks * width), (0, 0, 0, 0, 0, pad_b))
