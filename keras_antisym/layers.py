@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_antisym import kernels
 from keras_antisym._keras_private import accelerator_available, rnn_loop
 from keras_antisym._validation import check_auto_or_bool
 from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
@@ -111,6 +112,15 @@ class AntisymmetricRNN(keras.layers.RNN):
             projection of all steps is one product before the loop (the same
             numbers either way, only speed differs). `"auto"` hoists on a GPU
             or TPU for inputs of at least `HOIST_MIN_INPUT_DIM` features.
+        fused_kernel: Keyword argument, `"auto"` (default), `True` or
+            `False`: whether a call runs the whole recurrence, forward and
+            backward, in one fused kernel (`keras_antisym.kernels`: Pallas
+            on JAX, Triton on PyTorch) instead of the time loop. `"auto"`
+            uses it on a CUDA GPU, `True` on any device (elsewhere than on
+            a GPU in interpret mode: for tests), `False` never. Calls with a
+            mask or recurrent dropout, activations other than tanh (and a
+            sigmoid gate), or a dtype other than float32, and TensorFlow,
+            always take the loop. The same numbers either way.
 
     The cell's arguments and `hoist_inputs` are also read-only properties
     of the layer, as in `keras.layers.GRU`.
@@ -202,9 +212,11 @@ class AntisymmetricRNN(keras.layers.RNN):
         )
 
     def _init_rnn(self, cell, hoist_inputs, **kwargs):
-        """`keras.layers.RNN.__init__`, then the 3D input spec and `hoist_inputs`."""
+        """`keras.layers.RNN.__init__`, the 3D input spec, `hoist_inputs`, `fused_kernel`."""
+        fused_kernel = kwargs.pop("fused_kernel", "auto")
         super().__init__(cell, **kwargs)
         self._hoist_inputs = check_auto_or_bool("hoist_inputs", hoist_inputs)
+        self._fused_kernel = check_auto_or_bool("fused_kernel", fused_kernel)
         self.input_spec = keras.layers.InputSpec(ndim=3)
 
     def _cell_keywords(self, kwargs):
@@ -222,6 +234,9 @@ class AntisymmetricRNN(keras.layers.RNN):
         cell = self.cell
         h0 = initial_state[0] if isinstance(initial_state, (list, tuple)) else initial_state
         sequences, recurrent_mask = self._apply_dropout(sequences, h0, training)
+        if mask is None and recurrent_mask is None:
+            if kernels.kernel_applies(cell, sequences, self.fused_kernel):
+                return kernels.run_layer(cell, sequences, h0, self.go_backwards)
         operand, weights = cell.cached_sequence_constants()
         hoist = hoists_inputs(self.hoist_inputs, sequences.shape[-1])
         if hoist:
@@ -298,6 +313,11 @@ class AntisymmetricRNN(keras.layers.RNN):
         """`"auto"`, `True` or `False`, as given (read-only)."""
         return self._hoist_inputs
 
+    @property
+    def fused_kernel(self):
+        """`"auto"`, `True` or `False`, as given (read-only)."""
+        return self._fused_kernel
+
     units = _cell_property("units")
     epsilon = _cell_property("epsilon")
     gamma = _cell_property("gamma")
@@ -320,7 +340,12 @@ class AntisymmetricRNN(keras.layers.RNN):
     def get_config(self):
         base_config = super().get_config()
         del base_config["cell"]
-        return {**base_config, **self.cell.argument_config(), "hoist_inputs": self.hoist_inputs}
+        return {
+            **base_config,
+            **self.cell.argument_config(),
+            "hoist_inputs": self.hoist_inputs,
+            "fused_kernel": self.fused_kernel,
+        }
 
     @classmethod
     def from_config(cls, config):
@@ -345,7 +370,7 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
         bias_regularizer, activity_regularizer, kernel_constraint,
         recurrent_constraint, bias_constraint, dropout, recurrent_dropout,
         seed, antisymmetric, return_sequences, return_state, go_backwards,
-        stateful, unroll, hoist_inputs: As in `AntisymmetricRNN`.
+        stateful, unroll, hoist_inputs, fused_kernel: As in `AntisymmetricRNN`.
 
     Example:
 

@@ -11,6 +11,7 @@ subprocess (`python -m tests.test_kernels layer BACKEND OUT`).
 
 import importlib.util
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -234,9 +235,178 @@ def triton_compile():
     print(f"compiled {count}")
 
 
+@pytest.mark.parametrize("value", ["auto", True, False])
+def test_fused_kernel_round_trips_in_the_config(value):
+    from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN
+
+    for cls in (AntisymmetricRNN, GatedAntisymmetricRNN):
+        layer = cls(4, fused_kernel=value)
+        assert layer.fused_kernel == value and layer.get_config()["fused_kernel"] == value
+        assert cls.from_config(layer.get_config()).fused_kernel == value
+    assert AntisymmetricRNN(4).fused_kernel == "auto"
+
+
+@pytest.mark.parametrize("value", ["yes", None, 1.0, "Auto"])
+def test_fused_kernel_rejects_other_values(value):
+    from keras_antisym import GatedAntisymmetricRNN
+
+    expected = "Received an invalid value for argument `fused_kernel`, expected "
+    with pytest.raises(ValueError, match=expected):
+        GatedAntisymmetricRNN(4, fused_kernel=value)
+
+
+def test_tensorflow_and_other_activations_keep_the_loop(monkeypatch):
+    """In this (TensorFlow) process `fused_kernel=True` runs the loop; so does relu anywhere."""
+    import keras
+
+    from keras_antisym import AntisymmetricRNN, kernels
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the kernel ran")
+
+    monkeypatch.setattr(kernels, "recurrence", fail)
+    x = np.random.RandomState(1).standard_normal((3, 6, 2)).astype("float32")
+    assert keras.backend.backend() == "tensorflow"
+    assert AntisymmetricRNN(5, fused_kernel=True)(x).shape == (3, 5)
+    cell = AntisymmetricRNN(5, activation="relu").cell
+    assert not kernels.kernel_applies(cell, x, True)
+
+
+# The layer cases: (name, gated, layer arguments, call arguments).
+LAYER_CASES = [
+    (f"{'gated' if gated else 'plain'}-{name}", gated, layer_args, call_args)
+    for gated in (False, True)
+    for name, layer_args, call_args in (
+        ("sequences", {"return_sequences": True}, {}),
+        ("state", {"return_state": True}, {}),
+        ("backwards", {"return_sequences": True, "go_backwards": True}, {}),
+        ("initial", {"return_sequences": True}, {"initial_state": True}),
+        ("dropout", {"dropout": 0.4, "seed": 7}, {"training": True}),
+        ("inference-recurrent-dropout", {"recurrent_dropout": 0.3}, {}),
+    )
+]
+# Calls that keep the loop (no kernel call) under fused_kernel=True.
+LOOP_CASES = {
+    "mask": ({}, {"mask": True}),
+    "recurrent-dropout": ({"recurrent_dropout": 0.3, "seed": 7}, {"training": True}),
+}
+LAYER_RTOL, LAYER_ATOL = 1e-5, 1e-6
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_layers_fused_kernel_matches_the_loop(backend, tmp_path):
+    if backend == "torch":
+        needs_triton()
+    out = tmp_path / "layer.json"
+    run_subprocess(["layer", str(out)], backend)
+    results = json.loads(out.read_text())
+    for name, _, _, _ in LAYER_CASES:
+        case = results[name]
+        assert case["kernel_calls"] > 0, name
+        for key, (error, scale) in case["errors"].items():
+            assert error <= LAYER_ATOL + LAYER_RTOL * scale, (name, key, error, scale)
+    for name in LOOP_CASES:
+        assert results[name]["kernel_calls"] == 0, name
+    assert results["stateful"]["kernel_calls"] > 0
+    for error, scale in results["stateful"]["errors"].values():
+        assert error <= LAYER_ATOL + LAYER_RTOL * scale
+
+
+def _loss(outputs):
+    from keras import ops
+
+    total = 0.0
+    for o in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
+        size = int(np.prod(o.shape))
+        total = total + ops.sum(
+            o * ops.reshape(ops.cos(ops.arange(size, dtype="float32")), o.shape)
+        )
+    return total
+
+
+def _outputs_and_grads(layer, x, call_args):
+    """The layer's outputs on `x` and the gradients of `_loss` w.r.t. its weights."""
+    import keras
+
+    if keras.backend.backend() == "torch":
+        import torch
+
+        outputs = layer(x, **call_args)
+        grads = torch.autograd.grad(_loss(outputs), [v.value for v in layer.trainable_variables])
+        return outputs, grads
+    import jax
+
+    trainable = [v.value for v in layer.trainable_variables]
+    fixed = [v.value for v in layer.non_trainable_variables]
+
+    def loss(trainable):
+        outputs, _ = layer.stateless_call(trainable, fixed, x, **call_args)
+        return _loss(outputs), outputs
+
+    grads, outputs = jax.grad(loss, has_aux=True)(trainable)
+    return outputs, grads
+
+
+def _compare(layer_args, call_args, gated, x, counter, calls=1):
+    """Max abs errors (and scales) of fused_kernel=True against False, and kernel calls."""
+    from keras import ops
+
+    from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN
+
+    cls = GatedAntisymmetricRNN if gated else AntisymmetricRNN
+    args = dict(epsilon=EPSILON, gamma=GAMMA, **layer_args)
+    call_args = dict(call_args)
+    if call_args.pop("initial_state", False):
+        call_args["initial_state"] = [0.5 * np.cos(np.arange(x.shape[0] * 5.0)).reshape(-1, 5)]
+    if call_args.pop("mask", False):
+        call_args["mask"] = np.arange(x.shape[1])[None, :] < np.array([[3], [6], [5]])
+    results = []
+    for fused in (True, False):
+        layer = cls(5, fused_kernel=fused, **args)
+        layer.build(x.shape)
+        rng = np.random.RandomState(0)
+        layer.set_weights([0.5 * rng.standard_normal(w.shape) for w in layer.get_weights()])
+        before = counter[0]
+        for _ in range(calls):
+            outputs, grads = _outputs_and_grads(layer, x, call_args)
+        assert fused or counter[0] == before, "fused_kernel=False called the kernel"
+        flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        results.append([ops.convert_to_numpy(a) for a in list(flat) + list(grads)])
+    errors = {
+        f"array{i}": (float(np.abs(a - b).max()), float(np.abs(b).max()))
+        for i, (a, b) in enumerate(zip(*results, strict=True))
+    }
+    return errors
+
+
+def layer_probe(out_path):
+    """Subprocess side: every layer case, kernel against loop, on this backend."""
+    from keras_antisym import kernels
+
+    counter, original = [0], kernels.recurrence
+
+    def counting(*args, **kwargs):
+        counter[0] += 1
+        return original(*args, **kwargs)
+
+    kernels.recurrence = counting
+    x = np.random.RandomState(1).standard_normal((3, 6, 2)).astype("float32")
+    results = {}
+    cases = [(n, g, la, ca, 1) for n, g, la, ca in LAYER_CASES]
+    cases += [(n, False, la, ca, 1) for n, (la, ca) in LOOP_CASES.items()]
+    cases.append(("stateful", True, {"stateful": True, "return_sequences": True}, {}, 2))
+    for name, gated, layer_args, call_args, calls in cases:
+        counter[0] = 0
+        errors = _compare(layer_args, call_args, gated, x, counter, calls)
+        results[name] = {"errors": errors, "kernel_calls": counter[0]}
+    Path(out_path).write_text(json.dumps(results, indent=1))
+
+
 if __name__ == "__main__":
     command, *rest = sys.argv[1:]
     if command == "triton":
         triton_probe(bool(int(rest[0])), rest[1])
     elif command == "compile":
         triton_compile()
+    elif command == "layer":
+        layer_probe(rest[0])
