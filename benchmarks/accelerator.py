@@ -14,7 +14,11 @@ of `benchmarks.run.LAYERS`, interleaved and repeated,
 - forward inference (`predict_on_batch`) at batch 1 and 64;
 - the accelerator's peak memory of a training step at T=1000 (PyTorch:
   `max_memory_allocated`; JAX: `peak_bytes_in_use`, a fresh process per layer);
-- the floor, `T` chained `tanh(h @ W)` products (compiled on JAX).
+- the floor, `T` chained `tanh(h @ W)` products (compiled on JAX);
+- the fused kernel (`fused_kernel=True`, `keras_antisym.kernels`) beside the
+  loop (`fused_kernel=False`) of both fused layers: the training step at
+  `KERNEL_SHAPES` and batch-1 inference (on a CPU: JAX's Pallas interpreter;
+  PyTorch only under `TRITON_INTERPRET=1`, else the section says skipped).
 
 Each section is written to `accelerator-<backend>.json` as soon as it ends, so a
 run cut short keeps what it measured; the parent writes `accelerator.md`.
@@ -44,6 +48,9 @@ from benchmarks.run import bench_hoist as run_bench_hoist
 from benchmarks.run import environment as run_environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The kernel section's training shapes `(batch, T, m, n)`: the issue's, and twice as long.
+KERNEL_SHAPES = {"full": [(128, 784, 1, 128), (128, 1568, 1, 128)], "quick": [(8, 20, 1, 8)]}
+KERNEL_LAYERS = ("AntisymmetricRNN", "GatedAntisymmetricRNN")
 
 
 def _sync():
@@ -98,6 +105,88 @@ def bench_inference(config, results):
             {"batch": batch, "steps": steps, "features": features, "units": units, "times": times}
         )
         yield
+
+
+def kernel_runs_here():
+    """Whether `fused_kernel=True` can run: CUDA, or an interpreter (Pallas; Triton's)."""
+    import keras
+
+    from keras_antisym.kernels import cuda_available
+
+    if keras.backend.backend() == "jax" or cuda_available():
+        return True
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _kernel_calls(batch, steps, features, units, predict=False):
+    x, y = _data(batch, steps, features)
+    calls = {}
+    for name, fused in itertools.product(KERNEL_LAYERS, (True, False)):
+        model = make_model(name, steps, features, units, jit_compile(), fused_kernel=fused)
+        run = model.predict_on_batch if predict else model.train_on_batch
+        calls[f"{name}|fused_kernel={fused}"] = (
+            (lambda r=run: r(x)) if predict else (lambda r=run: r(x, y))
+        )
+    return calls
+
+
+def bench_kernel(config, results):
+    """Training step at `KERNEL_SHAPES` and batch-1 inference, kernel and loop, interleaved."""
+    if not kernel_runs_here():
+        results["skipped"] = "no CUDA device, and TRITON_INTERPRET is not set"
+        return
+    results["training"] = []
+    quick = config is QUICK
+    for shape in KERNEL_SHAPES["quick" if quick else "full"]:
+        calls = {k: _synced(v) for k, v in _kernel_calls(*shape).items()}
+        times = interleaved(calls, config["repeats"], config["warmup"])
+        results["training"].append({"shape": list(shape), "times": times})
+        yield
+    batch, steps, features, units = config["inference_shapes"][0]
+    calls = {k: _synced(v) for k, v in _kernel_calls(1, steps, features, units, True).items()}
+    times = interleaved(calls, config["repeats"], config["warmup"])
+    results["inference"] = {"shape": [1, steps, features, units], "times": times}
+    yield
+
+
+def kernel_ratios(kernel):
+    """Kernel / loop per layer and shape, gated / ungated kernel, longer / shorter kernel."""
+    out = {}
+    entries = kernel.get("training", [])
+    for entry in entries:
+        t = entry["times"]
+        key = "B{} T{} m{} n{}".format(*entry["shape"])
+        for name in KERNEL_LAYERS:
+            loop = t[f"{name}|fused_kernel=False"]["median"]
+            out[f"{name} kernel/loop {key}"] = t[f"{name}|fused_kernel=True"]["median"] / loop
+        ungated = t["AntisymmetricRNN|fused_kernel=True"]["median"]
+        out[f"gated/ungated kernel {key}"] = (
+            t["GatedAntisymmetricRNN|fused_kernel=True"]["median"] / ungated
+        )
+    if len(entries) > 1:
+        first, last = (
+            e["times"]["AntisymmetricRNN|fused_kernel=True"]["median"]
+            for e in (entries[0], entries[-1])
+        )
+        out[f"kernel T{entries[-1]['shape'][1]}/T{entries[0]['shape'][1]}"] = last / first
+    return out
+
+
+def kernel_markdown(kernel):
+    if not kernel or kernel.get("skipped"):
+        return ["", f"fused kernel: {kernel.get('skipped', 'not run') if kernel else 'not run'}"]
+    names = [f"{n}|fused_kernel={f}" for n in KERNEL_LAYERS for f in (True, False)]
+    lines = ["", "| fused kernel (s, median) | " + " | ".join(names) + " |"]
+    lines += ["|---|" + "---|" * len(names)]
+    rows = [("training B{} T{} m{} n{}".format(*e["shape"]), e) for e in kernel["training"]]
+    if kernel.get("inference"):
+        rows.append(
+            ("inference B{} T{}".format(*kernel["inference"]["shape"]), kernel["inference"])
+        )
+    for label, entry in rows:
+        cells = [f"{entry['times'][n]['median']:.4f}" for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def device_memory():
@@ -203,6 +292,7 @@ def run_child(config, output):
         ("hoist", bench_hoist, {}),
         ("inference", bench_inference, []),
         ("memory", bench_memory, {}),
+        ("kernel", bench_kernel, {}),
     )
     for key, bench, part in sections:
         started = time.time()
@@ -222,6 +312,7 @@ def ratios(results):
         out[key] = training_ratios(entry)
     if results.get("hoist"):
         out.update(hoist_ratios(results["hoist"]))
+    out.update(kernel_ratios(results.get("kernel") or {}))
     memory = (results.get("memory") or {}).get("layers", {})
     if memory.get("LSTM") and memory["LSTM"]["peak_growth_mib"] > 0:
         for name in ("AntisymmetricRNN", "GatedAntisymmetricRNN", "RNN(AntisymmetricCell)"):
@@ -263,6 +354,7 @@ def markdown(all_results):
             shape = results["memory"]["shape"]
             lines += ["", f"| peak memory {shape} | growth (MiB) |", "|---|---|"]
             lines += [f"| {n} | {v['peak_growth_mib']:.1f} |" for n, v in memory.items()]
+        lines += kernel_markdown(results.get("kernel"))
         lines += ["", "| ratio (same run, medians) | value |", "|---|---|"]
         for name, value in ratios(results).items():
             if isinstance(value, dict):

@@ -9,6 +9,8 @@ fused layers call it through `kernel_applies` and `run_layer` when
 (Triton and TensorFlow must not share a process).
 """
 
+import os
+
 import keras
 from keras import ops
 
@@ -16,8 +18,11 @@ from keras import ops
 KERNEL_BACKENDS = ("jax", "torch")
 #: The one dtype of the kernels.
 KERNEL_DTYPE = "float32"
-#: The product precision of the kernels' steps (see `pallas_recurrence.PRECISIONS`).
-DEFAULT_PRECISION = "float32"
+#: The product precision of the kernels' steps, read at each call: `"float32"`
+#: (full float32 products, the default), `"tf32x3"` (three TF32 tensor-core
+#: products, about float32's accuracy) or `"tf32"` (one; ~1e-3 relative per
+#: product). The environment's `KERAS_ANTISYM_KERNEL_PRECISION` sets it.
+PRECISION = os.environ.get("KERAS_ANTISYM_KERNEL_PRECISION", "float32")
 
 
 def cuda_available():
@@ -63,8 +68,12 @@ def kernel_applies(cell, sequences, fused_kernel):
     return fused_kernel is True or cuda_available()
 
 
-def recurrence(u, mt, h0, epsilon, gated=False, precision=DEFAULT_PRECISION):
-    """All states `(B, T, n)` of the recurrence on the current Keras backend."""
+def recurrence(u, mt, h0, epsilon, gated=False, precision=None):
+    """All states `(B, T, n)` of the recurrence on the current Keras backend.
+
+    `precision` None: the module's `PRECISION`.
+    """
+    precision = PRECISION if precision is None else precision
     backend = keras.backend.backend()
     if backend == "jax":
         from keras_antisym.kernels import pallas_recurrence

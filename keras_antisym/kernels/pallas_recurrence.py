@@ -167,9 +167,14 @@ def _call(kernel, ins, in_specs, outs, interpret):
     )(*ins)
 
 
+def _precision(precision, interpret):
+    """The products' precision; interpreted (on a CPU), always full float32."""
+    return lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
+
+
 def _forward(u, mt, h0, eps, gated, precision, interpret, with_slopes):
     kernel = functools.partial(
-        _forward_kernel, eps=eps, gated=gated, precision=PRECISIONS[precision]
+        _forward_kernel, eps=eps, gated=gated, precision=_precision(precision, interpret)
     )
     outs = [((*u.shape[:2], mt.shape[0]), u.dtype)]
     if with_slopes:
@@ -190,7 +195,9 @@ def _padded_fwd(u, mt, h0, eps, gated, precision, interpret):
 
 def _padded_bwd(eps, gated, precision, interpret, residuals, d_states):
     mt, h0, states, slopes = residuals
-    kernel = functools.partial(_backward_kernel, gated=gated, precision=PRECISIONS[precision])
+    kernel = functools.partial(
+        _backward_kernel, gated=gated, precision=_precision(precision, interpret)
+    )
     specs = [_tile, _tile, _whole]
     outs = [(slopes.shape, jnp.float32), (h0.shape, jnp.float32)]
     d_u, d_h0 = _call(kernel, (d_states, slopes, mt), specs, outs, interpret)

@@ -1,0 +1,387 @@
+"""One-call GPU check of the fused recurrence kernels (issue 13), JAX and PyTorch.
+
+    python -m benchmarks.gpu_kernel_check [--quick] [--output DIR] [--timeout S]
+    (on a lent GPU machine: bash benchmarks/gpu_kernel_check.sh)
+
+One subprocess per backend (`KERAS_BACKEND`), each on the same card in the
+same run, each writing `gpu-kernel-<backend>.json` after every section:
+
+1. numerics: the fused layers with `fused_kernel=True` against `False` and
+   against the float64 NumPy reference (`tests/reference.py`), outputs and
+   weight gradients, for each kernel precision (`float32`, `tf32x3`, `tf32`);
+2. kernel alone (no Keras): forward + backward at B128 T784 n128 per
+   precision, and batch-1 forward with the small tile and the padded one;
+3. training step (`train_on_batch`, interleaved, repeated, medians) at B128
+   T784 m1 n128: kernel (each precision) and loop of both fused layers,
+   SimpleRNN, GRU, LSTM (cuDNN on PyTorch) and the floor; the kernel at
+   T1568; batch-1 inference (`predict_on_batch`) at T784.
+
+The parent prints the issue's targets with ratios from the same run.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRECISIONS = ("float32", "tf32x3", "tf32")
+FULL = {"shape": (128, 784, 1, 128), "long": 1568, "numerics": (32, 200), "repeats": 10}
+QUICK = {"shape": (4, 12, 1, 8), "long": 24, "numerics": (3, 10), "repeats": 2}
+LAYERS = ("AntisymmetricRNN", "GatedAntisymmetricRNN")
+OTHERS = ("SimpleRNN", "GRU", "LSTM")
+
+
+def _with_precision(precision, call):
+    """`call` run with the kernels' precision set (read by each call, also when traced)."""
+    from keras_antisym import kernels
+
+    def run():
+        kernels.PRECISION = precision
+        return call()
+
+    return run
+
+
+def _relative(a, b):
+    import numpy as np
+
+    a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _layer_and_grads(cls, units, fused, x, weights):
+    """Outputs of a layer and the gradients of their weighted sum (tests.test_kernels)."""
+    from keras import ops
+
+    from tests.test_kernels import _outputs_and_grads
+
+    layer = cls(units, epsilon=0.1, gamma=0.01, return_sequences=True, fused_kernel=fused)
+    layer.build(x.shape)
+    layer.set_weights(weights)
+    outputs, grads = _outputs_and_grads(layer, x, {})
+    return ops.convert_to_numpy(outputs), [ops.convert_to_numpy(g) for g in grads]
+
+
+def bench_numerics(config, results):
+    """Max relative errors, kernel (each precision) and loop, against each other and float64."""
+    import numpy as np
+
+    from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN, kernels
+    from tests import reference
+
+    batch, steps = config["numerics"]
+    units = 128 if batch > 8 else 8
+    x = np.random.RandomState(1).standard_normal((batch, steps, 1)).astype("float32")
+    for cls in (AntisymmetricRNN, GatedAntisymmetricRNN):
+        layer = cls(units)
+        layer.build(x.shape)
+        rng = np.random.RandomState(0)
+        weights = [
+            (0.3 * rng.standard_normal(w.shape)).astype("float32") for w in layer.get_weights()
+        ]
+        gated = cls is GatedAntisymmetricRNN
+        exact, _ = reference.run(weights, x, units=units, epsilon=0.1, gamma=0.01, gated=gated)
+        loop_out, loop_grads = _layer_and_grads(cls, units, False, x, weights)
+        entry = {"loop vs float64": _relative(loop_out, exact)}
+        for precision in PRECISIONS:
+            kernels.PRECISION = precision
+            out, grads = _layer_and_grads(cls, units, True, x, weights)
+            entry[f"kernel {precision} vs float64"] = _relative(out, exact)
+            entry[f"kernel {precision} vs loop"] = _relative(out, loop_out)
+            entry[f"kernel {precision} grads vs loop"] = max(
+                _relative(g, w) for g, w in zip(grads, loop_grads, strict=True)
+            )
+        results[cls.__name__] = entry
+        yield
+
+
+def _timed(callables, repeats, warmup=2):
+    from benchmarks.accelerator import _synced
+    from benchmarks.run import interleaved
+
+    return interleaved({k: _synced(v) for k, v in callables.items()}, repeats, warmup)
+
+
+def _kernel_call(backend, batch, steps, units, gated, precision, backward):
+    """A callable running the kernel alone (forward, or forward + backward)."""
+    import numpy as np
+
+    rng = np.random.RandomState(0)
+    k = 2 if gated else 1
+    u = (0.3 * rng.standard_normal((batch, steps, k * units))).astype("float32")
+    mt = (0.1 * rng.standard_normal((units, units))).astype("float32")
+    h0 = np.zeros((batch, units), "float32")
+    if backend == "jax":
+        return _jax_kernel_call(u, mt, h0, gated, precision, backward)
+    import torch
+
+    from keras_antisym.kernels import triton_recurrence
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1
+    u, mt, h0 = (torch.tensor(a, device=device).requires_grad_(backward) for a in (u, mt, h0))
+
+    def run():
+        states = triton_recurrence.recurrence(u, mt, h0, 0.1, gated, precision)
+        if backward:
+            torch.autograd.grad(states.sum(), (u, mt, h0))
+
+    return run
+
+
+def _jax_kernel_call(u, mt, h0, gated, precision, backward):
+    import jax
+
+    from keras_antisym.kernels import pallas_recurrence
+
+    def forward(u, mt, h0):
+        return pallas_recurrence.recurrence(u, mt, h0, 0.1, gated, precision)
+
+    step = jax.grad(lambda *a: forward(*a).sum(), argnums=(0, 1, 2)) if backward else forward
+    step = jax.jit(step)
+    args = [jax.device_put(a) for a in (u, mt, h0)]
+    return lambda: jax.block_until_ready(step(*args))
+
+
+def bench_kernel(config, results):
+    """The kernel alone: training shape per precision, and batch 1 small tile or padded."""
+    import importlib
+
+    import keras
+
+    backend = keras.backend.backend()
+    batch, steps, _, units = config["shape"]
+    calls = {}
+    for gated in (False, True):
+        for precision in PRECISIONS:
+            name = f"{'gated ' if gated else ''}fwd+bwd B{batch} T{steps} {precision}"
+            calls[name] = _kernel_call(backend, batch, steps, units, gated, precision, True)
+    results["training"] = _timed(calls, config["repeats"])
+    yield
+    # Only this backend's module: Triton must not share a process with JAX's LLVM.
+    kind = "pallas" if backend == "jax" else "triton"
+    module = importlib.import_module(f"keras_antisym.kernels.{kind}_recurrence")
+    calls = {}
+    for label, small in (("small tile", 2), ("padded 16-row tile", 0)):
+        module.SMALL_BATCH = small  # read when the call is built (traced) or made
+        call = _kernel_call(backend, 1, steps, units, False, "float32", False)
+        call()
+        calls[f"fwd B1 T{steps} {label}"] = _with_small_batch(module, small, call)
+    results["batch1"] = _timed(calls, config["repeats"])
+    module.SMALL_BATCH = 2
+    yield
+
+
+def _with_small_batch(module, small, call):
+    def run():
+        module.SMALL_BATCH = small
+        return call()
+
+    return run
+
+
+def _model(config, name, steps, fused=None):
+    """A compiled model as `benchmarks.run.make_model` builds it (XLA on JAX)."""
+    import keras
+
+    from benchmarks.run import make_model
+
+    _, _, features, units = config["shape"]
+    options = {} if fused is None else {"fused_kernel": fused}
+    jit = keras.backend.backend() == "jax"
+    return make_model(name, steps, features, units, jit, **options)
+
+
+def _kernel_model_call(config, name, steps, precision, x, y):
+    """A kernel model's training step at `precision`, traced (JAX) at that precision."""
+    model = _model(config, name, steps, True)
+    call = _with_precision(precision, lambda: model.train_on_batch(x, y))
+    call()
+    return call
+
+
+def bench_training(config, results):
+    """Training steps at the issue's shape: kernel per precision, loop, other layers."""
+    from benchmarks.run import _data, floor_time
+
+    batch, steps, features, units = config["shape"]
+    x, y = _data(batch, steps, features)
+    calls = {}
+    for name in LAYERS:
+        for precision in PRECISIONS:
+            call = _kernel_model_call(config, name, steps, precision, x, y)
+            calls[f"{name} kernel {precision}"] = call
+        model = _model(config, name, steps, False)
+        calls[f"{name} loop"] = lambda m=model: m.train_on_batch(x, y)
+    for name in OTHERS:
+        model = _model(config, name, steps)
+        calls[name] = lambda m=model: m.train_on_batch(x, y)
+    results["T784"] = _timed(calls, config["repeats"])
+    results["floor"] = {"floor": floor_time(batch, steps, units, config["repeats"], 2)}
+    yield
+    long_steps = config["long"]
+    x2, y2 = _data(batch, long_steps, features)
+    calls = {}
+    for precision in PRECISIONS:
+        call = _kernel_model_call(config, "AntisymmetricRNN", long_steps, precision, x2, y2)
+        calls[f"AntisymmetricRNN kernel {precision}"] = call
+    lstm = _model(config, "LSTM", long_steps)
+    calls["LSTM"] = lambda: lstm.train_on_batch(x2, y2)
+    results["T1568"] = _timed(calls, config["repeats"])
+    yield
+
+
+def bench_inference(config, results):
+    """`predict_on_batch` at batch 1: kernel (float32), loop, LSTM."""
+    from benchmarks.run import _data
+    from keras_antisym import kernels
+
+    kernels.PRECISION = "float32"
+    steps = config["shape"][1]
+    x, _ = _data(1, steps, config["shape"][2])
+    models = {
+        "AntisymmetricRNN kernel float32": _model(config, "AntisymmetricRNN", steps, True),
+        "AntisymmetricRNN loop": _model(config, "AntisymmetricRNN", steps, False),
+        "LSTM": _model(config, "LSTM", steps),
+    }
+    calls = {k: (lambda m=m: m.predict_on_batch(x)) for k, m in models.items()}
+    results["B1"] = _timed(calls, config["repeats"])
+    yield
+
+
+def run_child(config, output):
+    import keras
+
+    from benchmarks.accelerator import environment
+
+    backend = keras.backend.backend()
+    path = os.path.join(output, f"gpu-kernel-{backend}.json")
+    results = {"environment": environment(), "config": config}
+    sections = (
+        ("numerics", bench_numerics),
+        ("kernel", bench_kernel),
+        ("training", bench_training),
+        ("inference", bench_inference),
+    )
+    for key, bench in sections:
+        started, results[key] = time.time(), {}
+        try:
+            for _ in bench(config, results[key]):
+                with open(path, "w") as handle:
+                    json.dump(results, handle, indent=1)
+        except Exception as error:  # keep the other sections' numbers
+            results[key]["error"] = f"{type(error).__name__}: {error}"[:2000]
+        with open(path, "w") as handle:
+            json.dump(results, handle, indent=1)
+        print(f"{backend}: {key} done in {time.time() - started:.0f} s", flush=True)
+
+
+def _median(results, *keys):
+    value = results
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value["median"] if isinstance(value, dict) and "median" in value else value
+
+
+def _ratio(a, b):
+    return None if a is None or b is None else a / b
+
+
+def targets(results, precision):
+    """`[(target, value, limit)]`: the issue's targets from one backend's results."""
+    batch, steps, features, units = results["config"]["shape"]
+    train = results.get("training", {})
+    name = f"AntisymmetricRNN kernel {precision}"
+    ungated = _median(train, "T784", name)
+    gated = _median(train, "T784", f"GatedAntisymmetricRNN kernel {precision}")
+    long = _median(train, "T1568", name)
+    b1 = _median(results, "inference", "B1", "AntisymmetricRNN kernel float32")
+    shape = f"B{batch} T{steps} n{units} m{features}"
+    return [
+        (f"training step {shape}, kernel {precision} (ms)", ms(ungated), 3.0),
+        (f"gated / ungated, kernel {precision}", _ratio(gated, ungated), 1.3),
+        (
+            f"T{results['config']['long']} / T{steps}, kernel {precision}",
+            _ratio(long, ungated),
+            2.1,
+        ),
+        (f"batch-1 inference T{steps}, kernel float32 (ms)", ms(b1), 1.0),
+    ]
+
+
+def ms(seconds):
+    return None if seconds is None else 1000 * seconds
+
+
+def report(all_results):
+    """The issue's targets, every timing and the numerics, as text."""
+    lines = []
+    for backend, results in all_results.items():
+        device = results.get("environment", {}).get("device", "cpu")
+        lines += ["", f"=== {backend} on {device} ==="]
+        rows = {row[0]: row for p in PRECISIONS for row in targets(results, p)}
+        for target, value, limit in rows.values():  # batch-1 inference once
+            verdict = "n/a" if value is None else ("PASS" if value <= limit else "FAIL")
+            shown = "-" if value is None else f"{value:.3f}"
+            lines.append(f"{verdict:4} {target}: {shown} (target <= {limit})")
+        for section in ("numerics", "kernel", "training", "inference"):
+            lines += _section_lines(section, results.get(section, {}))
+    return "\n".join(lines)
+
+
+def _section_lines(section, part):
+    lines = [f"-- {section}"]
+    for group, entries in part.items():
+        if not isinstance(entries, dict):
+            lines.append(f"   {group}: {entries}")
+            continue
+        for name, value in entries.items():
+            if isinstance(value, dict) and "median" in value:
+                shown = f"{1000 * value['median']:.3f} ms (min {1000 * value['min']:.3f})"
+            else:
+                shown = f"{value:.2e}" if isinstance(value, float) else str(value)
+            lines.append(f"   {group} | {name}: {shown}")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_kernel_check")
+    parser.add_argument("--backends", default="jax,torch")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
+    parser.add_argument("--output", default=os.environ.get("OUT") or "benchmarks/results")
+    parser.add_argument("--timeout", type=float, default=170, help="seconds per backend")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    config = QUICK if args.quick else FULL
+    os.makedirs(args.output, exist_ok=True)
+    if args.child:
+        run_child(config, args.output)
+        return 0
+    backends = [b for b in args.backends.split(",") if b]
+    for backend in backends:
+        env = {**os.environ, "KERAS_BACKEND": backend, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        command = [sys.executable, "-m", "benchmarks.gpu_kernel_check", "--child"]
+        command += ["--output", args.output] + (["--quick"] if args.quick else [])
+        try:
+            subprocess.run(command, cwd=ROOT, env=env, timeout=args.timeout, check=False)
+        except subprocess.TimeoutExpired:
+            print(f"{backend}: stopped after {args.timeout:.0f} s", file=sys.stderr)
+    all_results = {}
+    for backend in backends:
+        path = os.path.join(args.output, f"gpu-kernel-{backend}.json")
+        if os.path.exists(path):
+            with open(path) as handle:
+                all_results[backend] = json.load(handle)
+    text = report(all_results)
+    with open(os.path.join(args.output, "gpu-kernel.txt"), "w") as handle:
+        handle.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
