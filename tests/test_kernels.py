@@ -72,19 +72,20 @@ def scan_recurrence(u, mt, h0, gated):
     return jnp.swapaxes(states, 0, 1)
 
 
-# A batch of 3 is one padded 16-row tile (products on tensor cores on a GPU),
-# a batch of 1 its own tile (a broadcast product); 5 units are padded to 16.
-BATCHES = [3, 1]
+# `(batch, units)`: a batch of 3 is one padded 16-row tile (products on tensor
+# cores on a GPU), a batch of 1 its own tile (a broadcast product); 5 units
+# are padded to 16; 16 rows of 16 units need no padding.
+SHAPES = [(3, 5), (1, 5), (16, 16)]
 
 
-@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("batch,units", SHAPES)
 @pytest.mark.parametrize("gated", [False, True])
-def test_pallas_recurrence_matches_reference_and_scan_gradients(gated, batch):
+def test_pallas_recurrence_matches_reference_and_scan_gradients(gated, batch, units):
     import jax
 
     from keras_antisym.kernels import pallas_recurrence
 
-    weights, x, (u, mt, h0), probe = problem(gated, batch=batch)
+    weights, x, (u, mt, h0), probe = problem(gated, batch=batch, units=units)
     states = pallas_recurrence.recurrence(u, mt, h0, EPSILON, gated, interpret=True)
     np.testing.assert_allclose(states, expected_states(gated, weights, x, h0), atol=ATOL)
 
@@ -156,11 +157,11 @@ def needs_triton():
         pytest.skip("triton is not installed (pip install triton)")
 
 
-@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("batch,units", SHAPES)
 @pytest.mark.parametrize("gated", [False, True])
-def test_triton_recurrence_matches_reference_and_torch_gradients(gated, batch, tmp_path):
+def test_triton_recurrence_matches_reference_and_torch_gradients(gated, batch, units, tmp_path):
     needs_triton()
-    weights, x, (u, mt, h0), probe = problem(gated, batch=batch)
+    weights, x, (u, mt, h0), probe = problem(gated, batch=batch, units=units)
     path = tmp_path / "io.npz"
     np.savez(path, u=u, mt=mt, h0=h0, probe=probe)
     run_subprocess(["triton", str(int(gated)), str(path)], "torch")

@@ -9,6 +9,7 @@ fused layers call it through `kernel_applies` and `run_layer` when
 (Triton and TensorFlow must not share a process).
 """
 
+import importlib.util
 import os
 
 import keras
@@ -26,16 +27,20 @@ PRECISION = os.environ.get("KERAS_ANTISYM_KERNEL_PRECISION", "float32")
 
 
 def cuda_available():
-    """Whether the current backend computes on a CUDA GPU by default."""
+    """Whether the current backend computes on a CUDA GPU by default (PyTorch: with Triton)."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        return jax.default_backend() == "gpu"
+        if jax.default_backend() != "gpu":
+            return False
+        version = getattr(jax.devices()[0].client, "platform_version", "")
+        return "rocm" not in str(version).lower()
     if backend == "torch":
         from keras.src.backend.torch.core import get_device
 
-        return str(get_device()).lower().startswith("cuda")
+        found = importlib.util.find_spec("triton") is not None
+        return found and str(get_device()).lower().startswith("cuda")
     return False
 
 

@@ -220,17 +220,25 @@ class _Recurrence(torch.autograd.Function):
 
 
 def _pad(u, mt, h0, gated):
-    """Zero padding to a power-of-two width and whole batch tiles (changes no result)."""
+    """Zero padding to a power-of-two width and whole batch tiles (changes no result).
+
+    `h0` is always copied: a stateful layer assigns its last state into the
+    tensor it started from, which the backward must not see change.
+    """
     batch, steps, _ = u.shape
     units, blocks = mt.shape[0], 2 if gated else 1
     width = padded_units(units)
     tiles, _, _ = _tiles(batch)
     pad_n, pad_b = width - units, tiles - batch
-    u_p = torch.nn.functional.pad(u.reshape(batch, steps, blocks, units), (0, pad_n, 0, 0))
-    u_p = torch.nn.functional.pad(u_p.reshape(batch, steps, blocks * width), (0, 0, 0, 0, 0, pad_b))
-    mt_p = torch.nn.functional.pad(mt, (0, pad_n, 0, pad_n))
-    h0_p = torch.nn.functional.pad(h0, (0, pad_n, 0, pad_b))
-    return u_p.contiguous(), mt_p.contiguous(), h0_p.contiguous()
+    pad = torch.nn.functional.pad
+    if pad_n:
+        u = pad(u.reshape(batch, steps, blocks, units), (0, pad_n))
+        u = u.reshape(batch, steps, blocks * width)
+        mt = pad(mt, (0, pad_n, 0, pad_n))
+    if pad_b:
+        u = pad(u, (0, 0, 0, 0, 0, pad_b))
+    h0 = pad(h0, (0, pad_n, 0, pad_b)) if pad_n or pad_b else h0.clone()
+    return u.contiguous(), mt.contiguous(), h0
 
 
 def recurrence(u, mt, h0, epsilon, gated=False, precision="float32"):
