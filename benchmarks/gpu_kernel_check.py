@@ -6,15 +6,16 @@
 One subprocess per backend (`KERAS_BACKEND`), each on the same card in the
 same run, each writing `gpu-kernel-<backend>.json` after every section:
 
-1. numerics: the fused layers with `fused_kernel=True` against `False` and
-   against the float64 NumPy reference (`tests/reference.py`), outputs and
-   weight gradients, for each kernel precision (`float32`, `tf32x3`, `tf32`);
-2. kernel alone (no Keras): forward + backward at B128 T784 n128 per
-   precision, and batch-1 forward with the small tile and the padded one;
-3. training step (`train_on_batch`, interleaved, repeated, medians) at B128
+1. numerics: the fused layers with `fused_kernel=True` against `False` (in
+   full float32) and against the float64 NumPy reference (`tests/reference.py`),
+   outputs and weight gradients, for each kernel precision (`float32`,
+   `tf32x3`, `tf32`);
+2. training step (`train_on_batch`, interleaved, repeated, medians) at B128
    T784 m1 n128: kernel (each precision) and loop of both fused layers,
-   SimpleRNN, GRU, LSTM (cuDNN on PyTorch) and the floor; the kernel at
-   T1568; batch-1 inference (`predict_on_batch`) at T784.
+   SimpleRNN, GRU, LSTM (cuDNN on PyTorch) and the floor; the kernel at T1568;
+3. batch-1 inference (`predict_on_batch`) at T784: kernel, loop, LSTM;
+4. the kernel alone (no Keras): forward + backward at B128 T784 n128 per
+   precision, and batch-1 forward with the small tile and the padded one.
 
 The parent prints the issue's targets with ratios from the same run.
 """
@@ -272,11 +273,12 @@ def run_child(config, output):
     backend = keras.backend.backend()
     path = os.path.join(output, f"gpu-kernel-{backend}.json")
     results = {"environment": environment(), "config": config}
+    # The issue's targets first: a backend cut off by its timeout keeps them.
     sections = (
         ("numerics", bench_numerics),
-        ("kernel", bench_kernel),
         ("training", bench_training),
         ("inference", bench_inference),
+        ("kernel", bench_kernel),
     )
     for key, bench in sections:
         started, results[key] = time.time(), {}
@@ -341,7 +343,7 @@ def report(all_results):
             verdict = "n/a" if value is None else ("PASS" if value <= limit else "FAIL")
             shown = "-" if value is None else f"{value:.3f}"
             lines.append(f"{verdict:4} {target}: {shown} (target <= {limit})")
-        for section in ("numerics", "kernel", "training", "inference"):
+        for section in ("numerics", "training", "inference", "kernel"):
             lines += _section_lines(section, results.get(section, {}))
     return "\n".join(lines)
 
