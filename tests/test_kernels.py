@@ -273,6 +273,14 @@ def test_tensorflow_and_other_activations_keep_the_loop(monkeypatch):
     assert not kernels.kernel_applies(cell, x, True)
 
 
+def test_kernel_sizes():
+    from keras_antisym.kernels import MAX_UNITS, fits
+
+    assert MAX_UNITS == 128 and fits(128, 784, 128, 2) and fits(None, 10, 5, 1)
+    assert not fits(128, 784, 129, 1)  # W would not stay on chip
+    assert not fits(2**14, 2**10, 128, 1)  # 2**31 projected inputs
+
+
 # The layer cases: (name, gated, layer arguments, call arguments).
 LAYER_CASES = [
     (f"{'gated' if gated else 'plain'}-{name}", gated, layer_args, call_args)

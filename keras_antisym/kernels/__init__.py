@@ -17,6 +17,8 @@ from keras import ops
 
 #: Backends with a kernel; TensorFlow keeps the loop.
 KERNEL_BACKENDS = ("jax", "torch")
+#: The widest state of the kernels (wider layers take the loop).
+MAX_UNITS = 128
 #: The one dtype of the kernels.
 KERNEL_DTYPE = "float32"
 #: The product precision of the kernels' steps, read at each call: `"float32"`
@@ -49,6 +51,19 @@ def _activation_name(activation):
     return name if isinstance(name, str) else getattr(activation, "__name__", "")
 
 
+def fits(batch, steps, units, blocks):
+    """Whether the kernels take this size: `W` on chip, offsets in 32 bits.
+
+    The state width is padded to a power of two of at most `MAX_UNITS`
+    (`(n, n)` float32 in shared memory, 64 KiB at 128 units), and the
+    projected inputs `(batch, T, blocks·n)` must have fewer than 2³¹ entries.
+    """
+    width = max(16, 1 << (int(units) - 1).bit_length())
+    if width > MAX_UNITS:
+        return False
+    return batch is None or (batch + 15) * steps * blocks * width < 2**31
+
+
 def kernel_applies(cell, sequences, fused_kernel):
     """Whether a fused layer's call runs the kernel rather than the loop.
 
@@ -56,12 +71,15 @@ def kernel_applies(cell, sequences, fused_kernel):
     `fused_kernel=False` never; `"auto"` on a CUDA device; `True` on any
     device (elsewhere than on a GPU: Pallas interpret mode or Triton's
     interpreter, for tests). In every case: a kernel backend, tanh (and a
-    sigmoid gate), float32, a static positive length and input width.
+    sigmoid gate), float32, a static positive length and input width, and
+    a size the kernels take (`fits`).
     """
     if fused_kernel is False or keras.backend.backend() not in KERNEL_BACKENDS:
         return False
-    steps, width = sequences.shape[1], sequences.shape[-1]
+    batch, steps, width = sequences.shape
     if not steps or not width or cell.compute_dtype != KERNEL_DTYPE:
+        return False
+    if not fits(batch, steps, cell.units, cell.num_blocks):
         return False
     if keras.backend.standardize_dtype(sequences.dtype) != KERNEL_DTYPE:
         return False
@@ -108,4 +126,4 @@ def run_layer(cell, sequences, h0, go_backwards):
     return last, states, [last]
 
 
-__all__ = ["cuda_available", "kernel_applies", "recurrence", "run_layer"]
+__all__ = ["cuda_available", "fits", "kernel_applies", "recurrence", "run_layer"]
