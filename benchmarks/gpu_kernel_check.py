@@ -21,6 +21,7 @@ The parent prints the issue's targets with ratios from the same run.
 """
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -160,37 +161,47 @@ def _jax_kernel_call(u, mt, h0, gated, precision, backward):
 
 
 def bench_kernel(config, results):
-    """The kernel alone: training shape per precision, and batch 1 small tile or padded."""
+    """The kernel alone: per precision and warps at the training shape; batch-1 tiles."""
     import importlib
 
     import keras
 
     backend = keras.backend.backend()
     batch, steps, _, units = config["shape"]
-    calls = {}
-    for gated in (False, True):
-        for precision in PRECISIONS:
-            name = f"{'gated ' if gated else ''}fwd+bwd B{batch} T{steps} {precision}"
-            calls[name] = _kernel_call(backend, batch, steps, units, gated, precision, True)
-    results["training"] = _timed(calls, config["repeats"])
-    yield
     # Only this backend's module: Triton must not share a process with JAX's LLVM.
     kind = "pallas" if backend == "jax" else "triton"
     module = importlib.import_module(f"keras_antisym.kernels.{kind}_recurrence")
+    defaults = {"SMALL_BATCH": module.SMALL_BATCH, "NUM_WARPS": module.NUM_WARPS}
+
+    def build(settings, *args):
+        """A kernel call under module settings (read when traced on JAX, called on PyTorch)."""
+        settings = {**defaults, **settings}
+        call = _with_settings(module, settings, _kernel_call(backend, *args))
+        call()
+        return call
+
+    calls = {}
+    for gated, precision in itertools.product((False, True), PRECISIONS):
+        name = f"{'gated ' if gated else ''}fwd+bwd B{batch} T{steps} {precision}"
+        calls[name] = build({}, batch, steps, units, gated, precision, True)
+    for precision in ("float32", "tf32x3"):
+        name = f"fwd+bwd B{batch} T{steps} {precision} num_warps=8"
+        calls[name] = build({"NUM_WARPS": 8}, batch, steps, units, False, precision, True)
+    results["training"] = _timed(calls, config["repeats"])
+    yield
     calls = {}
     for label, small in (("small tile", 2), ("padded 16-row tile", 0)):
-        module.SMALL_BATCH = small  # read when the call is built (traced) or made
-        call = _kernel_call(backend, 1, steps, units, False, "float32", False)
-        call()
-        calls[f"fwd B1 T{steps} {label}"] = _with_small_batch(module, small, call)
+        call = build({"SMALL_BATCH": small}, 1, steps, units, False, "float32", False)
+        calls[f"fwd B1 T{steps} {label}"] = call
     results["batch1"] = _timed(calls, config["repeats"])
-    module.SMALL_BATCH = 2
+    _with_settings(module, defaults, lambda: None)()
     yield
 
 
-def _with_small_batch(module, small, call):
+def _with_settings(module, settings, call):
     def run():
-        module.SMALL_BATCH = small
+        for name, value in settings.items():
+            setattr(module, name, value)
         return call()
 
     return run
