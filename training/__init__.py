@@ -28,17 +28,21 @@ def native_stderr_silenced():
 
 
 def _import_quietly():
-    """Imports Keras and, where installed, TensorFlow (TensorBoard and TFDS import it)."""
+    """Imports Keras (with its backend), then TensorFlow where it is installed.
+
+    TensorBoard and TFDS import TensorFlow on every backend. Keras first: on
+    PyTorch it loads Triton, which aborts the process if TensorFlow came first.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    for name in ("tensorflow", "keras"):
-        if name in sys.modules:
-            continue
-        try:
-            with native_stderr_silenced():
-                importlib.import_module(name)
-        except ImportError:
-            if name == "keras":
-                raise
+    with native_stderr_silenced():
+        importlib.import_module("keras")
+    if "tensorflow" in sys.modules:
+        return
+    try:
+        with native_stderr_silenced():
+            importlib.import_module("tensorflow")
+    except ImportError:
+        pass  # JAX and PyTorch train without TensorFlow
 
 
 _import_quietly()
