@@ -266,3 +266,70 @@ def test_callback_jacobian_stats_follow_probe_steps_against_numpy(probe_steps):
     m_eig = np.linalg.eigvals(m)
     assert values["stability/arnn/m_eig_real_max"] == pytest.approx(m_eig.real.max(), abs=1e-6)
     assert values["stability/arnn/m_eig_abs_max"] == pytest.approx(np.abs(m_eig).max(), rel=1e-5)
+
+
+def test_batch_logs_and_tensorboard_scalars_carry_every_computed_value(tmp_path):
+    """Each evaluation reaches the batch's `logs` (seen by a later callback) and is written
+    as one TensorBoard scalar per name at its global step, with the value in `records`."""
+    keras.utils.set_random_seed(2)
+    rng = np.random.RandomState(2)
+    x = rng.standard_normal((16, 6, 3)).astype("float32")
+    y = (x[:, 0, 0] > 0).astype("int32")
+    model = keras.Sequential(
+        [keras.Input((6, 3)), make_layer("fused", False, 4, name="arnn"), keras.layers.Dense(2)]
+    )
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = StabilityDiagnostics(every_n_steps=2, probe_data=x[:2], log_dir=tmp_path)
+    seen = {}
+
+    def record_batch_logs(batch, logs):
+        seen[batch] = dict(logs or {})
+
+    later = keras.callbacks.LambdaCallback(on_train_batch_end=record_batch_logs)
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[callback, later], verbose=0)
+    assert [r["step"] for r in callback.records] == [2, 4]
+    margin = "stability/arnn/euler_margin"
+    # Batches 1 and 3 (steps 2 and 4) carry that step's values; batch 0 computed nothing.
+    assert margin not in seen[0]
+    for batch, record in zip((1, 3), callback.records, strict=True):
+        assert seen[batch][margin] == pytest.approx(record[margin])
+
+    written = {}
+    for path in (tmp_path / "stability").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                written[(value.tag, event.step)] = float(tf.make_ndarray(value.tensor))
+    expected = {
+        (name, record["step"]): value
+        for record in callback.records
+        for name, value in record.items()
+        if name != "step"
+    }
+    assert set(written) == set(expected)
+    for key, value in expected.items():
+        assert written[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_without_probe_a_nested_layer_gets_the_margin_at_zero_state_and_input():
+    """A layer inside a nested model is found; without a probe its Euler margin is taken
+    at `h = 0, x = 0`: `max |1 + ε·λ(diag(tanh'(b))·M)|`, computed here in NumPy."""
+    inner = keras.Sequential(
+        [keras.Input((6, 3)), make_layer("fused", False, 5, epsilon=0.5, gamma=0.1, name="deep")],
+        name="inner",
+    )
+    model = keras.Sequential([keras.Input((6, 3)), inner, keras.layers.Dense(2)])
+    weights = random_weights(model.get_layer("inner").get_layer("deep"), seed=8, scale=1.0)
+    callback = StabilityDiagnostics(every_n_steps=1)
+    callback.set_model(model)
+    callback.on_train_begin()
+    values = callback.compute()
+    assert set(values) == {
+        "stability/deep/m_eig_real_max",
+        "stability/deep/m_eig_abs_max",
+        "stability/deep/euler_margin",
+    }
+    m = reference.transition_matrix(weights[1], 5, 0.1)
+    slope = 1.0 - np.tanh(weights[2].astype("float64")) ** 2
+    hand = np.max(np.abs(1.0 + 0.5 * np.linalg.eigvals(slope[:, None] * m)))
+    assert values["stability/deep/euler_margin"] == pytest.approx(hand, rel=1e-5)
+    assert values["stability/deep/m_eig_real_max"] == pytest.approx(-0.1, abs=1e-5)

@@ -516,3 +516,19 @@ def test_layers_take_the_cells_arguments_in_the_cells_order():
     assert GatedAntisymmetricRNN(4, recurrent_activation="relu").recurrent_activation is (
         keras.activations.relu
     )
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_fused_layer_traced_with_unknown_timesteps_matches_reference(gated):
+    """A graph traced for `(batch, None, features)` (the time axis unknown until run time)
+    runs sequences of any length, each as the NumPy reference computes it."""
+    layer = make_layer("fused", gated, 5, epsilon=0.3, gamma=0.05, return_sequences=True)
+    layer(_x())
+    weights = random_weights(layer, seed=9)
+    traced = tf.function(
+        lambda x: layer(x), input_signature=[tf.TensorSpec((None, None, 3), "float32")]
+    )
+    for steps in (6, 7):
+        x = _x(batch=2, steps=steps, seed=steps)
+        expected, _ = reference.run(weights, x, units=5, epsilon=0.3, gamma=0.05, gated=gated)
+        np.testing.assert_allclose(np.asarray(traced(x)), expected, atol=2e-5)

@@ -263,3 +263,44 @@ def test_a_new_cell_variant_needs_no_changes_to_stability():
     jac, state = end_to_end_jacobian(layer, x, initial_state=h, return_final_state=True)
     np.testing.assert_allclose(jac, expected, atol=1e-5)
     np.testing.assert_allclose(state, h_last.numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_batched_margin_is_the_margin_of_each_state(gated):
+    """Batched states give one margin per state, each the unbatched margin (the spectral
+    radius of that state's own step Jacobian), not one maximum over the batch."""
+    layer = make_layer("fused", gated, 4, epsilon=0.5, gamma=0.05)
+    layer(np.zeros((1, 2, 3), "float32"))
+    random_weights(layer, seed=11, scale=1.0)
+    rng = np.random.RandomState(11)
+    states = 2.0 * rng.standard_normal((3, 4)).astype("float32")
+    inputs = 2.0 * rng.standard_normal((3, 3)).astype("float32")
+    margins = stability_margin(layer, states, inputs)
+    assert np.shape(margins) == (3,)
+    for margin, h, x in zip(margins, states, inputs, strict=True):
+        alone = stability_margin(layer, h, x)
+        assert isinstance(alone, float) and margin == pytest.approx(alone, rel=1e-9)
+        radius = np.max(np.abs(np.linalg.eigvals(step_jacobian(layer, h, x))))
+        assert margin == pytest.approx(radius, rel=1e-6)
+    assert len(set(np.round(margins, 6))) == 3  # distinct states, distinct margins
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_unbatched_sequence_gives_an_unbatched_jacobian(gated):
+    """`sequences` of shape `(timesteps, input_dim)` (and an unbatched `h_0`): the Jacobian
+    `(units, units)` and `h_T` `(units,)` of that one sequence, against finite differences
+    and the NumPy reference."""
+    rng = np.random.RandomState(6)
+    x = rng.standard_normal((12, 2)).astype("float32")
+    h0 = 0.3 * rng.standard_normal(4)
+    layer = make_layer("fused", gated, 4, epsilon=0.4, gamma=0.05)
+    layer(x[None])
+    weights = random_weights(layer, seed=6)
+    jac, h_last = end_to_end_jacobian(layer, x, initial_state=h0, return_final_state=True)
+    assert jac.shape == (4, 4) and h_last.shape == (4,)
+    expected = _finite_difference_end_to_end(weights, x[None], h0[None], gated, False)[0]
+    np.testing.assert_allclose(jac, expected, atol=1e-4)
+    _, states = reference.run(
+        weights, x[None], units=4, epsilon=0.4, gamma=0.05, gated=gated, h0=h0[None]
+    )
+    np.testing.assert_allclose(h_last, states[0], atol=1e-5)
