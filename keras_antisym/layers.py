@@ -112,12 +112,14 @@ class AntisymmetricRNN(keras.layers.RNN):
             projection of all steps is one product before the loop (the same
             numbers either way, only speed differs). `"auto"` hoists on a GPU
             or TPU for inputs of at least `HOIST_MIN_INPUT_DIM` features.
-        fused_kernel: Keyword argument, `"auto"` (default), `True` or
-            `False`: whether a call runs the whole recurrence, forward and
-            backward, in one fused kernel (`keras_antisym.kernels`: Pallas
-            on JAX, Triton on PyTorch) instead of the time loop. `"auto"`
-            uses it on a CUDA GPU, `True` on any device (elsewhere than on
-            a GPU in interpret mode: for tests), `False` never. Calls with a
+        fused_kernel: `False` (default), `"auto"` or `True`: whether a call
+            runs the whole recurrence, forward and backward, in one fused
+            kernel (`keras_antisym.kernels`: Pallas on JAX, Triton on
+            PyTorch) instead of the time loop. `"auto"` uses it on a CUDA
+            GPU, `True` on any device (elsewhere than on a GPU in interpret
+            mode: for tests), `False` never. The default stays `False` until
+            the kernels have run on a GPU (they are tested in interpret
+            mode and compiled for Hopper, not yet run on one). Calls with a
             mask or recurrent dropout, activations other than tanh (and a
             sigmoid gate), or a dtype other than float32, and TensorFlow,
             always take the loop. The same numbers either way.
@@ -177,6 +179,7 @@ class AntisymmetricRNN(keras.layers.RNN):
         stateful=False,
         unroll=False,
         hoist_inputs="auto",
+        fused_kernel=False,
         **kwargs,
     ):
         self._init_rnn(
@@ -201,19 +204,14 @@ class AntisymmetricRNN(keras.layers.RNN):
                 antisymmetric=antisymmetric,
                 **self._cell_keywords(kwargs),
             ),
-            hoist_inputs,
-            return_sequences=return_sequences,
-            return_state=return_state,
-            go_backwards=go_backwards,
-            stateful=stateful,
-            unroll=unroll,
-            activity_regularizer=activity_regularizer,
-            **kwargs,
-        )
+            hoist_inputs, fused_kernel,
+            return_sequences=return_sequences, return_state=return_state,
+            go_backwards=go_backwards, stateful=stateful, unroll=unroll,
+            activity_regularizer=activity_regularizer, **kwargs,
+        )  # fmt: skip
 
-    def _init_rnn(self, cell, hoist_inputs, **kwargs):
+    def _init_rnn(self, cell, hoist_inputs, fused_kernel, **kwargs):
         """`keras.layers.RNN.__init__`, the 3D input spec, `hoist_inputs`, `fused_kernel`."""
-        fused_kernel = kwargs.pop("fused_kernel", "auto")
         super().__init__(cell, **kwargs)
         self._hoist_inputs = check_auto_or_bool("hoist_inputs", hoist_inputs)
         self._fused_kernel = check_auto_or_bool("fused_kernel", fused_kernel)
@@ -417,6 +415,7 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
         stateful=False,
         unroll=False,
         hoist_inputs="auto",
+        fused_kernel=False,
         **kwargs,
     ):
         super().__init__(
@@ -440,13 +439,9 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
             recurrent_dropout=recurrent_dropout,
             seed=seed,
             antisymmetric=antisymmetric,
-            return_sequences=return_sequences,
-            return_state=return_state,
-            go_backwards=go_backwards,
-            stateful=stateful,
-            unroll=unroll,
-            hoist_inputs=hoist_inputs,
-            **kwargs,
-        )
+            return_sequences=return_sequences, return_state=return_state,
+            go_backwards=go_backwards, stateful=stateful, unroll=unroll,
+            hoist_inputs=hoist_inputs, fused_kernel=fused_kernel, **kwargs,
+        )  # fmt: skip
 
     recurrent_activation = _cell_property("recurrent_activation")

@@ -142,6 +142,7 @@ NON_DEFAULT_ARGUMENTS = {
     "stateful": True,
     "unroll": True,
     "hoist_inputs": True,
+    "fused_kernel": "auto",
 }
 
 
