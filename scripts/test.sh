@@ -3,8 +3,9 @@
 set -euo pipefail
 . "$(dirname "$0")/venv.sh"
 # PyTorch for the torch-backend tests: the CPU build (these machines carry torch
-# 2.13.0 CPU for Python 3.11; a plain `torch` would pull a multi-GB CUDA build).
-python -m pip install --quiet "torch==2.13.0"
+# 2.13.0 CPU for Python 3.11; a plain `torch` would pull a multi-GB CUDA build),
+# and Triton, whose interpreter runs the fused kernel's tests without a GPU.
+python -m pip install --quiet "torch==2.13.0" "triton==3.9.0"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 ruff check .
 # One worker per core (this machine and CI have 2); -v names each test as it ends, and
