@@ -40,7 +40,8 @@ Assumptions:
    `inner_loop`, Keras runs its own loop over the cell: the same numbers,
    slower.
 4. `keras.src.backend.torch.core.get_device()` is the device Keras' PyTorch
-   backend computes on (`accelerator_available`): PyTorch has no
+   backend computes on (`torch_device`, used by `accelerator_available` and
+   the fused kernels): PyTorch has no
    `keras.distribution` backend to ask publicly. Fallback: whether PyTorch
    sees a CUDA device.
 """
@@ -261,6 +262,17 @@ class SequenceConstantsCell(DropoutRNNCell):
         DropoutRNNCell.reset_recurrent_dropout_mask(self)
 
 
+def torch_device():
+    """The device Keras' PyTorch backend computes on now, as a string ("cuda:0", "cpu")."""
+    try:
+        from keras.src.backend.torch.core import get_device
+    except ImportError:  # assumption 4's fallback
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(get_device()).lower()
+
+
 def accelerator_available():
     """Whether Keras computes on a GPU or TPU by default, rather than a CPU.
 
@@ -269,13 +281,7 @@ def accelerator_available():
     default device type (`keras.distribution.list_devices`).
     """
     if keras.backend.backend() == "torch":
-        try:
-            from keras.src.backend.torch.core import get_device
-        except ImportError:  # assumption 4's fallback
-            import torch
-
-            return torch.cuda.is_available()
-        return not str(get_device()).lower().startswith("cpu")
+        return not torch_device().startswith("cpu")
     try:
         devices = keras.distribution.list_devices()
     except (AttributeError, NotImplementedError):  # no distribution backend
@@ -292,4 +298,5 @@ __all__ = [
     "accelerator_available",
     "public_rnn_loop",
     "rnn_loop",
+    "torch_device",
 ]

@@ -15,6 +15,8 @@ import os
 import keras
 from keras import ops
 
+from keras_antisym._keras_private import torch_device
+
 #: Backends with a kernel; TensorFlow keeps the loop.
 KERNEL_BACKENDS = ("jax", "torch")
 #: The widest state of the kernels (wider layers take the loop).
@@ -39,10 +41,8 @@ def cuda_available():
         version = getattr(jax.devices()[0].client, "platform_version", "")
         return "rocm" not in str(version).lower()
     if backend == "torch":
-        from keras.src.backend.torch.core import get_device
-
         found = importlib.util.find_spec("triton") is not None
-        return found and str(get_device()).lower().startswith("cuda")
+        return found and torch_device().startswith("cuda")
     return False
 
 
