@@ -40,3 +40,26 @@ def test_seeding_and_config_round_trip():
     np.testing.assert_array_equal(np.asarray(clone((6, 2))), np.asarray(init((6, 2))))
     with pytest.raises(ValueError, match="argument `shape`, expected at least one dimension"):
         init(())
+
+
+def test_fan_in_of_one_keeps_sigma_and_every_sigma_keeps_the_dtype():
+    # N(0, σ²/fan_in) with fan_in = 1 (one input feature): standard deviation σ itself.
+    values = np.asarray(FanInNormal(3.0, seed=2)((1, 40000)))
+    assert abs(values.std() - 3.0) < 0.05 and abs(values.mean()) < 0.05
+    # σ = 0 gives zeros, in the dtype asked for, like any other σ.
+    for sigma in (0.0, 1.0):
+        for dtype in ("float16", "float64"):
+            drawn = FanInNormal(sigma, seed=3)((4, 5), dtype=dtype)
+            assert keras.backend.standardize_dtype(drawn.dtype) == dtype
+    assert not np.asarray(FanInNormal(0.0)((4, 5), dtype="float64")).any()
+
+
+def test_default_sigma_is_the_papers_input_scale_and_non_numbers_are_refused():
+    # FanInNormal() is the paper's input-to-hidden N(0, 1/m).
+    init = FanInNormal(seed=4)
+    assert init.sigma == 1.0 and init.get_config()["sigma"] == 1.0
+    values = np.asarray(init((100, 400)))
+    assert abs(values.std() - 0.1) < 0.005
+    for bad in ("1.0", None, [1.0], 1 + 0j, True, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="argument `sigma`, expected a non-negative float"):
+            FanInNormal(bad)
