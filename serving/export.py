@@ -33,6 +33,10 @@ import zipfile
 if "keras" not in sys.modules:
     os.environ["KERAS_BACKEND"] = "tensorflow"
 
+from serving import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()
+
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 

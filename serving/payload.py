@@ -10,7 +10,12 @@ import math
 from http import HTTPStatus
 
 import numpy as np
-import tensorflow as tf
+
+from serving import import_tensorflow_quietly
+
+import_tensorflow_quietly()
+
+import tensorflow as tf  # noqa: E402
 
 DEFAULT_SIGNATURE = "serving_default"
 DEFAULT_MAX_INPUT_ELEMENTS = 1 << 18  # 4,096 digits of 64 x 1
