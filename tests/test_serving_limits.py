@@ -104,27 +104,49 @@ def test_large_bodies_are_refused_cheaply(limited):
     assert http_call(f"{url}/v1/models/antisym")[0] == 200
 
 
-def test_saturated_server_answers_503():
-    """One worker and at most one queued request: the rest get a quick JSON 503."""
+def test_saturated_server_answers_503(monkeypatch):
+    """One worker, at most one queued request: a request that finds more waiting gets a 503."""
+    from serving import rest
+
     _, base = exported("antisymmetric")
+    release, started = threading.Event(), threading.Event()
+    real_predict = rest.predict
+
+    def held_predict(*args):  # the first prediction holds the only worker until released
+        if not started.is_set():
+            started.set()
+            release.wait(timeout=60)
+        return real_predict(*args)
+
+    monkeypatch.setattr(rest, "predict", held_predict)
     server = ThreadServer(base, "antisym", threads=1, max_queued_requests=1)
-    body = json.dumps({"instances": [[[0.5]] * 64] * 1024})
+    body = json.dumps({"instances": [[[0.5]] * 64] * 4})
+    url = f"{server.url}/v1/models/antisym:predict"
     results = []
 
     def post():
-        results.append(http_call(f"{server.url}/v1/models/antisym:predict", "POST", body))
+        results.append(http_call(url, "POST", body))
 
+    threads = [threading.Thread(target=post) for _ in range(7)]
     try:
-        threads = [threading.Thread(target=post) for _ in range(12)]
-        for thread in threads:
+        threads[0].start()
+        assert started.wait(timeout=60)  # the worker is busy from here on
+        for thread in threads[1:]:
             thread.start()
+        deadline = time.monotonic() + 60
+        while server.server.queued() < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.server.queued() == 6
+        release.set()
         for thread in threads:
-            thread.join(timeout=120)
+            thread.join(timeout=60)
         assert http_call(f"{server.url}/v1/models/antisym")[0] == 200
     finally:
+        release.set()
         server.stop()
+    # First in, first out: the k-th queued request sees 6 - k behind it; more than 1: 503.
     statuses = sorted(status for status, _ in results)
-    assert len(statuses) == 12 and set(statuses) == {200, 503}, statuses
+    assert statuses == [200] * 3 + [503] * 4, results
     assert all("overloaded" in answer["error"] for status, answer in results if status == 503)
 
 
