@@ -12,8 +12,9 @@ import sys
 def import_tensorflow_quietly():
     """Imports TensorFlow with the process's native stderr closed meanwhile.
 
-    TensorFlow's C++ runtime prints absl lines (oneDNN, CUDA stubs) while it is
-    imported, before `TF_CPP_MIN_LOG_LEVEL` applies. The serving modules call
+    TensorFlow's C++ runtime prints absl lines (oneDNN, CUDA stubs, `cuInit` on
+    a machine without a GPU) while it is imported and first lists devices,
+    before `TF_CPP_MIN_LOG_LEVEL` applies. The serving modules call
     this before their `import tensorflow` (`training/` has its own for Keras:
     the local server runs without Keras, so it cannot import `training`).
     Python exceptions are unaffected: they are printed after the import.
@@ -25,7 +26,9 @@ def import_tensorflow_quietly():
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
+        import tensorflow
+
+        tensorflow.config.list_physical_devices("GPU")  # probing CUDA prints too
     finally:
         os.dup2(saved, 2)
         os.close(saved)
