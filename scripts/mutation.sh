@@ -1,24 +1,70 @@
 #!/usr/bin/env bash
-# Mutation testing of keras_antisym/ with mutmut 3 (configured in setup.cfg [mutmut]).
-# Not part of CI: every mutant of the library takes hours on two cores (docs/testing.md).
+# Mutation testing with mutmut 3. Not part of CI: every mutant of the library takes
+# about an hour on two cores (docs/testing.md).
 #
-#   scripts/mutation.sh                  # every module of keras_antisym/
+#   scripts/mutation.sh                  # every module of keras_antisym/ (setup.cfg [mutmut])
 #   scripts/mutation.sh cells stability  # only these modules' mutants
+#   scripts/mutation.sh --app            # serving/export.py and training/loop.py
+#                                        # (scripts/mutation-app.cfg, in .mutation-app/)
 #   MUTMUT_WORKERS=1 scripts/mutation.sh _validation
 #   MUTATION_SAMPLE=30 scripts/mutation.sh  # 30 random mutants per module: a quick estimate
+#   scripts/mutation.sh --backend jax 'keras_antisym.diagnostics.x__gradients*'
+#                                        # survivors checked again on JAX (or torch):
+#                                        # scripts/mutation_backends.py
 #
 # Writes only mutants/ (mutmut's copy of the tree, its cache of verdicts: a second run
-# tests only new or changed mutants; delete mutants/ to start over) and the report,
-# docs/mutation-report.txt (or $MUTATION_REPORT).
+# tests only new or changed mutants; delete mutants/ to start over), .mutation-app/ (the
+# same for --app) and the report, docs/mutation-report.txt (docs/mutation-report-app.txt
+# for --app; or $MUTATION_REPORT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-.venv/bin/python}"
-MUTMUT="${MUTMUT:-.venv/bin/mutmut}"
-REPORT="${MUTATION_REPORT:-docs/mutation-report.txt}"
+ROOT="$PWD"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+MUTMUT="${MUTMUT:-$ROOT/.venv/bin/mutmut}"
 export KERAS_BACKEND=tensorflow TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
+backend=""
+if [ "${1:-}" = "--backend" ]; then
+    backend="${2:?--backend needs jax, torch or tensorflow, then mutant patterns}"
+    shift 2
+    backend_patterns=("$@")
+    set --
+fi
+if [ "${1:-}" = "--app" ]; then
+    shift
+    # The application modules have their own configuration (other files mutated, other
+    # tests): mutmut reads it from setup.cfg, and a change of its test selection would
+    # drop every cached verdict of the library, so they run in a copy of the tree.
+    REPORT="${MUTATION_REPORT:-docs/mutation-report-app.txt}"
+    modules=(serving.export training.loop)
+    mkdir -p .mutation-app
+    for path in keras_antisym training serving benchmarks tests; do
+        rm -rf ".mutation-app/$path"
+        cp -r "$path" ".mutation-app/$path"
+    done
+    cp pyproject.toml .mutation-app/
+    # setup.cfg with its [mutmut] section (the last one) replaced by the app's
+    sed '/^\[mutmut\]/,$d' setup.cfg >.mutation-app/setup.cfg
+    cat scripts/mutation-app.cfg >>.mutation-app/setup.cfg
+    [[ "$REPORT" = /* ]] || REPORT="$ROOT/$REPORT"
+    cd .mutation-app
+else
+    REPORT="${MUTATION_REPORT:-docs/mutation-report.txt}"
+    modules=("$@")
+    if [ ${#modules[@]} -eq 0 ]; then
+        modules=(cells layers stability diagnostics initializers _validation _keras_private)
+    fi
+    for i in "${!modules[@]}"; do
+        module="${modules[$i]%.py}"
+        module="${module#keras_antisym/}"
+        modules[$i]="keras_antisym.${module#keras_antisym.}"
+    done
+    [[ "$REPORT" = /* ]] || REPORT="$ROOT/$REPORT"
+fi
+
 mkdir -p mutants
-# A pytest plugin (`-p mutmut_keras_compat` in setup.cfg): mutmut wraps every mutated
+# A pytest plugin (`-p mutmut_keras_compat` in setup.cfg) that runs tests fastest first
+# and undoes a clash: mutmut wraps every mutated
 # function in a `*args, **kwargs` trampoline that sets `__wrapped__`. inspect.signature
 # follows it, inspect.getfullargspec does not, and Keras's Operation.__new__ reads
 # getfullargspec(cls.__init__).args[0]: every layer constructor would raise IndexError.
@@ -30,6 +76,7 @@ cat > mutants/mutmut_keras_compat.py <<'PY'
 """Written by scripts/mutation.sh: getfullargspec follows mutmut's trampolines."""
 
 import inspect
+import json
 
 _getfullargspec = inspect.getfullargspec
 
@@ -39,22 +86,27 @@ def _unwrapped_getfullargspec(func):
 
 
 inspect.getfullargspec = _unwrapped_getfullargspec
+
+
+def pytest_collection_modifyitems(items):
+    # mutmut stops at a mutant's first failing test: run its tests fastest first (by the
+    # durations of mutmut's instrumented pass), so most mutants die in the first seconds.
+    try:
+        with open("mutmut-stats.json") as f:
+            durations = json.load(f)["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return
+    items.sort(key=lambda item: durations.get(item.nodeid, float("inf")))
 PY
 
-modules=("$@")
-if [ ${#modules[@]} -eq 0 ]; then
-    modules=(cells layers stability diagnostics initializers _validation _keras_private)
-fi
-for i in "${!modules[@]}"; do
-    module="${modules[$i]%.py}"
-    module="${module#keras_antisym/}"
-    modules[$i]="${module#keras_antisym.}"
-done
-
 start=$(date +%s)
-if [ -z "${MUTATION_SAMPLE:-}" ]; then
+if [ -n "$backend" ]; then
+    # Survivors checked again on another backend (code that TensorFlow never runs).
+    "$PYTHON" "$ROOT/scripts/mutation_backends.py" "$backend" "${backend_patterns[@]}" ||
+        status=$?
+elif [ -z "${MUTATION_SAMPLE:-}" ]; then
     patterns=()
-    for module in "${modules[@]}"; do patterns+=("keras_antisym.${module}.*"); done
+    for module in "${modules[@]}"; do patterns+=("${module}.*"); done
     "$MUTMUT" run --max-children "${MUTMUT_WORKERS:-2}" "${patterns[@]}" || status=$?
 else
     # A seeded uniform sample of MUTATION_SAMPLE mutants per module, one module at a time
@@ -65,8 +117,9 @@ else
         mapfile -t names < <("$PYTHON" - "$module" "$MUTATION_SAMPLE" <<'PY'
 import json, random, sys
 module, size = sys.argv[1], int(sys.argv[2])
-codes = json.load(open(f"mutants/keras_antisym/{module}.py.meta"))["exit_code_by_key"]
-sample = random.Random(f"keras-antisym:{module}").sample(sorted(codes), min(size, len(codes)))
+codes = json.load(open(f"mutants/{module.replace('.', '/')}.py.meta"))["exit_code_by_key"]
+seed = f"keras-antisym:{module.removeprefix('keras_antisym.')}"
+sample = random.Random(seed).sample(sorted(codes), min(size, len(codes)))
 print("\n".join(name for name in sample if codes[name] is None))
 PY
         )
@@ -77,28 +130,62 @@ PY
 fi
 elapsed=$(($(date +%s) - start))
 
-# `mutmut results --all true` prints one "    <module>.<mutant>: <status>" line per mutant.
+# `mutmut results --all true` prints one "    <module>.<mutant>: <status>" line per mutant;
+# mutants/backend-verdicts.json (scripts/mutation_backends.py) and the equivalents listed
+# in docs/mutation-equivalents.txt complete it.
 read -r -d '' SUMMARY <<'PY' || true
-import collections, sys, time
-elapsed, report, modules = int(sys.argv[1]), sys.argv[2], " ".join(sys.argv[3:])
+import collections, json, os, sys, time
+elapsed, report, equivalents_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+modules = " ".join(sys.argv[4:])
+hashes, other = {}, {}
+if os.path.exists("mutants/backend-verdicts.json"):
+    hashes = json.load(open("mutants/mutmut-stats.json"))["function_hashes"]
+    other = json.load(open("mutants/backend-verdicts.json"))
+equivalent = {}  # name: reason, from lines "NAME  reason"
+if os.path.exists(equivalents_file):
+    for line in open(equivalents_file):
+        if line.strip() and not line.startswith("#"):
+            name, _, reason = line.strip().partition(" ")
+            equivalent[name] = reason.strip()
 rows = collections.defaultdict(collections.Counter)
 survivors = []
 for line in sys.stdin:
     name, _, status = line.strip().rpartition(": ")
     if not name:
         continue
+    if status in ("survived", "no tests"):
+        function = name.rsplit("__mutmut_", 1)[0]
+        killed_on = sorted(
+            backend
+            for backend, verdict in other.get(name, {}).items()
+            if verdict["status"] == "killed" and verdict["hash"] == hashes.get(function)
+        )
+        if killed_on:
+            status = "other backend"
+            survivors.append(f"  {'killed on ' + '+'.join(killed_on):>18}  {name}")
+        elif name in equivalent:
+            status = "equivalent"
+            survivors.append(f"  {'equivalent':>18}  {name}  {equivalent[name]}")
     # keras_antisym.cells.x_f__mutmut_3, keras_antisym.cells.xǁClassǁmethod__mutmut_3
     module = name.split(".x", 1)[0]
     rows[module][status] += 1
-    if status not in ("killed", "timeout", "not checked"):
-        survivors.append(f"  {status:>12}  {name}")
-columns = ["killed", "timeout", "survived", "no tests", "suspicious", "segfault", "not checked"]
-header = f"{'module':<28}{'mutants':>8}" + "".join(f"{c:>12}" for c in columns) + f"{'score':>8}"
+    if status not in ("killed", "timeout", "not checked", "other backend", "equivalent"):
+        survivors.append(f"  {status:>18}  {name}")
+columns = [
+    "killed", "timeout", "other backend", "equivalent", "survived", "no tests", "suspicious",
+    "segfault", "not checked",
+]
+header = f"{'module':<28}{'mutants':>8}" + "".join(f"{c:>14}" for c in columns)
+header += f"{'score':>8}{'w/o eq.':>9}"
 lines = [
     f"mutmut report, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-    f"scripts/mutation.sh {modules or '(all modules)'} took {elapsed} s",
-    "score = (killed + timeout) / (mutants - not checked); the counts cover every mutant",
-    "in mutants/ (verdicts are cached across runs; 'not checked' were never run).",
+    f"scripts/mutation.sh {modules} took {elapsed} s",
+    "score = (killed + timeout + other backend) / (mutants - not checked); 'w/o eq.' leaves",
+    "the equivalent mutants out of the denominator. 'timeout' is also mutmut's name for a",
+    "worker that died (exit code 255: the mutated library or its tests failed to import);",
+    "'other backend': survived on TensorFlow, killed on JAX or PyTorch by",
+    "scripts/mutation_backends.py; 'equivalent': listed in docs/mutation-equivalents.txt.",
+    "The counts cover every mutant in mutants/ (verdicts are cached across runs).",
     "",
     header,
 ]
@@ -108,18 +195,22 @@ for counts in rows.values():
 for module, counts in [*sorted(rows.items()), ("TOTAL", total)]:
     generated = sum(counts.values())
     tested = generated - counts["not checked"]
-    killed = counts["killed"] + counts["timeout"]
+    killed = counts["killed"] + counts["timeout"] + counts["other backend"]
     score = f"{100 * killed / tested:.1f}%" if tested else "-"
+    rest = tested - counts["equivalent"]
+    without = f"{100 * killed / rest:.1f}%" if rest else "-"
     lines.append(
-        f"{module:<28}{generated:>8}" + "".join(f"{counts[c]:>12}" for c in columns) + f"{score:>8}"
+        f"{module:<28}{generated:>8}" + "".join(f"{counts[c]:>14}" for c in columns)
+        + f"{score:>8}{without:>9}"
     )
-lines += ["", "Not killed (`mutmut show NAME` prints the diff; docs/testing.md lists equivalents):"]
+lines += ["", "Not killed by mutmut's run (`mutmut show NAME` prints the diff):"]
 lines += sorted(survivors) or ["  none"]
 with open(report, "w") as f:
     f.write("\n".join(lines) + "\n")
-print("\n".join(lines[: len(rows) + 6]))
+print("\n".join(lines[: len(rows) + 10]))
 print(f"report: {report}")
 PY
-"$MUTMUT" results --all true | "$PYTHON" -c "$SUMMARY" "$elapsed" "$REPORT" "$@" \
-    ${MUTATION_SAMPLE:+"(sample of ${MUTATION_SAMPLE} per module)"}
+"$MUTMUT" results --all true |
+    "$PYTHON" -c "$SUMMARY" "$elapsed" "$REPORT" "$ROOT/docs/mutation-equivalents.txt" \
+        "${modules[@]}" ${MUTATION_SAMPLE:+"(sample of ${MUTATION_SAMPLE} per module)"}
 exit "${status:-0}"

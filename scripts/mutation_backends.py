@@ -1,0 +1,149 @@
+"""Check mutmut's surviving mutants again on another Keras backend (JAX, PyTorch).
+
+mutmut runs the tests on TensorFlow, in one process; code that only runs on
+another backend (the JAX and PyTorch branches of the diagnostics' gradients,
+PyTorch's state copies) survives there whatever the tests say. This runs each
+given mutant's tests (mutmut's own map, `mutmut tests-for-mutant`) in mutmut's
+tree `mutants/` with `KERAS_BACKEND` set and the mutant switched on, as mutmut
+does (a forked child per mutant, stopping at the first failure), and records
+the verdicts in `mutants/backend-verdicts.json`, keyed by the backend, with
+the mutated function's hash: a kill stands while the function is unchanged,
+anything else is checked again at the next call.
+`scripts/mutation.sh` adds them to its report.
+
+Tests that fail on this backend without any mutant are left out (a baseline run
+first), as are mutants that mutmut killed already.
+
+    scripts/mutation.sh --backend jax 'keras_antisym.diagnostics.x__gradients*'
+    python scripts/mutation_backends.py torch 'keras_antisym.layers.*'  # the same
+
+Run it after `scripts/mutation.sh` (it reads mutmut's results and test map).
+"""
+
+import fnmatch
+import json
+import os
+import signal
+import sys
+
+VERDICTS = "backend-verdicts.json"
+NOT_KILLED = (0, 33)  # mutmut's exit codes for "survived" and "no tests"
+TIMEOUT_S = 600
+
+
+def _mutmut_results():
+    """{mutant name: mutmut exit code} from mutants/**/*.meta."""
+    codes = {}
+    for folder, _, files in os.walk("."):
+        for name in files:
+            if name.endswith(".py.meta"):
+                with open(os.path.join(folder, name)) as f:
+                    codes.update(json.load(f)["exit_code_by_key"])
+    return codes
+
+
+def _function(mutant):
+    return mutant.rsplit("__mutmut_", 1)[0]
+
+
+def _killed(verdict, hashes, mutant):
+    return (
+        bool(verdict)
+        and verdict["status"] == "killed"
+        and (verdict["hash"] == hashes.get(_function(mutant)))
+    )
+
+
+def _run_pytest(tests, mutant, report=None):
+    """pytest on `tests` in a forked child with `mutant` on: (exit code, first failure)."""
+    import pytest
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        os.environ["MUTANT_UNDER_TEST"] = mutant
+        signal.alarm(TIMEOUT_S)
+        args = ["-q", "-p", "mutmut_keras_compat", "-p", "no:cacheprovider", "-p", "no:xdist"]
+        args += ["-p", "no:randomly", "--rootdir=.", "-o", "addopts="]
+        if report is None:
+            args.append("-x")
+        else:
+            args += ["-rf", "--tb=no"]
+        code = pytest.main([*args, *tests])
+        os._exit(int(code))
+    os.close(write)
+    with os.fdopen(read) as f:
+        output = f.read()
+    _, status = os.waitpid(pid, 0)
+    failed = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    if report is not None:
+        report.extend(line.split()[1] for line in failed)
+    code = os.waitstatus_to_exitcode(status)
+    return code, (failed[0][:200] if failed else "")
+
+
+def main(argv):
+    if len(argv) < 2 or argv[0] not in ("jax", "torch", "tensorflow"):
+        sys.exit(f"usage: {sys.argv[0]} jax|torch|tensorflow MUTANT_PATTERN [...]")
+    backend, patterns = argv[0], argv[1:]
+    os.environ["KERAS_BACKEND"] = backend
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mutants"))
+    sys.path.insert(0, os.getcwd())
+    os.environ["MUTANT_UNDER_TEST"] = ""
+    with open("mutmut-stats.json") as f:
+        stats = json.load(f)
+    tests_by_function = stats["tests_by_mangled_function_name"]
+    hashes = stats["function_hashes"]
+    codes = _mutmut_results()
+    mutants = sorted(
+        name
+        for name, code in codes.items()
+        if code in NOT_KILLED and any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    )
+    verdicts = {}
+    if os.path.exists(VERDICTS):
+        with open(VERDICTS) as f:
+            verdicts = json.load(f)
+    # A kill stands while the function is unchanged; anything else is checked again
+    # (the tests may have changed since).
+    todo = [m for m in mutants if not _killed(verdicts.get(m, {}).get(backend), hashes, m)]
+    print(f"{len(mutants)} mutants not killed by mutmut match; {len(todo)} to check on {backend}")
+    if not todo:
+        return 0
+    # Keras (and its backend) loaded once; each child imports the library itself, so
+    # import-time code runs mutated too. TensorFlow is not imported here: Triton
+    # (PyTorch) aborts a process in which TensorFlow was imported first.
+    import keras  # noqa: F401
+
+    every_test = sorted({t for m in todo for t in tests_by_function.get(_function(m), ())})
+    failing = []
+    _run_pytest(every_test, "", report=failing)
+    if failing:
+        print(f"left out, failing on {backend} without a mutant: {', '.join(failing)}")
+    for mutant in todo:
+        tests = sorted(set(tests_by_function.get(_function(mutant), ())) - set(failing))
+        if not tests:
+            status, detail = "no tests", ""
+        else:
+            code, detail = _run_pytest(tests, mutant)
+            status = {0: "survived", 1: "killed"}.get(code, "timeout" if code < 0 else "error")
+            if code not in (0, 1) and code >= 0:
+                detail = f"pytest exit code {code}"
+        verdicts.setdefault(mutant, {})[backend] = {
+            "status": status,
+            "hash": hashes.get(_function(mutant)),
+            "detail": detail,
+        }
+        print(f"{status:>9}  {mutant}  {detail}", flush=True)
+        with open(VERDICTS + ".tmp", "w") as f:
+            json.dump(verdicts, f, indent=1, sort_keys=True)
+        os.replace(VERDICTS + ".tmp", VERDICTS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
