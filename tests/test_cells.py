@@ -278,9 +278,16 @@ def test_cell_in_rnn_rejects_wrong_rank(shape):
         layer(np.zeros(shape, "float32"))
 
 
-def test_cell_rejects_wrong_rank_step():
-    with pytest.raises(ValueError, match="expects step inputs of shape"):
-        AntisymmetricCell(4)(np.zeros((2, 3, 4), "float32"), [np.zeros((2, 4), "float32")])
+@pytest.mark.parametrize("cell_class", [AntisymmetricCell, GatedAntisymmetricCell])
+def test_cell_rejects_wrong_rank_step(cell_class):
+    """The whole message: the cell, the shape a step takes, how to give it sequences, the shape."""
+    with pytest.raises(ValueError) as info:
+        cell_class(4)(np.zeros((2, 3, 4), "float32"), [np.zeros((2, 4), "float32")])
+    assert str(info.value) == (
+        f"{cell_class.__name__} expects step inputs of shape (batch, features) with a known "
+        "number of features, that is sequences of shape (batch, timesteps, features) given "
+        "to keras.layers.RNN; got a step input shape of (2, 3, 4)."
+    )
 
 
 def test_unknown_feature_dimension():

@@ -22,9 +22,15 @@ def test_paper_initialization_statistics():
         assert abs(std - sigma_w / np.sqrt(n)) <= 0.05 * sigma_w / np.sqrt(n)
 
 
-def test_invalid_sigma():
-    with pytest.raises(ValueError, match="argument `sigma`, expected a non-negative float"):
-        FanInNormal(-1.0)
+@pytest.mark.parametrize("sigma", [-1.0, "2"])
+def test_invalid_sigma(sigma):
+    """Keras' whole message: the argument, what it expects, and the value given."""
+    with pytest.raises(ValueError) as info:
+        FanInNormal(sigma)
+    assert str(info.value) == (
+        "Received an invalid value for argument `sigma`, expected a non-negative float, "
+        f"got {sigma!r}."
+    )
 
 
 def test_fan_in_normal_accepts_numpy_scalars():

@@ -5,6 +5,7 @@ Most tests run `keras.layers.RNN(cell)` too, which the fused layers must equal.
 
 import copy
 import json
+import types
 
 import keras
 import numpy as np
@@ -498,6 +499,7 @@ def test_every_argument_round_trips_and_is_a_property(layer_class):
     for name in constructor_arguments(layer_class):
         if name in cell_arguments:
             assert getattr(layer, name) is getattr(layer.cell, name), name
+            assert getattr(layer_class, name).__doc__ == f"The cell's `{name}` (read-only).", name
             with pytest.raises(AttributeError):
                 setattr(layer, name, object())
     assert layer.hoist_inputs is True and layer.activity_regularizer.l2 == pytest.approx(0.5)
@@ -532,3 +534,157 @@ def test_fused_layer_traced_with_unknown_timesteps_matches_reference(gated):
         x = _x(batch=2, steps=steps, seed=steps)
         expected, _ = reference.run(weights, x, units=5, epsilon=0.3, gamma=0.05, gated=gated)
         np.testing.assert_allclose(np.asarray(traced(x)), expected, atol=2e-5)
+
+
+def test_cell_property_reads_the_cell_at_each_access_and_is_read_only():
+    """`_cell_property(name)`: the property behind the layers' read-only cell arguments."""
+    from keras_antisym.layers import _cell_property
+
+    class Holder:
+        units = _cell_property("units")
+        epsilon = _cell_property("epsilon")
+
+        def __init__(self, cell):
+            self.cell = cell
+
+    cell = types.SimpleNamespace(units=7, epsilon=0.25)
+    holder = Holder(cell)
+    assert (holder.units, holder.epsilon) == (7, 0.25)
+    cell.units = 9
+    assert holder.units == 9  # read through to the cell, not copied
+    assert Holder.units.__doc__ == "The cell's `units` (read-only)."
+    assert Holder.epsilon.__doc__ == "The cell's `epsilon` (read-only)."
+    with pytest.raises(AttributeError):
+        holder.units = 3
+    assert cell.units == 9
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_inner_loop_takes_the_initial_state_as_a_list_or_a_tensor(gated):
+    """`inner_loop`, the hook of `keras.layers.RNN` that GRU and LSTM override, takes the
+    initial state as Keras' own `RNN.inner_loop` does: a list of one tensor, or the tensor."""
+    layer = make_layer("fused", gated, 5, epsilon=0.3, gamma=0.05, return_sequences=True)
+    x = _x(batch=3, steps=6)
+    layer(x)
+    weights = random_weights(layer, seed=10)
+    h0 = np.random.RandomState(11).standard_normal((3, 5)).astype("float32")
+    expected, expected_state = reference.run(
+        weights, x, units=5, epsilon=0.3, gamma=0.05, gated=gated, h0=h0
+    )
+    for initial_state in ([tf.constant(h0)], tf.constant(h0)):
+        last, outputs, states = layer.inner_loop(tf.constant(x), initial_state, None)
+        np.testing.assert_allclose(np.asarray(outputs), expected, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(last), expected_state, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(states[0]), expected_state, atol=2e-5)
+
+
+def test_inner_loop_outside_rnn_call_draws_the_input_dropout_mask():
+    """`RNN.call` draws the dropout masks before its loop; `inner_loop` called on its own
+    with `training=True` draws the cell's input mask itself, one per sequence."""
+    features, rate = 3, 0.5
+    layer = AntisymmetricRNN(
+        4, dropout=rate, epsilon=0.5, gamma=0.05, return_sequences=True, seed=3
+    )
+    x = _x(batch=2, steps=5, features=features, seed=4)
+    layer(x)
+    weights = random_weights(layer, seed=12)
+    _, outputs, _ = layer.inner_loop(tf.constant(x), [tf.zeros((2, 4))], None, training=True)
+    outputs = np.asarray(outputs)
+    layer.cell.reset_dropout_mask()
+    # Each sample's mask, among all 2**features: the one whose inputs the reference runs.
+    kept = []
+    for b in range(2):
+        matches = []
+        for candidate in np.ndindex(*(2,) * features):
+            mask = np.asarray(candidate) / (1 - rate)
+            expected, _ = reference.run(
+                weights, x[b : b + 1] * mask, units=4, epsilon=0.5, gamma=0.05
+            )
+            if np.allclose(outputs[b : b + 1], expected, atol=2e-5):
+                matches.append(candidate)
+        assert len(matches) == 1, (b, matches)
+        kept.append(matches[0])
+    assert 0 < np.sum(kept) < 2 * features  # some features dropped, some kept
+
+
+def _recurrence_stand_in(calls):
+    """`kernels.recurrence` by its documented contract, as a plain loop of `keras.ops`.
+
+    All states `(B, T, n)` of `h_t = h_{t-1} + ε·rate(h_{t-1}·mt + u_t)`; the real
+    kernels run on a CUDA GPU (or interpreted, on JAX and PyTorch only).
+    """
+    ops = keras.ops
+
+    def recurrence(u, mt, h0, epsilon, gated=False, precision=None):
+        calls.append(tuple(u.shape))
+        n, h, states = mt.shape[0], h0, []
+        for t in range(u.shape[1]):
+            shared, u_t = ops.matmul(h, mt), u[:, t]
+            if gated:
+                rate = ops.sigmoid(shared + u_t[:, :n]) * ops.tanh(shared + u_t[:, n:])
+            else:
+                rate = ops.tanh(shared + u_t)
+            h = h + epsilon * rate
+            states.append(h)
+        return ops.stack(states, axis=1)
+
+    return recurrence
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_fused_kernel_path_hands_the_whole_call_to_the_kernel(monkeypatch, gated, go_backwards):
+    """Where `fused_kernel` applies (no mask, no recurrent dropout), the layer's call is one
+    kernel call over the projected inputs of all steps, from the given initial state, in
+    processing order; outputs and last state as the NumPy reference computes them."""
+    from keras_antisym import kernels
+
+    calls = []
+    backends = (*kernels.KERNEL_BACKENDS, keras.backend.backend())
+    monkeypatch.setattr(kernels, "KERNEL_BACKENDS", backends)
+    monkeypatch.setattr(kernels, "recurrence", _recurrence_stand_in(calls))
+    args = dict(epsilon=0.3, gamma=0.05)
+    layer = make_layer(
+        "fused",
+        gated,
+        5,
+        return_sequences=True,
+        return_state=True,
+        go_backwards=go_backwards,
+        fused_kernel=True,
+        **args,
+    )
+    x = _x(batch=3, steps=6)
+    layer(x)
+    weights = random_weights(layer, seed=14)
+    h0 = np.random.RandomState(15).standard_normal((3, 5)).astype("float32")
+    calls.clear()
+    outputs, state = layer(x, initial_state=[h0])
+    assert calls == [(3, 6, 10 if gated else 5)]
+    expected, expected_state = reference.run(
+        weights, x, units=5, gated=gated, go_backwards=go_backwards, h0=h0, **args
+    )
+    np.testing.assert_allclose(np.asarray(outputs), expected, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(state), expected_state, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_stateful_layer_trains_batch_after_batch(kind):
+    """Training steps of a stateful layer: each starts from the state the previous batch
+    left, with the weights of that step (PyTorch: RNN.call overwrites the state variables
+    in place, which the loop's gradient must not hold)."""
+    args = dict(epsilon=0.4, gamma=0.05)
+    layer = make_layer(kind, True, 4, stateful=True, **args)
+    model = keras.Sequential([keras.Input(batch_shape=(2, 5, 3)), layer])
+    model.compile(keras.optimizers.SGD(0.5), "mse")
+    x = _x(batch=2, steps=10, seed=16)
+    target = np.random.RandomState(17).standard_normal((2, 4)).astype("float32")
+    random_weights(layer, seed=18)
+    h = np.zeros((2, 4))
+    for half in (x[:, :5], x[:, 5:]):
+        weights = layer.get_weights()
+        _, h = reference.run(weights, half, units=4, gated=True, h0=h, **args)
+        model.train_on_batch(half, target)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(layer.states[0]), h, atol=2e-5)
+        changed = [np.abs(a - b).max() for a, b in zip(layer.get_weights(), weights, strict=True)]
+        assert min(changed) > 0, changed  # every weight got a gradient
