@@ -210,6 +210,36 @@ def test_step_with_slope_against_numpy(gated, activation):
     np.testing.assert_allclose(np.asarray(slope), expected_d, atol=tolerance)
 
 
+def _scaled_tanh(x):
+    return 2.0 * keras.ops.tanh(0.5 * x)
+
+
+@pytest.mark.parametrize(
+    "activation", ["tanh", "sigmoid", "linear", "relu", "softsign", "elu", "gelu", _scaled_tanh]
+)
+def test_activation_derivative_against_autodiff(activation):
+    """`activation'(x)` against TensorFlow's autodiff (`relu'(0) = 0` as there): the closed
+    forms to float32 rounding, any other activation by central differences (~1e-3)."""
+    import tensorflow as tf
+
+    from keras_antisym.cells import activation_derivative
+
+    function = keras.activations.get(activation)
+    grid = np.concatenate([np.linspace(-4.0, 4.0, 41), [1e-3, -1e-3, 0.3, -0.7]])
+    x = tf.constant(grid.astype("float32"))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = function(x)
+    expected = tape.gradient(y, x).numpy()
+    closed_form = activation in ("tanh", "sigmoid", "linear", "relu", "softsign")
+    tolerance = dict(atol=1e-6, rtol=0) if closed_form else dict(atol=1e-4, rtol=2e-3)
+    got = np.asarray(activation_derivative(function, x))
+    assert got.shape == expected.shape
+    # Central differences of step 1e-2 straddle elu's kink at 0: compared away from it.
+    smooth = np.ones(grid.shape, bool) if closed_form else np.abs(grid) > 1e-2
+    np.testing.assert_allclose(got[smooth], expected[smooth], **tolerance)
+
+
 def _head_count(rnn, features):
     model = keras.Sequential([keras.Input((None, features)), rnn, keras.layers.Dense(10)])
     return model.count_params()

@@ -63,7 +63,10 @@ def test_valid_edge_values_are_accepted():
 def test_hoist_inputs_is_auto_or_a_boolean(layer_class, value):
     with pytest.raises(ValueError) as info:
         layer_class(4, hoist_inputs=value)
-    assert 'argument `hoist_inputs`, expected "auto" or a boolean' in str(info.value)
+    assert str(info.value) == (
+        'Received an invalid value for argument `hoist_inputs`, expected "auto" or a boolean, '
+        f"got {value!r}."
+    )
     for valid in ("auto", True, False, np.bool_(True)):
         assert layer_class(4, hoist_inputs=valid).hoist_inputs == valid
 
