@@ -304,3 +304,26 @@ def test_unbatched_sequence_gives_an_unbatched_jacobian(gated):
         weights, x[None], units=4, epsilon=0.4, gamma=0.05, gated=gated, h0=h0[None]
     )
     np.testing.assert_allclose(h_last, states[0], atol=1e-5)
+
+
+def test_jacobian_stats_start_from_the_given_initial_state():
+    """`end_to_end_jacobian_stats(..., initial_state=h0)` are the statistics of `∂h_T/∂h_0`
+    along the trajectory from `h0` (finite differences of the NumPy reference), which
+    differ from those from the zero state."""
+    rng = np.random.RandomState(8)
+    x = rng.standard_normal((2, 10, 2)).astype("float32")
+    h0 = 1.5 * rng.standard_normal((2, 4))
+    layer = make_layer("fused", False, 4, epsilon=0.4, gamma=0.05)
+    layer(x)
+    weights = random_weights(layer, seed=8, scale=1.0)
+    stats = end_to_end_jacobian_stats(layer, x, initial_state=h0)
+    jac = _finite_difference_end_to_end(weights, x, h0, False, False)
+    magnitudes = np.abs(np.linalg.eigvals(jac)).ravel()
+    singular = np.linalg.svd(jac, compute_uv=False)
+    assert stats["eig_abs_mean"] == pytest.approx(magnitudes.mean(), rel=1e-4)
+    assert stats["eig_abs_std"] == pytest.approx(magnitudes.std(), rel=1e-3)
+    assert stats["sv_max"] == pytest.approx(singular.max(), rel=1e-4)
+    assert stats["sv_min"] == pytest.approx(singular.min(), rel=1e-4)
+    # From the zero state the trajectory, hence the Jacobian, differs for these weights.
+    from_zero = _finite_difference_end_to_end(weights, x, np.zeros((2, 4)), False, False)
+    assert abs(np.linalg.svd(from_zero, compute_uv=False).max() - singular.max()) > 1e-2
