@@ -2,8 +2,9 @@
 # Mutation testing with mutmut 3. Not part of CI: every mutant of the library takes
 # about an hour on two cores (docs/testing.md).
 #
-#   scripts/mutation.sh                  # every module of keras_antisym/ (setup.cfg [mutmut])
-#   scripts/mutation.sh cells stability  # only these modules' mutants
+#   scripts/mutation.sh                  # every module of keras_antisym/ (setup.cfg [mutmut]);
+#                                        # mutants with a cached verdict are not run again
+#   scripts/mutation.sh cells stability  # only these modules' mutants, all re-checked
 #   scripts/mutation.sh --app            # serving/export.py and training/loop.py
 #                                        # (scripts/mutation-app.cfg, in .mutation-app/)
 #   MUTMUT_WORKERS=1 scripts/mutation.sh _validation
@@ -105,8 +106,12 @@ if [ -n "$backend" ]; then
     "$PYTHON" "$ROOT/scripts/mutation_backends.py" "$backend" "${backend_patterns[@]}" ||
         status=$?
 elif [ -z "${MUTATION_SAMPLE:-}" ]; then
+    # mutmut re-runs every mutant a name pattern matches, but skips the cached ones
+    # when given no names: an interrupted full run goes on where it stopped.
     patterns=()
-    for module in "${modules[@]}"; do patterns+=("${module}.*"); done
+    if [ $# -gt 0 ]; then
+        for module in "${modules[@]}"; do patterns+=("${module}.*"); done
+    fi
     "$MUTMUT" run --max-children "${MUTMUT_WORKERS:-2}" "${patterns[@]}" || status=$?
 else
     # A seeded uniform sample of MUTATION_SAMPLE mutants per module, one module at a time
