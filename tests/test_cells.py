@@ -214,17 +214,36 @@ def _scaled_tanh(x):
     return 2.0 * keras.ops.tanh(0.5 * x)
 
 
+def _tensorflow_function(name):
+    import tensorflow as tf
+
+    return tf.function(getattr(tf.math, name))
+
+
 @pytest.mark.parametrize(
-    "activation", ["tanh", "sigmoid", "linear", "relu", "softsign", "elu", "gelu", _scaled_tanh]
-)
+    "activation",
+    ["tanh", "sigmoid", "linear", "relu", "softsign", "elu", "gelu", _scaled_tanh, "tf-tanh",
+     "tf-sigmoid", "leaky-relu-layer"],
+)  # fmt: skip
 def test_activation_derivative_against_autodiff(activation):
     """`activation'(x)` against TensorFlow's autodiff (`relu'(0) = 0` as there): the closed
-    forms to float32 rounding, any other activation by central differences (~1e-3)."""
+    forms to float32 rounding, any other activation by central differences (~1e-3).
+
+    Closed forms also for callables other than Python functions named after the usual
+    activations (as `jax.numpy.tanh` or `torch.tanh` on their backends; here `tf.function`s),
+    central differences for callables without a name (a Keras layer).
+    """
     import tensorflow as tf
 
     from keras_antisym.cells import activation_derivative
 
-    function = keras.activations.get(activation)
+    if activation == "leaky-relu-layer":
+        function = keras.layers.LeakyReLU(negative_slope=0.2)
+    elif activation in ("tf-tanh", "tf-sigmoid"):
+        function = _tensorflow_function(activation[3:])
+        activation = activation[3:]
+    else:
+        function = keras.activations.get(activation)
     grid = np.concatenate([np.linspace(-4.0, 4.0, 41), [1e-3, -1e-3, 0.3, -0.7]])
     x = tf.constant(grid.astype("float32"))
     with tf.GradientTape() as tape:

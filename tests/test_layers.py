@@ -688,3 +688,34 @@ def test_stateful_layer_trains_batch_after_batch(kind):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(layer.states[0]), h, atol=2e-5)
         changed = [np.abs(a - b).max() for a, b in zip(layer.get_weights(), weights, strict=True)]
         assert min(changed) > 0, changed  # every weight got a gradient
+
+
+@pytest.mark.parametrize(
+    "steps, masked, unroll, iterations",
+    [(6, False, False, 3), (7, False, False, 7), (6, True, False, 6), (6, False, True, 6)],
+)
+def test_static_even_lengths_take_two_euler_steps_per_loop_iteration(
+    monkeypatch, steps, masked, unroll, iterations
+):
+    """The time loop runs two Euler steps per iteration where they divide a static length
+    (no mask, no unroll), one otherwise; the same numbers either way."""
+    from keras_antisym import layers
+
+    seen, original = [], layers.rnn_loop
+
+    def counting_loop(step, sequences, *args, **kwargs):
+        seen.append(tuple(sequences.shape))
+        return original(step, sequences, *args, **kwargs)
+
+    monkeypatch.setattr(layers, "rnn_loop", counting_loop)
+    layer = AntisymmetricRNN(5, epsilon=0.3, gamma=0.05, return_sequences=True, unroll=unroll)
+    x = _x(batch=2, steps=steps, seed=steps)
+    layer(x)
+    weights = random_weights(layer, seed=19)
+    mask = np.ones((2, steps), bool) if masked else None
+    seen.clear()
+    outputs = np.asarray(layer(x, mask=mask))
+    # Each step: 3 features and the constant-1 feature of the bias (not hoisted on a CPU).
+    assert seen == [(2, iterations, 4 * (steps // iterations))]
+    expected, _ = reference.run(weights, x, units=5, epsilon=0.3, gamma=0.05)
+    np.testing.assert_allclose(outputs, expected, atol=2e-5)
