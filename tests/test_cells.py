@@ -257,6 +257,10 @@ def test_activation_derivative_against_autodiff(activation):
     # Central differences of step 1e-2 straddle elu's kink at 0: compared away from it.
     smooth = np.ones(grid.shape, bool) if closed_form else np.abs(grid) > 1e-2
     np.testing.assert_allclose(got[smooth], expected[smooth], **tolerance)
+    if closed_form:  # in the dtype of `x`
+        double = activation_derivative(function, tf.constant(grid))
+        assert keras.backend.standardize_dtype(double.dtype) == "float64"
+        np.testing.assert_allclose(np.asarray(double), expected, atol=1e-6)
 
 
 def _head_count(rnn, features):
