@@ -9,6 +9,7 @@ that imported TensorFlow first.
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -208,6 +209,16 @@ def test_invalid_arguments():
         StabilityDiagnostics(every_n_steps=True)
     with pytest.raises(ValueError, match="argument `probe_steps`, expected None or a positive"):
         StabilityDiagnostics(probe_steps=0)
+    for probe_steps in (0, -2, True, 2.5, "4"):
+        message = (
+            f"argument `probe_steps`, expected None or a positive integer, got {probe_steps!r}."
+        )
+        with pytest.raises(ValueError, match=re.escape(message)):
+            StabilityDiagnostics(probe_steps=probe_steps)
+    assert StabilityDiagnostics(probe_steps=1).probe_steps == 1  # the smallest valid
+    message = "argument `loss_fn`, expected None, a loss name or a callable(y_true, y_pred), got 3."
+    with pytest.raises(ValueError, match=re.escape(message)):
+        StabilityDiagnostics(loss_fn=3)
 
 
 @pytest.mark.parametrize("go_backwards", [False, True])
@@ -444,7 +455,8 @@ def test_probe_values_and_gradient_norms_in_inference_mode_against_numpy():
 
 def test_fit_twice_with_log_dir_and_once_without(tmp_path):
     """The TensorBoard writer is closed at train end and a new one opened by the next
-    `fit`: both runs' scalars are written; a callback without `log_dir` writes nothing."""
+    `fit`: both runs' scalars are written; a callback without `log_dir` writes nothing,
+    and an epoch that ends before any evaluation adds nothing to the history."""
     import tensorflow as tf
 
     log_dir = tmp_path / "logs"
@@ -467,9 +479,11 @@ def test_fit_twice_with_log_dir_and_once_without(tmp_path):
                     written[event.step] = float(tf.make_ndarray(value.tensor))
     assert len(callback.records) == 4  # 4 batches per fit, every 2
     assert written == pytest.approx({r["step"]: r[margin] for r in callback.records}, rel=1e-6)
-    quiet = StabilityDiagnostics(every_n_steps=2, probe_data=x[:2])
-    history = model.fit(x, y, batch_size=2, epochs=1, callbacks=[quiet], verbose=0).history
-    assert history[margin] == pytest.approx([quiet.records[-1][margin]])
+    # Without log_dir; the first epoch ends before any evaluation (at the 5th batch).
+    quiet = StabilityDiagnostics(every_n_steps=5, probe_data=x[:2])
+    history = model.fit(x, y, batch_size=2, epochs=2, callbacks=[quiet], verbose=0).history
+    assert [r["step"] for r in quiet.records] == [5]
+    assert history[margin] == pytest.approx([quiet.records[-1][margin]])  # epoch 2's only
     assert quiet.log_dir is None and sorted(os.listdir(log_dir)) == ["stability"]
 
 

@@ -1,5 +1,7 @@
 """keras_antisym/stability.py against NumPy, hand computations, autodiff and finite differences."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -171,6 +173,32 @@ def test_invalid_arguments():
         end_to_end_jacobian(cell, np.zeros((2, 5, 4)))
     with pytest.raises(ValueError, match="argument `state`"):
         step_jacobian(cell, np.zeros((2, 4)), np.zeros((2, 2)))
+    # Each message names the argument, the expected shape (2 input features, 3 units)
+    # and the shape received.
+    messages = [
+        (
+            lambda: end_to_end_jacobian(cell, np.zeros((2, 5, 4))),
+            "argument `sequences`, expected a tensor of shape (batch, timesteps, 2), "
+            "got (2, 5, 4).",
+        ),
+        (
+            lambda: end_to_end_jacobian(cell, np.zeros((2, 5, 2)), initial_state=np.zeros(4)),
+            "argument `initial_state`, expected a tensor of shape (features,) or "
+            "(batch, features) with 3 features, got (1, 4).",
+        ),
+        (
+            lambda: step_jacobian(cell, np.zeros((2, 3)), np.zeros((2, 5))),
+            "argument `inputs`, expected a tensor of shape (features,) or "
+            "(batch, features) with 2 features, got (2, 5).",
+        ),
+        (
+            lambda: eigenvalue_magnitude_stats(np.zeros((2, 3))),
+            "argument `matrices`, expected square matrices (..., n, n), got (1, 2, 3).",
+        ),
+    ]
+    for call, message in messages:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
 
 
 def test_stats_of_a_matrix_with_hand_computed_spectrum():
@@ -228,6 +256,16 @@ def test_pooled_statistics_against_numpy():
     assert stats["sv_min"] == pytest.approx(singular.min())
     assert stats["sv_max"] == pytest.approx(singular.max())
     np.testing.assert_allclose(stats["singular_values"], singular)
+    # Float32 matrices are decomposed in float64: to float64 accuracy, not float32's.
+    single = eigenvalue_magnitude_stats(mats.astype("float32"))
+    widened = mats.astype("float32").astype("float64")
+    magnitudes = np.abs(np.linalg.eigvals(widened)).ravel()
+    assert single["eig_abs_mean"] == pytest.approx(magnitudes.mean(), rel=1e-12)
+    assert single["eig_abs_std"] == pytest.approx(magnitudes.std(), rel=1e-12)
+    assert single["singular_values"].dtype == np.float64
+    np.testing.assert_allclose(
+        single["singular_values"], np.linalg.svd(widened, compute_uv=False), rtol=1e-12
+    )
     with pytest.raises(ValueError, match="argument `matrices`"):
         eigenvalue_magnitude_stats(np.zeros((2, 3)))
 
@@ -279,7 +317,7 @@ def test_batched_margin_is_the_margin_of_each_state(gated):
     assert np.shape(margins) == (3,)
     for margin, h, x in zip(margins, states, inputs, strict=True):
         alone = stability_margin(layer, h, x)
-        assert isinstance(alone, float) and margin == pytest.approx(alone, rel=1e-9)
+        assert type(alone) is float and margin == pytest.approx(alone, rel=1e-9)  # Python's
         radius = np.max(np.abs(np.linalg.eigvals(step_jacobian(layer, h, x))))
         assert margin == pytest.approx(radius, rel=1e-6)
     assert len(set(np.round(margins, 6))) == 3  # distinct states, distinct margins
@@ -327,3 +365,48 @@ def test_jacobian_stats_start_from_the_given_initial_state():
     # From the zero state the trajectory, hence the Jacobian, differs for these weights.
     from_zero = _finite_difference_end_to_end(weights, x, np.zeros((2, 4)), False, False)
     assert abs(np.linalg.svd(from_zero, compute_uv=False).max() - singular.max()) > 1e-2
+
+
+class CellHolder(keras.layers.Layer):
+    """A layer holding an AntisymmetricCell as `cell`, with no `go_backwards` attribute."""
+
+    def __init__(self, cell, **kwargs):
+        super().__init__(**kwargs)
+        self.cell = cell
+
+
+def test_a_cell_or_a_layer_without_go_backwards_reads_forwards():
+    """A bare cell, or a layer whose `cell` is one but without `go_backwards`, reads its
+    sequences forwards: finite differences and states of the NumPy reference."""
+    rng = np.random.RandomState(9)
+    x = rng.standard_normal((2, 8, 2)).astype("float32")
+    h0 = 0.3 * rng.standard_normal((2, 4))
+    cell = AntisymmetricCell(4, epsilon=0.4, gamma=0.05)
+    cell.build((None, 2))
+    weights = random_weights(cell, seed=9, scale=1.0)
+    expected = _finite_difference_end_to_end(weights, x, h0, False, False)
+    _, states = reference.run(weights, x, units=4, epsilon=0.4, gamma=0.05, h0=h0)
+    for layer in (cell, CellHolder(cell)):
+        jac, h_last = end_to_end_jacobian(layer, x, initial_state=h0, return_final_state=True)
+        np.testing.assert_allclose(jac, expected, atol=1e-4)
+        np.testing.assert_allclose(h_last, states, atol=1e-5)
+
+
+def test_jacobian_is_accumulated_in_the_weights_dtype():
+    """With float16 weights, `∂h_T/∂h_0` and `h_T` are computed in float16 (every entry
+    is a float16 number), even from float64 sequences and the default zero `h_0`; they
+    still approximate the float64 reference (finite differences)."""
+    keras.config.set_dtype_policy("float16")  # the conftest fixture restores float32
+    rng = np.random.RandomState(10)
+    x = rng.standard_normal((2, 6, 2))  # float64
+    layer = make_layer("fused", False, 4, epsilon=0.4, gamma=0.05)
+    layer(x.astype("float16"))
+    random_weights(layer, seed=10)
+    assert layer.cell.kernel.dtype == "float16"
+    weights = [w.astype("float64") for w in layer.get_weights()]  # as rounded to float16
+    jac, h_last = end_to_end_jacobian(layer, x, return_final_state=True)
+    for value in (jac, h_last):
+        np.testing.assert_array_equal(value.astype("float16").astype("float64"), value)
+    expected = _finite_difference_end_to_end(weights, x, np.zeros((2, 4)), False, False)
+    np.testing.assert_allclose(jac, expected, atol=2e-2)
+    assert np.abs(jac - np.eye(4)).max() > 0.1
