@@ -165,9 +165,15 @@ def test_small_gamma_keeps_magnitudes_near_one_and_large_gamma_vanishes():
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="Received an invalid value for argument `layer`"):
         transition_matrix(keras.layers.Dense(3))
-    cell = AntisymmetricCell(3)
+    message = "argument `layer`, expected an AntisymmetricCell or a layer whose `cell` is one"
+    with pytest.raises(ValueError, match=re.escape(f"{message}, got 'Dense'.")):
+        transition_matrix(keras.layers.Dense(3))
+    cell = AntisymmetricCell(3, name="unbuilt")
     with pytest.raises(ValueError, match="argument `layer`, expected a built layer"):
         transition_matrix(cell)
+    message = "argument `layer`, expected a built layer (call it on data first), got 'unbuilt'."
+    with pytest.raises(ValueError, match=re.escape(message)):
+        transition_matrix(keras.layers.RNN(cell))
     cell.build((None, 2))
     with pytest.raises(ValueError, match="argument `sequences`"):
         end_to_end_jacobian(cell, np.zeros((2, 5, 4)))
