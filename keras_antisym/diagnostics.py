@@ -206,6 +206,16 @@ class StabilityDiagnostics(keras.callbacks.Callback):
         }
 
     def on_train_begin(self, logs=None):
+        self._find_layers()
+        if self.log_dir is not None and self._writer is None:
+            # TensorFlow is imported lazily, only to write TensorBoard events
+            # when a log dir is given: the rest runs on any Keras backend.
+            import tensorflow as tf
+
+            self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "stability"))
+
+    def _find_layers(self):
+        """The model's recurrent layers and, with a probe, a model giving their inputs."""
         self._layers = _recurrent_layers(self.model)
         self._extractor = None
         if self.probe_x is not None and self._layers:
@@ -218,18 +228,18 @@ class StabilityDiagnostics(keras.callbacks.Callback):
                 )
             except (AttributeError, ValueError, TypeError):
                 self._extractor = None  # subclassed model: no symbolic inputs
-        if self.log_dir is not None and self._writer is None:
-            # TensorFlow is imported lazily, only to write TensorBoard events
-            # when a log dir is given: the rest runs on any Keras backend.
-            import tensorflow as tf
-
-            self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "stability"))
 
     def compute(self):
-        """Computes the diagnostics now; returns a dict of Python floats."""
+        """Computes the diagnostics now; returns a dict of Python floats.
+
+        Called by `fit` every `every_n_steps` batches; outside `fit`, call
+        `set_model(model)` first.
+        """
         # Reading `self.model` syncs the JAX trainer's state into the
         # variables, which JAX leaves stale in the middle of an epoch.
         model = self.model
+        if self._layers is None:  # called outside `fit`, after `set_model`
+            self._find_layers()
         values = {}
         layer_inputs = None
         if self._extractor is not None:

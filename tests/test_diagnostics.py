@@ -252,6 +252,10 @@ def test_callback_margin_is_the_last_steps_against_numpy(go_backwards):
         jac = np.diag(1 - np.tanh(a) ** 2) @ m
         expected = max(expected, np.max(np.abs(1 + 0.4 * np.linalg.eigvals(jac))))
     np.testing.assert_allclose(margin, expected, rtol=1e-5)
+    # Outside `fit`: `set_model` then `compute()` finds the layers and the probe itself.
+    fresh = StabilityDiagnostics(every_n_steps=1, probe_data=x, jacobian=False)
+    fresh.set_model(model)
+    np.testing.assert_allclose(fresh.compute()["stability/arnn/euler_margin"], expected, rtol=1e-5)
 
 
 @pytest.mark.parametrize("probe_steps", [4, None])
