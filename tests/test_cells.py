@@ -357,3 +357,64 @@ def test_tensorflow_allows_xla_only_on_an_accelerator(monkeypatch):
     monkeypatch.setattr(keras_antisym.cells, "accelerator_available", lambda: True)
     assert keras_antisym.cells.AntisymmetricCell(4).supports_jit
     assert keras_antisym.cells.GatedAntisymmetricCell(4).supports_jit
+
+
+def _direct_step(cell, weights, x, h, input_mask=1.0, recurrent_mask=1.0):
+    """One step of `cell` by NumPy, with optional dropout masks of `x` and of `h_{t-1}`."""
+    units, gated = cell.units, isinstance(cell, GatedAntisymmetricCell)
+    m = reference.transition_matrix(weights[1], units, cell.gamma)
+    shared = (h * recurrent_mask) @ m.T
+    projected = (x * input_mask) @ weights[0] + weights[2]
+    if gated:
+        z = reference.sigmoid(shared + projected[:, :units])
+        return h + cell.epsilon * z * np.tanh(shared + projected[:, units:])
+    return h + cell.epsilon * np.tanh(shared + projected)
+
+
+def _built_cell(cell_class, **kwargs):
+    rng = np.random.RandomState(21)
+    cell = cell_class(4, epsilon=0.4, gamma=0.1, **kwargs)
+    cell.build((None, 3))
+    weights = [0.7 * rng.standard_normal(w.shape).astype("float32") for w in cell.weights]
+    for variable, value in zip(cell.weights, weights, strict=True):
+        variable.assign(value)
+    x = rng.standard_normal((5, 3)).astype("float32")
+    h = rng.standard_normal((5, 4)).astype("float32")
+    return cell, weights, x, h
+
+
+@pytest.mark.parametrize("cell_class", [AntisymmetricCell, GatedAntisymmetricCell])
+def test_cell_returns_its_state_in_the_structure_it_was_given(cell_class):
+    """As Keras' own cells: `states` a list of one tensor gives `[h_t]`, a bare tensor `h_t`."""
+    cell, weights, x, h = _built_cell(cell_class)
+    expected = _direct_step(cell, weights, x, h)
+    for states in ([h], h):
+        output, new_states = cell(x, states)
+        np.testing.assert_allclose(np.asarray(output), expected, atol=1e-5)
+        if isinstance(states, list):
+            assert isinstance(new_states, list) and len(new_states) == 1
+            new_states = new_states[0]
+        else:
+            assert not isinstance(new_states, (list, tuple))
+        np.testing.assert_allclose(np.asarray(new_states), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("cell_class", [AntisymmetricCell, GatedAntisymmetricCell])
+def test_cell_called_directly_applies_dropout_only_when_training(cell_class):
+    """Outside an RNN, `training=True` draws the cell's masks from the step's input and
+    state (cached until reset, as Keras' `DropoutRNNCell`): inputs dropped, `h_{t-1}` dropped
+    in the recurrent product only. `training` defaults to False."""
+    cell, weights, x, h = _built_cell(cell_class, dropout=0.5, recurrent_dropout=0.5, seed=6)
+    plain = _direct_step(cell, weights, x, h)
+    np.testing.assert_allclose(np.asarray(cell(x, [h])[0]), plain, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(cell.call(x, [h])[0]), plain, atol=1e-5)
+    output, _ = cell(x, [h], training=True)
+    input_mask = np.asarray(cell.get_dropout_mask(x))
+    recurrent_mask = np.asarray(cell.get_recurrent_dropout_mask(h))
+    cell.reset_dropout_mask()
+    cell.reset_recurrent_dropout_mask()
+    assert input_mask.shape == x.shape and recurrent_mask.shape == h.shape
+    for mask in (input_mask, recurrent_mask):
+        assert set(np.unique(mask)) == {0.0, 2.0}  # kept entries scaled by 1 / (1 - rate)
+    expected = _direct_step(cell, weights, x, h, input_mask, recurrent_mask)
+    np.testing.assert_allclose(np.asarray(output), expected, atol=1e-5)

@@ -562,8 +562,19 @@ def test_cell_property_reads_the_cell_at_each_access_and_is_read_only():
 @pytest.mark.parametrize("gated", [False, True])
 def test_inner_loop_takes_the_initial_state_as_a_list_or_a_tensor(gated):
     """`inner_loop`, the hook of `keras.layers.RNN` that GRU and LSTM override, takes the
-    initial state as Keras' own `RNN.inner_loop` does: a list of one tensor, or the tensor."""
-    layer = make_layer("fused", gated, 5, epsilon=0.3, gamma=0.05, return_sequences=True)
+    initial state as Keras' own `RNN.inner_loop` does: a list of one tensor, or the tensor;
+    without `training` (default False, as there) it applies no dropout."""
+    layer = make_layer(
+        "fused",
+        gated,
+        5,
+        epsilon=0.3,
+        gamma=0.05,
+        return_sequences=True,
+        dropout=0.5,
+        recurrent_dropout=0.5,
+        seed=2,
+    )
     x = _x(batch=3, steps=6)
     layer(x)
     weights = random_weights(layer, seed=10)
@@ -719,3 +730,156 @@ def test_static_even_lengths_take_two_euler_steps_per_loop_iteration(
     assert seen == [(2, iterations, 4 * (steps // iterations))]
     expected, _ = reference.run(weights, x, units=5, epsilon=0.3, gamma=0.05)
     np.testing.assert_allclose(outputs, expected, atol=2e-5)
+
+
+def test_inner_loop_outside_rnn_call_draws_the_recurrent_dropout_mask():
+    """`inner_loop` called on its own with `training=True` draws the cell's recurrent mask
+    from the initial state, one per sequence (cached by the cell until reset, as Keras'
+    `DropoutRNNCell`): it drops `h_{t-1}` in the recurrent product only, never the skip path."""
+    units, epsilon, gamma = 4, 0.5, 0.05
+    layer = AntisymmetricRNN(
+        units, recurrent_dropout=0.5, epsilon=epsilon, gamma=gamma, return_sequences=True, seed=5
+    )
+    x = _x(batch=3, steps=6, seed=6)
+    layer(x)
+    kernel, recurrent, bias = random_weights(layer, seed=13)
+    h0 = np.random.RandomState(14).standard_normal((3, units)).astype("float32")
+    _, outputs, _ = layer.inner_loop(tf.constant(x), [tf.constant(h0)], None, training=True)
+    drop = np.asarray(layer.cell.get_recurrent_dropout_mask(tf.constant(h0)))
+    layer.cell.reset_recurrent_dropout_mask()
+    assert drop.shape == (3, units)
+    assert set(np.unique(drop)) == {0.0, 2.0}  # kept entries scaled by 1 / (1 - rate)
+    m = reference.transition_matrix(recurrent, units, gamma)
+    h, expected = h0.astype("float64"), []
+    for t in range(6):
+        h = h + epsilon * np.tanh((h * drop) @ m.T + x[:, t] @ kernel + bias)
+        expected.append(h)
+    np.testing.assert_allclose(np.asarray(outputs), np.stack(expected, 1), atol=2e-5)
+
+
+def test_inner_loop_keeps_only_the_last_output_without_return_sequences():
+    """As Keras' own `RNN.inner_loop` (`return_all_outputs=return_sequences`): without
+    `return_sequences` the outputs hold the last step only, `(batch, 1, units)`."""
+    x = _x(batch=2, steps=7, seed=7)  # odd: one Euler step per loop iteration
+    layer = AntisymmetricRNN(4, epsilon=0.3, gamma=0.05)
+    layer(x)
+    weights = random_weights(layer, seed=15)
+    keras_layer = keras.layers.RNN(AntisymmetricCell(4, epsilon=0.3, gamma=0.05))
+    keras_layer(x)
+    keras_layer.set_weights(weights)
+    h0 = [tf.zeros((2, 4))]
+    last, outputs, states = layer.inner_loop(tf.constant(x), h0, None)
+    keras_last, keras_outputs, _ = keras_layer.inner_loop(tf.constant(x), h0, None)
+    _, expected_state = reference.run(weights, x, units=4, epsilon=0.3, gamma=0.05)
+    assert tuple(outputs.shape) == tuple(keras_outputs.shape) == (2, 1, 4)
+    np.testing.assert_allclose(np.asarray(outputs)[:, 0], expected_state, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(last), np.asarray(keras_last), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(states[0]), expected_state, atol=2e-5)
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_unroll_unrolls_the_time_loop_in_the_graph(unroll):
+    """`unroll=True` runs the steps as straight-line ops (no while loop in the traced
+    TensorFlow graph), `unroll=False` as one loop; the same numbers either way."""
+    x = _x(batch=2, steps=7, seed=8)
+    layer = AntisymmetricRNN(4, epsilon=0.3, gamma=0.05, return_sequences=True, unroll=unroll)
+    layer(x)
+    weights = random_weights(layer, seed=16)
+    traced = tf.function(lambda v: layer(v))
+    graph = traced.get_concrete_function(tf.TensorSpec(x.shape, "float32")).graph
+    loops = [op.type for op in graph.get_operations() if "While" in op.type]
+    assert (loops == []) is unroll, loops
+    expected, _ = reference.run(weights, x, units=4, epsilon=0.3, gamma=0.05)
+    np.testing.assert_allclose(np.asarray(traced(x)), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "features, steps, hoisted", [(3, 10, False), (9, 4, True), (8, 8, True), (7, 20, False)]
+)
+def test_auto_hoisting_on_an_accelerator_follows_the_input_width(
+    monkeypatch, features, steps, hoisted
+):
+    """`hoist_inputs="auto"` on a GPU or TPU hoists inputs of at least
+    `HOIST_MIN_INPUT_DIM` features, whatever the sequence length."""
+    from keras_antisym import layers
+
+    projected, original = [], AntisymmetricCell.project_inputs
+
+    def spy(cell, sequences):
+        projected.append(tuple(sequences.shape))
+        return original(cell, sequences)
+
+    monkeypatch.setattr(AntisymmetricCell, "project_inputs", spy)
+    monkeypatch.setattr(layers, "accelerator_available", lambda: True)
+    layer = AntisymmetricRNN(5, epsilon=0.3, gamma=0.05, return_sequences=True)
+    x = _x(batch=2, steps=steps, features=features, seed=features)
+    layer(x)
+    weights = random_weights(layer, seed=17)
+    projected.clear()
+    outputs = np.asarray(layer(x))
+    assert projected == ([(2, steps, features)] if hoisted else []), projected
+    expected, _ = reference.run(weights, x, units=5, epsilon=0.3, gamma=0.05)
+    np.testing.assert_allclose(outputs, expected, atol=2e-5)
+
+
+def _stand_in_kernel(monkeypatch):
+    """The current backend counted as a kernel backend, with `_recurrence_stand_in`."""
+    from keras_antisym import kernels
+
+    calls = []
+    backends = (*kernels.KERNEL_BACKENDS, keras.backend.backend())
+    monkeypatch.setattr(kernels, "KERNEL_BACKENDS", backends)
+    monkeypatch.setattr(kernels, "recurrence", _recurrence_stand_in(calls))
+    return calls
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_fused_kernel_leaves_masked_calls_and_recurrent_dropout_to_the_loop(monkeypatch, gated):
+    """Calls with a mask or recurrent dropout always take the loop (documented); input
+    dropout alone does not: the kernel gets the inputs with their mask applied."""
+    calls = _stand_in_kernel(monkeypatch)
+    args = dict(epsilon=0.3, gamma=0.05, return_sequences=True, seed=4)
+    x = _x(batch=3, steps=6, seed=9)
+    mask = np.ones((3, 6), bool)
+    mask[0, 4:] = False
+    mask[2, [1, 3]] = False
+    layer = make_layer("fused", gated, 5, fused_kernel=True, dropout=0.4, **args)
+    layer(x)
+    weights = random_weights(layer, seed=18)
+    calls.clear()
+    expected, _ = reference.run(
+        weights, x, units=5, gated=gated, mask=mask, epsilon=0.3, gamma=0.05
+    )
+    np.testing.assert_allclose(np.asarray(layer(x, mask=mask)), expected, atol=2e-5)
+    assert calls == []
+    for rates in (dict(recurrent_dropout=0.4), dict(dropout=0.4)):
+        kernel_layer = make_layer("fused", gated, 5, fused_kernel=True, **rates, **args)
+        loop_layer = make_layer("fused", gated, 5, **rates, **args)
+        for each in (kernel_layer, loop_layer):
+            each(x)
+            each.set_weights(weights)
+        calls.clear()
+        y = np.asarray(kernel_layer(x, training=True))
+        assert calls == ([] if "recurrent_dropout" in rates else [(3, 6, 10 if gated else 5)])
+        # The same seed draws the same masks: the loop's numbers.
+        np.testing.assert_allclose(y, np.asarray(loop_layer(x, training=True)), atol=2e-5)
+
+
+@pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
+def test_layer_defaults_are_the_documented_ones(layer_class):
+    """The cell's arguments default as in the cell; the layer's own as documented
+    (`fused_kernel=False` until the kernels have run on a GPU, `hoist_inputs="auto"`)."""
+    layer = layer_class(4)
+    cell = layer.cell_class(4)
+    serialize = keras.saving.serialize_keras_object
+    for name in constructor_arguments(layer.cell_class):
+        assert serialize(getattr(layer, name)) == serialize(getattr(cell, name)), name
+    assert (layer.epsilon, layer.gamma, layer.activation) == (0.01, 0.01, keras.activations.tanh)
+    assert layer.use_bias is True and layer.antisymmetric is True
+    assert (layer.dropout, layer.recurrent_dropout, layer.seed) == (0.0, 0.0, None)
+    assert layer.fused_kernel is False and layer.hoist_inputs == "auto"
+    flags = (layer.return_sequences, layer.return_state, layer.go_backwards, layer.stateful)
+    assert flags == (False, False, False, False)
+    assert layer.unroll is False and layer.activity_regularizer is None
+    if layer_class is GatedAntisymmetricRNN:
+        assert layer.recurrent_activation is keras.activations.sigmoid
