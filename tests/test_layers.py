@@ -883,3 +883,37 @@ def test_layer_defaults_are_the_documented_ones(layer_class):
     assert layer.unroll is False and layer.activity_regularizer is None
     if layer_class is GatedAntisymmetricRNN:
         assert layer.recurrent_activation is keras.activations.sigmoid
+
+
+@pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
+@pytest.mark.parametrize("value", ["always", "Auto", 1, None, np.array([True])])
+def test_fused_kernel_is_auto_or_a_boolean(layer_class, value):
+    """The whole message names the argument; valid values are kept as given."""
+    with pytest.raises(ValueError) as info:
+        layer_class(4, fused_kernel=value)
+    assert str(info.value) == (
+        'Received an invalid value for argument `fused_kernel`, expected "auto" or a boolean, '
+        f"got {value!r}."
+    )
+    for valid in ("auto", True, False, np.bool_(True)):
+        assert layer_class(4, fused_kernel=valid).fused_kernel == valid
+
+
+@pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
+def test_layer_passes_its_dtype_and_trainability_to_its_cell(layer_class):
+    """As Keras' own `GRU` does: the layer's `dtype` and `trainable` are the cell's."""
+    gru = keras.layers.GRU(4, dtype="float64", trainable=False)
+    layer = layer_class(4, dtype="float64", trainable=False, return_sequences=True)
+    assert layer.cell.trainable is gru.cell.trainable is False
+    assert layer.cell.dtype_policy.name == gru.cell.dtype_policy.name == "float64"
+    x = _x(batch=2, steps=5).astype("float64")
+    outputs = layer(x)
+    assert keras.backend.standardize_dtype(outputs.dtype) == "float64"
+    assert all(keras.backend.standardize_dtype(w.dtype) == "float64" for w in layer.weights)
+    assert layer.trainable_weights == [] and layer.cell.trainable_weights == []
+    weights = random_weights(layer, seed=20)
+    gated = layer_class is GatedAntisymmetricRNN
+    expected, _ = reference.run(weights, x, units=4, epsilon=0.01, gamma=0.01, gated=gated)
+    # float64 all the way: far closer than float32's ~1e-7 relative rounding.
+    np.testing.assert_allclose(np.asarray(layer(x)), expected, rtol=0, atol=1e-12)
+    assert layer_class(4).cell.trainable is True
