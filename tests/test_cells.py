@@ -307,6 +307,18 @@ def test_recurrent_initializer_sees_the_full_matrix():
 
 
 @pytest.mark.parametrize("cell_class", [AntisymmetricCell, GatedAntisymmetricCell])
+def test_recurrent_initializer_gives_the_ablation_matrix(cell_class):
+    """`antisymmetric=False`: the free `(units, units)` matrix `U` is the initializer's
+    result as it is."""
+    full = np.arange(16, dtype="float32").reshape(4, 4)
+    layer = keras.layers.RNN(
+        cell_class(4, antisymmetric=False, recurrent_initializer=keras.initializers.Constant(full))
+    )
+    layer(np.zeros((1, 1, 1), "float32"))
+    np.testing.assert_array_equal(layer.get_weights()[1], full)
+
+
+@pytest.mark.parametrize("cell_class", [AntisymmetricCell, GatedAntisymmetricCell])
 def test_cell_arguments_round_trip_by_value(cell_class):
     cell = check_every_argument_round_trips(cell_class)
     assert cell.epsilon == 0.1 and cell.activation is keras.activations.relu
