@@ -430,3 +430,36 @@ def test_cell_called_directly_applies_dropout_only_when_training(cell_class):
         assert set(np.unique(mask)) == {0.0, 2.0}  # kept entries scaled by 1 / (1 - rate)
     expected = _direct_step(cell, weights, x, h, input_mask, recurrent_mask)
     np.testing.assert_allclose(np.asarray(output), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("cell_class", [AntisymmetricCell, GatedAntisymmetricCell])
+@pytest.mark.parametrize("dtype", ["float64", "mixed_float16"])
+def test_initial_state_is_zeros_in_the_compute_dtype(cell_class, dtype):
+    """As Keras' own cells (`GRUCell`): `[zeros (batch, units)]` in the cell's compute dtype."""
+    (state,) = cell_class(5, dtype=dtype).get_initial_state(batch_size=3)
+    (gru_state,) = keras.layers.GRUCell(5, dtype=dtype).get_initial_state(batch_size=3)
+    assert keras.backend.standardize_dtype(state.dtype) == dtype.split("_")[-1]
+    assert state.dtype == gru_state.dtype
+    np.testing.assert_array_equal(np.asarray(state), np.zeros((3, 5)))
+
+
+@pytest.mark.parametrize("cell_class", [AntisymmetricCell, GatedAntisymmetricCell])
+@pytest.mark.parametrize("antisymmetric", [True, False])
+def test_recurrent_initializer_is_called_in_the_weights_dtype(cell_class, antisymmetric):
+    """The recurrent initializer gets the weights' dtype (Keras' `initializer(shape, dtype)`
+    contract): float64 weights hold float64 values, `1/3` not rounded to float32 first."""
+    called = []
+
+    def third(shape, dtype=None):
+        called.append((tuple(shape), dtype))
+        return keras.ops.full(shape, 1.0 / 3.0, dtype=dtype or "float32")
+
+    cell = cell_class(4, dtype="float64", recurrent_initializer=third, antisymmetric=antisymmetric)
+    cell.build((None, 2))
+    assert [(shape, keras.backend.standardize_dtype(d)) for shape, d in called] == [
+        ((4, 4), "float64")
+    ]
+    recurrent = keras.ops.convert_to_numpy(cell.recurrent_kernel)
+    assert recurrent.dtype == np.float64
+    np.testing.assert_array_equal(recurrent, np.full((6,) if antisymmetric else (4, 4), 1 / 3))
+    assert float(np.float32(1.0 / 3.0)) != 1.0 / 3.0  # the values tell the two dtypes apart
