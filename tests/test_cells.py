@@ -463,3 +463,11 @@ def test_recurrent_initializer_is_called_in_the_weights_dtype(cell_class, antisy
     assert recurrent.dtype == np.float64
     np.testing.assert_array_equal(recurrent, np.full((6,) if antisymmetric else (4, 4), 1 / 3))
     assert float(np.float32(1.0 / 3.0)) != 1.0 / 3.0  # the values tell the two dtypes apart
+
+
+@pytest.mark.parametrize("cell_class", [AntisymmetricCell, GatedAntisymmetricCell])
+def test_cell_declares_keras_cell_sizes(cell_class):
+    """The attributes of Keras' cell protocol (as `GRUCell`): `state_size` and `output_size`
+    are both `units`, the width of `h_t`, for the gated cell's two-block kernel too."""
+    cell, gru = cell_class(7), keras.layers.GRUCell(7)
+    assert (cell.state_size, cell.output_size) == (7, 7) == (gru.state_size, gru.output_size)
