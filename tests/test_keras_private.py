@@ -287,7 +287,7 @@ class FakeDevice:
         return "CUDA:0"
 
 
-def test_assumption_4_torch_device(monkeypatch):
+def test_torch_device_on_stand_in_modules(monkeypatch):
     """Keras' torch backend's device, lower case; without it, whether PyTorch sees CUDA.
 
     Fake modules only: the real PyTorch must not load next to TensorFlow.
@@ -308,7 +308,7 @@ def test_assumption_4_torch_device(monkeypatch):
         assert _keras_private.torch_device() == device
 
 
-def test_assumption_4_accelerator_available_on_torch_and_without_devices(monkeypatch):
+def test_accelerator_available_on_torch_and_without_devices(monkeypatch):
     monkeypatch.setattr(keras.distribution, "list_devices", lambda: ["cpu:0"])
     monkeypatch.setattr(_keras_private, "torch_device", lambda: "cuda:0")
     assert _keras_private.accelerator_available() is False  # not torch: the devices decide
