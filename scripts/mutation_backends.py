@@ -46,6 +46,19 @@ def _function(mutant):
     return mutant.rsplit("__mutmut_", 1)[0]
 
 
+def _record(mutant, backend, verdict):
+    """Adds one verdict to the file, keeping what other runs (backends) wrote meanwhile."""
+    verdicts = {}
+    if os.path.exists(VERDICTS):
+        with open(VERDICTS) as f:
+            verdicts = json.load(f)
+    verdicts.setdefault(mutant, {})[backend] = verdict
+    temporary = f"{VERDICTS}.{os.getpid()}.tmp"
+    with open(temporary, "w") as f:
+        json.dump(verdicts, f, indent=1, sort_keys=True)
+    os.replace(temporary, VERDICTS)
+
+
 def _killed(verdict, hashes, mutant):
     return (
         bool(verdict)
@@ -133,15 +146,9 @@ def main(argv):
             status = {0: "survived", 1: "killed"}.get(code, "timeout" if code < 0 else "error")
             if code not in (0, 1) and code >= 0:
                 detail = f"pytest exit code {code}"
-        verdicts.setdefault(mutant, {})[backend] = {
-            "status": status,
-            "hash": hashes.get(_function(mutant)),
-            "detail": detail,
-        }
+        verdict = {"status": status, "hash": hashes.get(_function(mutant)), "detail": detail}
         print(f"{status:>9}  {mutant}  {detail}", flush=True)
-        with open(VERDICTS + ".tmp", "w") as f:
-            json.dump(verdicts, f, indent=1, sort_keys=True)
-        os.replace(VERDICTS + ".tmp", VERDICTS)
+        _record(mutant, backend, verdict)
     return 0
 
 
