@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mutation testing with mutmut 3. Not part of CI: every mutant of the library takes
-# about an hour on two cores (docs/testing.md).
+# about two hours on two cores (docs/testing.md).
 #
 #   scripts/mutation.sh                  # every module of keras_antisym/ (setup.cfg [mutmut]);
 #                                        # mutants with a cached verdict are not run again
