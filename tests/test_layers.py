@@ -886,20 +886,6 @@ def test_layer_defaults_are_the_documented_ones(layer_class):
 
 
 @pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
-@pytest.mark.parametrize("value", ["always", "Auto", 1, None, np.array([True])])
-def test_fused_kernel_is_auto_or_a_boolean(layer_class, value):
-    """The whole message names the argument; valid values are kept as given."""
-    with pytest.raises(ValueError) as info:
-        layer_class(4, fused_kernel=value)
-    assert str(info.value) == (
-        'Received an invalid value for argument `fused_kernel`, expected "auto" or a boolean, '
-        f"got {value!r}."
-    )
-    for valid in ("auto", True, False, np.bool_(True)):
-        assert layer_class(4, fused_kernel=valid).fused_kernel == valid
-
-
-@pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
 def test_layer_passes_its_dtype_and_trainability_to_its_cell(layer_class):
     """As Keras' own `GRU` does: the layer's `dtype` and `trainable` are the cell's."""
     gru = keras.layers.GRU(4, dtype="float64", trainable=False)

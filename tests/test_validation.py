@@ -58,17 +58,19 @@ def test_valid_edge_values_are_accepted():
     assert (layer.units, layer.epsilon, layer.recurrent_dropout) == (1, 1e-9, 0.999)
 
 
+@pytest.mark.parametrize("argument", ["hoist_inputs", "fused_kernel"])
 @pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
 @pytest.mark.parametrize("value", ["always", "Auto", 1, None, np.array([True])])
-def test_hoist_inputs_is_auto_or_a_boolean(layer_class, value):
+def test_auto_or_boolean_arguments(argument, layer_class, value):
+    """The whole message names the argument; valid values are kept as given."""
     with pytest.raises(ValueError) as info:
-        layer_class(4, hoist_inputs=value)
+        layer_class(4, **{argument: value})
     assert str(info.value) == (
-        'Received an invalid value for argument `hoist_inputs`, expected "auto" or a boolean, '
+        f'Received an invalid value for argument `{argument}`, expected "auto" or a boolean, '
         f"got {value!r}."
     )
     for valid in ("auto", True, False, np.bool_(True)):
-        assert layer_class(4, hoist_inputs=valid).hoist_inputs == valid
+        assert getattr(layer_class(4, **{argument: valid}), argument) == valid
 
 
 def test_the_one_message_helper():
