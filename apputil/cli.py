@@ -1,0 +1,54 @@
+"""Command-line helpers: one-line argument errors and a command's error boundary.
+
+Every command of `training/`, `serving/` and `benchmarks/` parses its flags in
+`main` with `OneLineParser` and runs its body through `run`: the failures a user
+can cause and fix (bad options, unreadable inputs, a full disk) print one line
+`PROG: error: MESSAGE` and exit with the documented status; anything else is a
+bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping
+
+from apputil.errors import UsageError
+
+#: Exit statuses: 0 success, 1 an environment failure (files, disk, network),
+#: 2 a usage error (bad option or input).
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (`PROG: error: MESSAGE`, status 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def fail(prog: str, error: object, status: int = EXIT_USAGE) -> int:
+    """Prints `PROG: error: ERROR` to stderr and returns `status`."""
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    return status
+
+
+def run(
+    prog: str,
+    body: Callable[[], object],
+    expected: Mapping[type[BaseException], int] | None = None,
+) -> int:
+    """Runs `body()`; an exception of an `expected` class (or `UsageError`) is one line.
+
+    `expected` maps exception classes to exit statuses (the first matching class
+    in order wins). Returns `body`'s integer result, or 0.
+    """
+    classes = {UsageError: EXIT_USAGE, **(expected or {})}
+    try:
+        result = body()
+    except tuple(classes) as error:
+        status = next(s for cls, s in classes.items() if isinstance(error, cls))
+        return fail(prog, error, status)
+    except KeyboardInterrupt:
+        return fail(prog, "interrupted", 130)
+    return result if isinstance(result, int) else EXIT_OK
