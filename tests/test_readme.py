@@ -1,9 +1,12 @@
-"""The README's code blocks run as pasted, in order, in a fresh working directory.
+"""The code blocks of README.md and of the guide pages in docs/ run as pasted.
 
-Every ```python and ```bash block runs unless an HTML comment right above it
-says `tests/test_readme.py does not run this block: REASON` (long jobs, other
-machines, Docker); such a comment must give a reason. Bash blocks run with
-`-e -o pipefail`; each python block in a fresh interpreter.
+Each page's blocks run in order, in a fresh working directory of their own.
+Every ```python, ```bash and ```sh block runs unless an HTML comment right above
+it says `tests/test_readme.py does not run this block: REASON` (long jobs,
+servers in the foreground, installs, other machines, Docker); such a comment
+must give a reason. Bash (and sh) blocks run with `-e -o pipefail`, each python
+block in a fresh interpreter, each block within BLOCK_TIMEOUT seconds. Blocks in
+other languages (yaml, text, unlabeled output) are only shown.
 """
 
 import os
@@ -17,6 +20,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = re.compile(r"<!-- tests/test_readme\.py does not run this block: (?P<reason>.+?) -->\s*$")
 FENCE = re.compile(r"^```(?P<language>\w*)\s*$")
+RUNNABLE = {"python", "bash", "sh"}
+# Written by `python -m training.reproduce`; tests/test_reproduce.py runs its commands.
+GENERATED = {"docs/reproduction.md"}
+PAGES = ["README.md"] + sorted(
+    path
+    for path in (p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))
+    if path not in GENERATED
+)
+# The longest block is a 30-second training run; a loaded CI machine takes a few times that.
+BLOCK_TIMEOUT = 300
 
 
 def readme_blocks(text):
@@ -38,6 +51,10 @@ def readme_blocks(text):
     return blocks
 
 
+def page_blocks(page):
+    return readme_blocks((ROOT / page).read_text())
+
+
 def test_block_parser_finds_languages_and_reasons():
     text = (
         "x\n```python\nprint(1)\n```\n\n"
@@ -50,10 +67,20 @@ def test_block_parser_finds_languages_and_reasons():
     ]
 
 
-def test_readme_blocks_run_as_pasted_in_order(tmp_path):
-    blocks = readme_blocks((ROOT / "README.md").read_text())
-    run = [(language, code, line) for language, code, skip, line in blocks if skip is None]
-    assert {language for language, _, _ in run} == {"python", "bash"}, blocks
+def test_pages_are_found():
+    assert "docs/serving.md" in PAGES and "docs/training.md" in PAGES, PAGES
+    assert not GENERATED & set(PAGES)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_blocks_run_as_pasted_in_order(page, tmp_path):
+    run = [
+        (language, code, line)
+        for language, code, skip, line in page_blocks(page)
+        if skip is None and language in RUNNABLE
+    ]
+    if not run:
+        pytest.skip(f"{page} has no block to run")
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -69,16 +96,20 @@ def test_readme_blocks_run_as_pasted_in_order(tmp_path):
             else ["bash", "-e", "-o", "pipefail", "-c", code]
         )
         done = subprocess.run(
-            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT
         )
-        assert done.returncode == 0, f"README.md:{line}\n{code}\n{done.stdout}\n{done.stderr}"
-        if "curl" in code:  # the Serve block's answer: one prediction of 10 classes
+        assert done.returncode == 0, f"{page}:{line}\n{code}\n{done.stdout}\n{done.stderr}"
+        if "curl" in code and ":predict" in code:  # a served model's answer: one prediction
             assert '"predictions"' in done.stdout and '"class_id"' in done.stdout, done.stdout
 
 
-@pytest.mark.parametrize("language", ["python", "bash"])
-def test_skipped_blocks_say_why(language):
-    blocks = readme_blocks((ROOT / "README.md").read_text())
-    for block_language, _, skip, line in blocks:
-        if block_language == language and skip is not None:
-            assert len(skip.split()) >= 2, f"README.md:{line}: give a reason"
+def test_the_readme_runs_its_example():
+    languages = {language for language, _, skip, _ in page_blocks("README.md") if skip is None}
+    assert "python" in languages, languages
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_skipped_blocks_say_why(page):
+    for language, _, skip, line in page_blocks(page):
+        if language in RUNNABLE and skip is not None:
+            assert len(skip.split()) >= 2, f"{page}:{line}: give a reason"
