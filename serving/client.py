@@ -4,7 +4,13 @@
     python -m serving.client --url http://127.0.0.1:8501 --model antisym metadata
     python -m serving.client --url http://127.0.0.1:8501 --model antisym predict \
         --instances-file batch.json [--columnar] [--version 2]
+
+Prints the JSON response. Errors are one line on stderr: status 2 for invalid
+arguments (or an unreadable `--instances-file`), 1 when the server answers with
+an error or does not answer.
 """
+
+from __future__ import annotations
 
 import argparse
 import json
@@ -13,8 +19,10 @@ import time
 import urllib.error
 import urllib.request
 from http import HTTPStatus
+from typing import Any
 
-from serving.messages import invalid
+from apputil.cli import EXIT_FAILURE, OneLineParser, run
+from apputil.errors import Literal, invalid
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
@@ -27,7 +35,7 @@ class ServingError(Exception):
         message: The server's `{"error": ...}` message, or the transport error.
     """
 
-    def __init__(self, status, message, url):
+    def __init__(self, status: int | None, message: str, url: str):
         super().__init__(f"HTTP {status} from {url}: {message}" if status else f"{url}: {message}")
         self.status = status
         self.message = message
@@ -45,22 +53,29 @@ class ServingClient:
         backoff: Seconds before the first retry, doubled after each.
     """
 
-    def __init__(self, url, model, timeout=DEFAULT_TIMEOUT_SECONDS, retries=3, backoff=0.2):
-        if not isinstance(retries, int) or retries < 0:
-            raise invalid("retries", "a non-negative integer", repr(retries))
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        retries: int = 3,
+        backoff: float = 0.2,
+    ):
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise invalid("retries", "a non-negative integer", retries)
         if not timeout or timeout <= 0:
-            raise invalid("timeout", "a positive number of seconds", repr(timeout))
+            raise invalid("timeout", "a positive number of seconds", timeout)
         self.url = url.rstrip("/")
         self.model = model
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
 
-    def _model_url(self, version=None):
+    def _model_url(self, version: int | None = None) -> str:
         path = f"{self.url}/v1/models/{self.model}"
         return path if version is None else f"{path}/versions/{int(version)}"
 
-    def request(self, method, url, body=None):
+    def request(self, method: str, url: str, body: Any = None) -> Any:
         """Send one request; return the decoded JSON or raise `ServingError`.
 
         Args:
@@ -91,15 +106,21 @@ class ServingClient:
                 raise ServingError(None, str(getattr(error, "reason", error)), url) from None
         raise AssertionError("unreachable")
 
-    def status(self, version=None):
+    def status(self, version: int | None = None) -> dict:
         """`GET /v1/models/NAME[/versions/V]`: the model version status."""
         return self.request("GET", self._model_url(version))
 
-    def metadata(self, version=None):
+    def metadata(self, version: int | None = None) -> dict:
         """`GET /v1/models/NAME[/versions/V]/metadata`: the signature definitions."""
         return self.request("GET", self._model_url(version) + "/metadata")
 
-    def predict(self, instances=None, inputs=None, version=None, signature_name=None):
+    def predict(
+        self,
+        instances: Any = None,
+        inputs: Any = None,
+        version: int | None = None,
+        signature_name: str | None = None,
+    ) -> dict:
         """`POST /v1/models/NAME[/versions/V]:predict` in row or columnar format.
 
         Args:
@@ -112,17 +133,15 @@ class ServingClient:
             `{"predictions": ...}` for `instances`, `{"outputs": ...}` for `inputs`.
         """
         if (instances is None) == (inputs is None):
-            raise ValueError(
-                "Received an invalid value for arguments `instances` and `inputs`, expected "
-                "exactly one of them, got " + ("both" if instances is not None else "neither")
-            )
+            given = "both" if instances is not None else "neither"
+            raise invalid("instances", "exactly one of `instances` and `inputs`", Literal(given))
         body = {"instances": instances} if instances is not None else {"inputs": inputs}
         if signature_name is not None:
             body["signature_name"] = signature_name
         return self.request("POST", self._model_url(version) + ":predict", _tolist(body))
 
 
-def _tolist(value):
+def _tolist(value: Any) -> Any:
     """Nested NumPy arrays (or anything with `tolist`) as JSON-ready lists."""
     if hasattr(value, "tolist"):
         return value.tolist()
@@ -133,7 +152,7 @@ def _tolist(value):
     return value
 
 
-def _error_message(error):
+def _error_message(error: urllib.error.HTTPError) -> str:
     """The `{"error": ...}` message of an HTTP error response, else its raw text."""
     raw = error.read().decode("utf-8", "replace")
     try:
@@ -142,9 +161,9 @@ def _error_message(error):
         return raw or error.reason
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     """CLI entry point; prints the JSON response and returns the exit status."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m serving.client",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -159,30 +178,37 @@ def main(argv=None):
     parser.add_argument("--columnar", action="store_true", help="send them as `inputs`")
     parser.add_argument("--signature-name")
     args = parser.parse_args(argv)
-    try:
-        client = ServingClient(args.url, args.model, args.timeout, args.retries)
-    except ValueError as error:
-        parser.error(str(error))
-    try:
-        if args.command == "status":
-            result = client.status(args.version)
-        elif args.command == "metadata":
-            result = client.metadata(args.version)
-        else:
-            if not args.instances_file:
-                parser.error(str(invalid("--instances-file", "a JSON file for `predict`", "none")))
-            with open(args.instances_file) as f:
-                batch = json.load(f)
-            key = "inputs" if args.columnar else "instances"
-            result = client.predict(
-                **{key: batch}, version=args.version, signature_name=args.signature_name
-            )
-    except ServingError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    return run(parser.prog, lambda: _call(args), {ServingError: EXIT_FAILURE})
+
+
+def _call(args: argparse.Namespace) -> None:
+    """Sends the command's request and prints the JSON answer."""
+    client = ServingClient(args.url, args.model, args.timeout, args.retries)
+    if args.command == "status":
+        result = client.status(args.version)
+    elif args.command == "metadata":
+        result = client.metadata(args.version)
+    else:
+        batch = _read_batch(args.instances_file)
+        key = "inputs" if args.columnar else "instances"
+        result = client.predict(
+            **{key: batch}, version=args.version, signature_name=args.signature_name
+        )
     json.dump(result, sys.stdout, indent=2)
     print()
-    return 0
+
+
+def _read_batch(path: str | None) -> Any:
+    """The decoded `--instances-file`; a missing, unreadable or non-JSON file is a usage error."""
+    if not path:
+        raise invalid("--instances-file", "a JSON file for `predict`", Literal("none"))
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as error:
+        raise invalid(
+            "--instances-file", "a readable JSON file", Literal(f"{path!r} ({error})")
+        ) from None
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@
 3. `python -m serving.server` on a free 127.0.0.1 port,
 4. a REST prediction of test digits through `serving.client`, printed,
 5. the server stopped (also on errors).
+
+A failed step prints one line and exits with status 1.
 """
+
+from __future__ import annotations
 
 import argparse
 import json
@@ -20,18 +24,23 @@ import time
 
 import numpy as np
 
+from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from serving.client import ServingClient, ServingError
 
 MODEL_NAME = "antisym"
 
 
-def _free_port():
+class DemoError(RuntimeError):
+    """A step of the demo failed (the server did not start, a command failed)."""
+
+
+def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
-def _next_version(export_base):
+def _next_version(export_base: str) -> int:
     if not os.path.isdir(export_base):
         return 1
     # ASCII digits only, as the server reads versions ("²".isdigit() is True).
@@ -39,26 +48,30 @@ def _next_version(export_base):
     return max(versions, default=0) + 1
 
 
-def _run(args, step):
+def _run(args: list[str], step: str) -> None:
     print(f"[{step}] {' '.join(args)}", flush=True)
-    subprocess.run([sys.executable, *args], check=True)
+    status = subprocess.run([sys.executable, *args]).returncode
+    if status != 0:
+        raise DemoError(f"step {step!r} failed with exit status {status}")
 
 
-def _wait_until_serving(client, process, deadline_seconds):
+def _wait_until_serving(
+    client: ServingClient, process: subprocess.Popen, deadline_seconds: float
+) -> dict:
     deadline = time.monotonic() + deadline_seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited with status {process.returncode}")
+            raise DemoError(f"the server exited with status {process.returncode}")
         try:
             return client.status()
         except ServingError:
             time.sleep(0.25)
-    raise RuntimeError(f"the server did not answer within {deadline_seconds} s")
+    raise DemoError(f"the server did not answer within {deadline_seconds} s")
 
 
-def _test_digits(count):
+def _test_digits(count: int) -> tuple[np.ndarray, np.ndarray]:
     """The first `count` test digits, as the `digits` task feeds them."""
-    from training.tasks import get_task
+    from training.tasks import get_task  # heavy (Keras, TensorFlow): not before training ran
 
     task = get_task("digits")
     images, labels = task.examples("test")
@@ -66,7 +79,7 @@ def _test_digits(count):
     return np.asarray(x), np.asarray(y)
 
 
-def _train_and_export(args):
+def _train_and_export(args: argparse.Namespace) -> int:
     """Train (or resume) on `digits`, export the next free version; returns the version."""
     train = ["-m", "training.train", "--task", "digits", "--steps", str(args.steps)]
     _run([*train, "--output-dir", args.output_dir], "train")
@@ -77,7 +90,7 @@ def _train_and_export(args):
     return version
 
 
-def _predict_and_print(client, count, version):
+def _predict_and_print(client: ServingClient, count: int, version: int) -> None:
     x, labels = _test_digits(count)
     print(f"[predict] POST /v1/models/{MODEL_NAME}:predict with {len(x)} test digits")
     predictions = client.predict(instances=x.tolist())["predictions"]
@@ -89,7 +102,7 @@ def _predict_and_print(client, count, version):
     print(f"[predict] {correct}/{len(labels)} correct (model version {version})")
 
 
-def _stop(server):
+def _stop(server: subprocess.Popen) -> None:
     server.terminate()
     try:
         server.wait(timeout=30)
@@ -99,14 +112,21 @@ def _stop(server):
     print("[stop] server stopped")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m serving.demo", description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    parser = OneLineParser(prog="python -m serving.demo", description=__doc__)
     parser.add_argument("--output-dir", default="runs/demo")
     parser.add_argument("--export-base", default=os.path.join("models", MODEL_NAME))
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--examples", type=int, default=8, help="test digits to predict")
     args = parser.parse_args(argv)
+    return run(
+        parser.prog, lambda: _demo(args), {DemoError: EXIT_FAILURE, ServingError: EXIT_FAILURE}
+    )
 
+
+def _demo(args: argparse.Namespace) -> None:
+    """Trains, exports, serves, predicts, and stops the server whatever happens."""
     version = _train_and_export(args)
     port = _free_port()
     command = ["-m", "serving.server", "--model-base-path", args.export_base]
@@ -120,7 +140,6 @@ def main(argv=None):
         _predict_and_print(client, args.examples, version)
     finally:
         _stop(server)
-    return 0
 
 
 if __name__ == "__main__":

@@ -13,11 +13,18 @@ name of its output layer (`training.models.HEAD_LAYER_NAMES`):
   `class_ids` (`(batch, T)`) and `logits`.
 
 `--head` overrides the recorded head. Errors print one line and exit with status 2
-(invalid arguments) or 1 (the model cannot be read, the export cannot be written).
+(invalid arguments, a version that exists) or 1 (the model cannot be read, the export
+cannot be written).
+
+Keras and TensorFlow are imported when a model is loaded or exported, not with
+this module. The SavedModel is a TensorFlow graph, so the export sets
+`KERAS_BACKEND=tensorflow` when Keras is not imported yet (`build_archive`
+refuses a model of another backend).
 """
 
+from __future__ import annotations
+
 import argparse
-import contextlib
 import os
 import re
 import shutil
@@ -26,22 +33,18 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-# The SavedModel is a TensorFlow graph: the model must be traced by the
-# TensorFlow backend whatever the user's default backend is (unless Keras was
-# already imported, which `build_archive` checks).
-if "keras" not in sys.modules:
-    os.environ["KERAS_BACKEND"] = "tensorflow"
+from apputil.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, run
+from apputil.errors import Literal, UsageError, invalid
+from apputil.files import fsync_directory, fsync_tree
+from apputil.quiet import import_keras, import_tensorflow
 
-from serving import import_tensorflow_quietly  # noqa: E402
-
-import_tensorflow_quietly()
-
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import keras_antisym  # noqa: E402,F401  (registers the layers for `load_model`)
-from serving.messages import invalid  # noqa: E402
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 INPUT_NAME = "sequence"
 SIGNATURE_NAME = "serving_default"
@@ -53,28 +56,47 @@ _UNOWNED_STALE_SECONDS = 3600
 
 
 class ModelFileError(ValueError):
-    """The `.keras` file exists but cannot be loaded."""
+    """The `.keras` file exists but cannot be loaded (exit status 1)."""
 
 
-def _input_spec(model, variable_length):
+class VersionExistsError(FileExistsError):
+    """The version folder exists already, or another export wrote it meanwhile (status 2)."""
+
+
+class ExportWriteError(OSError):
+    """The export could not be written (a full disk, no permission; exit status 1)."""
+
+
+def _keras() -> ModuleType:
+    """Keras on the TensorFlow backend (unless imported already), with the layers registered."""
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = "tensorflow"
+    keras = import_keras()
+    import keras_antisym  # noqa: F401  (heavy: Keras; registers the layers for `load_model`)
+
+    return keras
+
+
+def _input_spec(model: keras.Model, variable_length: bool) -> tf.TensorSpec:
     """The `(batch, T, m)` float32 spec of the model's single input."""
     shape = tuple(model.inputs[0].shape) if getattr(model, "inputs", None) else None
     if shape is None or len(shape) != 3 or shape[2] is None:
         raise invalid(
             "model",
             "a model with one input of shape (batch, T, m) with known m",
-            f"input shape {shape}",
+            Literal(f"input shape {shape}"),
         )
     if variable_length and shape[1] is not None:
         raise invalid(
             "variable_length",
             "a model built with T=None (any number of time steps)",
-            f"a model built with a fixed T={shape[1]}",
+            Literal(f"a model built with a fixed T={shape[1]}"),
         )
+    tf = import_tensorflow()  # heavy: only an export makes TensorFlow objects
     return tf.TensorSpec([None, shape[1], shape[2]], tf.float32, name=INPUT_NAME)
 
 
-def _output_layer(model):
+def _output_layer(model: keras.Model) -> keras.Layer | None:
     outputs = getattr(model, "outputs", None) or []
     history = getattr(outputs[0], "_keras_history", None) if len(outputs) == 1 else None
     if history is not None:
@@ -82,13 +104,13 @@ def _output_layer(model):
     return model.layers[-1] if getattr(model, "layers", None) else None
 
 
-def recorded_head(model):
+def recorded_head(model: keras.Model) -> str | None:
     """The head recorded in `model` (its output layer's name `<head>_head`), or None."""
     name = getattr(_output_layer(model), "name", None)
     return next((head for head in HEADS if name == f"{head}_head"), None)
 
 
-def resolve_head(model, head=None):
+def resolve_head(model: keras.Model, head: str | None = None) -> tuple[str, str]:
     """`(head, how)`: the head to export `model` with, and where it came from.
 
     `head` (one of `HEADS`) overrides the recorded one. A model that records no
@@ -96,11 +118,11 @@ def resolve_head(model, head=None):
     with classes >= 2, the one layout older exports served; anything else is refused.
 
     Raises:
-        ValueError: naming the expected heads, when no head fits the model.
+        apputil.errors.UsageError: naming the expected heads, when no head fits the model.
     """
     shape = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
     if head is not None and head not in HEADS:
-        raise invalid("head", f"one of {', '.join(HEADS)}", repr(head))
+        raise invalid("head", f"one of {', '.join(HEADS)}", head)
     how = "given"
     if head is None:
         head, how = recorded_head(model), "recorded"
@@ -113,7 +135,7 @@ def resolve_head(model, head=None):
                 + ", ".join(f"{h}_head" for h in HEADS)
                 + ") as training.models builds it, or --head "
                 + "|".join(HEADS),
-                f"output layer {layer!r} with output shape {shape}",
+                Literal(f"output layer {layer!r} with output shape {shape}"),
             )
         head, how = "classification", f"inferred from output layer {layer!r} of shape {shape}"
     rank = {"classification": 2, "regression": 2, "per_step_classification": 3}[head]
@@ -126,12 +148,14 @@ def resolve_head(model, head=None):
         raise invalid(
             "head",
             f"a model with {layout} outputs for head {head!r} ({how})",
-            f"output shape {shape}",
+            Literal(f"output shape {shape}"),
         )
     return head, how
 
 
-def _serve(model, head):
+def _serve(model: keras.Model, head: str) -> Callable:
+    tf = import_tensorflow()  # heavy: only an export makes TensorFlow objects
+
     def serve(sequence):
         outputs = tf.cast(model(sequence, training=False), tf.float32)
         if head == "regression":
@@ -146,7 +170,9 @@ def _serve(model, head):
     return serve
 
 
-def build_archive(model, variable_length=False, head=None):
+def build_archive(
+    model: keras.Model, variable_length: bool = False, head: str | None = None
+) -> keras.export.ExportArchive:
     """An `ExportArchive` whose `serving_default` maps `sequence` to the head's outputs.
 
     Args:
@@ -158,12 +184,16 @@ def build_archive(model, variable_length=False, head=None):
 
     Returns:
         A `keras.export.ExportArchive` ready for `write_out`.
+
+    Raises:
+        apputil.errors.UsageError: the model, `variable_length` or `head` does not fit.
     """
+    keras = _keras()
     if keras.backend.backend() != "tensorflow":
         raise invalid(
             "model",
             "a model on the TensorFlow backend",
-            f"backend {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)",
+            Literal(f"backend {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)"),
         )
     spec = _input_spec(model, variable_length)
     head, _ = resolve_head(model, head)
@@ -173,14 +203,20 @@ def build_archive(model, variable_length=False, head=None):
     return archive
 
 
-def load_keras_model(path):
-    """Loads a `.keras` file; any reason it cannot be read becomes one `ModelFileError` line."""
+def load_keras_model(path: str | os.PathLike) -> keras.Model:
+    """Loads a `.keras` file; any reason it cannot be read becomes one `ModelFileError` line.
+
+    Raises:
+        apputil.errors.UsageError: `path` is not a file.
+        ModelFileError: the file exists but cannot be loaded.
+    """
     if not os.path.isfile(path):
-        raise invalid("model", "an existing .keras file", repr(str(path)))
+        raise invalid("model", "an existing .keras file", str(path))
     if str(path).endswith(".keras") and not zipfile.is_zipfile(path):
         raise ModelFileError(
             f"cannot read model {str(path)!r}: not a .keras archive (not a zip file)"
         )
+    keras = _keras()
     try:
         return keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises anything from a damaged archive
@@ -190,7 +226,7 @@ def load_keras_model(path):
         ) from None
 
 
-def _owner_alive(pid, host):
+def _owner_alive(pid: int, host: str) -> bool:
     if host != _host():
         return True  # another machine's exporter: cannot tell, keep it
     try:
@@ -202,11 +238,11 @@ def _owner_alive(pid, host):
     return True
 
 
-def _host():
+def _host() -> str:
     return re.sub(r"[^\w.]", "_", socket.gethostname()) or "localhost"
 
 
-def remove_stale_staging(export_base):
+def remove_stale_staging(export_base: str | os.PathLike) -> list[str]:
     """Removes staging folders of exports that died; returns their names.
 
     A folder is stale when its owner (pid and host in its name) is no longer
@@ -229,40 +265,28 @@ def remove_stale_staging(export_base):
     return removed
 
 
-def _fsync_tree(root):
-    """Flushes every file and folder under `root` (and `root`) to disk."""
-    for folder, _, files in os.walk(root, topdown=False):
-        for name in files:
-            with open(os.path.join(folder, name), "rb") as handle:
-                os.fsync(handle.fileno())
-        _fsync_dir(folder)
+def _exists_error(version: int, target: str, how: str = "exists") -> VersionExistsError:
+    return invalid("version", "a version not yet exported",
+                   Literal(f"{version} (`{target}` {how})"), VersionExistsError)  # fmt: skip
 
 
-def _fsync_dir(path):
-    with contextlib.suppress(OSError):  # some filesystems cannot fsync folders
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _exists_error(version, target, how="exists"):
-    return invalid("version", "a version not yet exported", f"{version} (`{target}` {how})",
-                   FileExistsError)  # fmt: skip
-
-
-def _check_version(export_base, version):
+def _check_version(export_base: str | os.PathLike, version: int) -> str:
     """The target folder of `version`; raises if it is invalid or exported already."""
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise invalid("version", "a positive integer", repr(version))
+        raise invalid("version", "a positive integer", version)
     target = os.path.join(export_base, str(version))
     if os.path.exists(target):
         raise _exists_error(version, target)
     return target
 
 
-def export_model(model, export_base, version, variable_length=False, head=None):
+def export_model(
+    model: keras.Model | str | os.PathLike,
+    export_base: str | os.PathLike,
+    version: int,
+    variable_length: bool = False,
+    head: str | None = None,
+) -> str:
     """Write `model` to `export_base/<version>` atomically, never over an existing version.
 
     The SavedModel is written to a staging folder beside the target (named
@@ -281,8 +305,10 @@ def export_model(model, export_base, version, variable_length=False, head=None):
         The path of the written version folder.
 
     Raises:
-        ValueError: an invalid argument (`ModelFileError`: an unreadable model file).
-        FileExistsError: the version exists, or another export wrote it meanwhile.
+        apputil.errors.UsageError: an invalid argument.
+        ModelFileError: an unreadable model file.
+        VersionExistsError: the version exists, or another export wrote it meanwhile.
+        OSError: the export could not be written.
     """
     target = _check_version(export_base, version)
     if isinstance(model, str | os.PathLike):
@@ -294,7 +320,7 @@ def export_model(model, export_base, version, variable_length=False, head=None):
     try:
         _write(archive, staging)
         os.chmod(staging, 0o755)  # mkdtemp makes it 0700; the server may run as another user
-        _fsync_tree(staging)
+        fsync_tree(staging)
         try:
             os.rename(staging, target)  # atomic on one filesystem; fails if target appeared
         except OSError:
@@ -303,27 +329,20 @@ def export_model(model, export_base, version, variable_length=False, head=None):
                     version, target, "was written by another export meanwhile"
                 ) from None
             raise
-        _fsync_dir(export_base)
+        fsync_directory(export_base)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
 
 
-def _write(archive, staging):
+def _write(archive: keras.export.ExportArchive, staging: str) -> None:
     archive.write_out(staging, verbose=False)
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """Usage errors as one line (`PROG: error: MESSAGE`, status 2), without the usage text."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the process exit status."""
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="python -m serving.export",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -342,26 +361,30 @@ def main(argv=None):
         help="the model's head, for models that do not record it (default: recorded)",
     )
     args = parser.parse_args(argv)
+    expected = {
+        ModelFileError: EXIT_FAILURE,
+        VersionExistsError: EXIT_USAGE,
+        ExportWriteError: EXIT_FAILURE,
+    }
+    return run(parser.prog, lambda: _export(parser.prog, args), expected)
 
-    def fail(status, error):
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return status
 
+def _export(prog: str, args: argparse.Namespace) -> None:
+    """Checks the version first (before the slow model load), exports, prints the folder."""
+    _check_version(args.export_base, args.version)
+    model = load_keras_model(args.model)
+    head, how = resolve_head(model, args.head)
     try:
-        _check_version(args.export_base, args.version)
-        model = load_keras_model(args.model)
-        head, how = resolve_head(model, args.head)
         target = export_model(model, args.export_base, args.version, args.variable_length, head)
-    except ModelFileError as error:
-        return fail(1, error)
-    except (ValueError, FileExistsError) as error:
-        return fail(2, error)
+    except (UsageError, VersionExistsError):
+        raise
     except OSError as error:
-        return fail(1, f"cannot write the export to {args.export_base!r}: {error}")
+        raise ExportWriteError(
+            f"cannot write the export to {args.export_base!r}: {error}"
+        ) from error
     if how not in ("recorded", "given"):
-        print(f"{parser.prog}: note: exported as {head}, {how}", file=sys.stderr)
+        print(f"{prog}: note: exported as {head}, {how}", file=sys.stderr)
     print(target)
-    return 0
 
 
 if __name__ == "__main__":

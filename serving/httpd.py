@@ -14,10 +14,14 @@ each whole request before the app sees it. On top, this module:
   closing ("lingering close"), so that it reads the error instead of a reset.
 """
 
+from __future__ import annotations
+
 import json
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from waitress import wasyncore
 from waitress.adjustments import Adjustments
@@ -154,7 +158,9 @@ class ServerThread:
         **adjustments: waitress adjustments (threads, connection_limit, ...).
     """
 
-    def __init__(self, app, host, port, request_timeout, **adjustments):
+    def __init__(
+        self, app: Callable, host: str, port: int, request_timeout: float, **adjustments: Any
+    ):
         self.adj = Adjustments(host=host, port=port, **adjustments)
         self._map = {}
         self.dispatcher = ThreadedTaskDispatcher()
@@ -167,11 +173,11 @@ class ServerThread:
         self._stop = threading.Event()
         self._stopped = threading.Event()
 
-    def queued(self):
+    def queued(self) -> int:
         """Requests waiting for a worker thread."""
         return len(self.dispatcher.queue)
 
-    def serve_forever(self):
+    def serve_forever(self) -> None:
         """Run the event loop until `shutdown()`."""
         try:
             while not self._stop.is_set():
@@ -184,13 +190,13 @@ class ServerThread:
         finally:
             self._stopped.set()
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         """Stop the event loop (from another thread) and wait for it."""
         self._stop.set()
         self.server.pull_trigger()
         self._stopped.wait(10)
 
-    def server_close(self):
+    def server_close(self) -> None:
         """Close the listening socket, the connections and the worker threads."""
         self.dispatcher.shutdown(timeout=5)
         wasyncore.close_all(self._map)

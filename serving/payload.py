@@ -5,43 +5,49 @@ before `json.loads` builds Python objects, and the decoded inputs must hold at
 most `max_elements` numbers in all before NumPy arrays are built.
 """
 
+from __future__ import annotations
+
 import json
 import math
+from collections.abc import Mapping
 from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from serving import import_tensorflow_quietly
+from apputil.quiet import import_tensorflow
 
-import_tensorflow_quietly()
+if TYPE_CHECKING:
+    import tensorflow as tf
 
-import tensorflow as tf  # noqa: E402
+    from serving.repository import Servable
 
 DEFAULT_SIGNATURE = "serving_default"
 DEFAULT_MAX_INPUT_ELEMENTS = 1 << 18  # 4,096 digits of 64 x 1
+# By dtype name: the specs come from the loaded SavedModel, so this module needs no TensorFlow.
 _NUMPY_DTYPES = {
-    tf.float16: np.float16,
-    tf.float32: np.float32,
-    tf.float64: np.float64,
-    tf.int32: np.int32,
-    tf.int64: np.int64,
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+    "int32": np.int32,
+    "int64": np.int64,
 }
 
 
 class RestError(Exception):
     """A request failure answered as `{"error": message}` with an HTTP status."""
 
-    def __init__(self, status, message):
+    def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = int(status)
         self.message = message
 
 
-def _bad(message):
+def _bad(message: str) -> RestError:
     return RestError(HTTPStatus.BAD_REQUEST, message)
 
 
-def check_body_size(body, max_elements, max_rank):
+def check_body_size(body: bytes, max_elements: int, max_rank: int) -> None:
     """Refuse a body with more JSON values than any request within the limit needs.
 
     A request of E numbers with inputs of rank r needs at most about E commas
@@ -96,7 +102,7 @@ def _check_leaves(leaves, spec, name):
             raise _bad(f"Input '{name}' expects numbers of type {spec.dtype.name}, got a {kind}")
 
 
-def as_input_array(value, spec, name, budget):
+def as_input_array(value: Any, spec: tf.TensorSpec, name: str, budget: list[int]) -> np.ndarray:
     """`value` (nested JSON lists) as an array matching `spec`, or a 400 `RestError`.
 
     Args:
@@ -105,7 +111,7 @@ def as_input_array(value, spec, name, budget):
         name: The input name, for messages.
         budget: One-item list: numbers still allowed in this request (decremented).
     """
-    if spec.dtype not in _NUMPY_DTYPES or spec.shape.rank is None:
+    if spec.dtype.name not in _NUMPY_DTYPES or spec.shape.rank is None:
         raise _bad(f"Input '{name}' has an unsupported dtype or unknown rank: {spec}")
     shape = _leading_shape(value, spec.shape.rank, name)
     if any(want is not None and want != got for want, got in zip(spec.shape, shape, strict=True)):
@@ -124,7 +130,7 @@ def as_input_array(value, spec, name, budget):
         array = np.array(leaves, dtype=wide).reshape(shape)
     except OverflowError:
         raise _bad(f"Input '{name}' has values out of {spec.dtype.name} range") from None
-    target = _NUMPY_DTYPES[spec.dtype]
+    target = _NUMPY_DTYPES[spec.dtype.name]
     with np.errstate(over="ignore", invalid="ignore"):
         cast = array.astype(target)
     if spec.dtype.is_integer and not np.array_equal(cast, array):
@@ -144,7 +150,7 @@ def _reject_constant(name):
     raise _bad(f"JSON Parse error: {name} is not a valid JSON number")
 
 
-def decode_json(body):
+def decode_json(body: bytes | str) -> Any:
     """`json.loads` with TensorFlow Serving's 400s (also for nesting too deep to parse)."""
     try:
         # JSON between systems is UTF-8 (RFC 8259); json.loads would also guess UTF-16/32.
@@ -156,7 +162,9 @@ def decode_json(body):
         raise _bad(f"JSON Parse error: {error}") from None
 
 
-def parse_predict_request(body, servable, max_elements=DEFAULT_MAX_INPUT_ELEMENTS):
+def parse_predict_request(
+    body: bytes, servable: Servable, max_elements: int = DEFAULT_MAX_INPUT_ELEMENTS
+) -> tuple[str, dict[str, np.ndarray], bool]:
     """Decode a `:predict` body into `(signature_name, {input: array}, row_format)`.
 
     Args:
@@ -221,7 +229,9 @@ def _rows_to_columns(instances, specs):
     return {names[0]: instances}
 
 
-def predict(servable, signature_name, arrays, row_format):
+def predict(
+    servable: Servable, signature_name: str, arrays: Mapping[str, np.ndarray], row_format: bool
+) -> dict:
     """Run a signature and format its outputs as TensorFlow Serving does.
 
     Returns:
@@ -229,6 +239,7 @@ def predict(servable, signature_name, arrays, row_format):
         when the signature has several outputs) or `{"outputs": ...}` for the
         columnar format (an object of named outputs when there are several).
     """
+    tf = import_tensorflow()  # loaded already with the servable; the signatures take tensors
     function = servable.signatures[signature_name]
     try:
         outputs = function(**{k: tf.constant(v) for k, v in arrays.items()})
@@ -247,7 +258,7 @@ def predict(servable, signature_name, arrays, row_format):
     return {"predictions": [{name: col[i] for name, col in columns.items()} for i in range(batch)]}
 
 
-def model_status(servable):
+def model_status(servable: Servable) -> dict:
     """The `GET /v1/models/NAME` body for the served version."""
     return {
         "model_version_status": [
@@ -260,7 +271,7 @@ def model_status(servable):
     }
 
 
-def model_metadata(servable, name):
+def model_metadata(servable: Servable, name: str) -> dict:
     """The `GET /v1/models/NAME/metadata` body."""
     return {
         "model_spec": {"name": name, "signature_name": "", "version": str(servable.version)},

@@ -6,17 +6,18 @@ change), falls back to the next lower version when the served one is deleted,
 and keeps watching through any error.
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from http import HTTPStatus
+from typing import Any
 
-import tensorflow as tf
-from google.protobuf import json_format
-from tensorflow.core.protobuf import saved_model_pb2
-
+from apputil.quiet import import_tensorflow
 from serving.payload import RestError
 
 log = logging.getLogger("serving.server")
@@ -34,7 +35,12 @@ class Servable:
         version: Integer version number.
     """
 
-    def __init__(self, path, version):
+    def __init__(self, path: str, version: int):
+        # Heavy, and needed only here: routing and HTTP run without TensorFlow.
+        tf = import_tensorflow()
+        from google.protobuf import json_format
+        from tensorflow.core.protobuf import saved_model_pb2
+
         self.version = version
         self._module = tf.saved_model.load(path)  # kept alive: signatures reference it
         self.signatures = dict(self._module.signatures)
@@ -58,7 +64,7 @@ class Servable:
             default=0,
         )
 
-    def input_specs(self, signature_name):
+    def input_specs(self, signature_name: str) -> dict[str, Any]:
         """`{name: tf.TensorSpec}` of a signature's inputs, or a 400 `RestError`."""
         if signature_name not in self.signatures:
             raise RestError(
@@ -104,7 +110,13 @@ class ModelRepository:
         loader: `loader(path, version)` returns a servable (tests swap it).
     """
 
-    def __init__(self, base_path, name, poll_seconds=1.0, loader=Servable):
+    def __init__(
+        self,
+        base_path: str,
+        name: str,
+        poll_seconds: float = 1.0,
+        loader: Callable[[str, int], Any] = Servable,
+    ):
         self.base_path = base_path
         self.name = name
         self.poll_seconds = poll_seconds
@@ -116,7 +128,7 @@ class ModelRepository:
         self._thread = None
         self._last_error = None
 
-    def versions_on_disk(self):
+    def versions_on_disk(self) -> list[int]:
         """Version numbers with a `saved_model.pb`, highest first; OSError if unreadable."""
         found = []
         with os.scandir(self.base_path) as entries:
@@ -127,7 +139,7 @@ class ModelRepository:
                     found.append(int(entry.name))
         return sorted(found, reverse=True)
 
-    def refresh(self):
+    def refresh(self) -> None:
         """One scan: serve the highest version that loads, as TF Serving's `latest` does."""
         versions = self.versions_on_disk()
         self._failed = {v: f for v, f in self._failed.items() if v in versions}
@@ -165,13 +177,13 @@ class ModelRepository:
         if servable is not None:
             log.info("Serving version %s of model %s", servable.version, self.name)
 
-    def start(self):
+    def start(self) -> None:
         """Load the highest version now and keep watching in a daemon thread."""
         self._refresh_logged()
         self._thread = threading.Thread(target=self._watch, name="version-watcher", daemon=True)
         self._thread.start()
 
-    def stop(self):
+    def stop(self) -> None:
         """Stop watching for new versions."""
         self._stop.set()
 
@@ -192,11 +204,11 @@ class ModelRepository:
             self._last_error = None
 
     @property
-    def watching(self):
+    def watching(self) -> bool:
         """Whether the watcher thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
-    def get(self, name, version=None):
+    def get(self, name: str, version: str | None = None) -> Any:
         """The servable for `name` and optional `version` string, or a 404 `RestError`."""
         if name != self.name:
             raise RestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: Latest({name})")

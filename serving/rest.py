@@ -6,10 +6,14 @@ Every answer the app gives is JSON: 200 with TensorFlow Serving's layouts,
 worker) and 500 only for real faults.
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import re
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
 
 from serving.payload import (
     DEFAULT_MAX_INPUT_ELEMENTS,
@@ -20,6 +24,9 @@ from serving.payload import (
     predict,
 )
 
+if TYPE_CHECKING:
+    from serving.repository import ModelRepository
+
 log = logging.getLogger("serving.server")
 
 _PATH = re.compile(
@@ -28,7 +35,12 @@ _PATH = re.compile(
 )
 
 
-def json_response(start_response, status, body, extra_headers=()):
+def json_response(
+    start_response: Callable,
+    status: int,
+    body: Any,
+    extra_headers: Iterable[tuple[str, str]] = (),
+) -> list[bytes]:
     """Start a JSON response and return its body chunks."""
     data = json.dumps(body, allow_nan=True).encode()
     status = HTTPStatus(status)
@@ -46,12 +58,17 @@ class RestApp:
         overloaded: Returns True when predictions should be refused with 503.
     """
 
-    def __init__(self, repository, max_input_elements=DEFAULT_MAX_INPUT_ELEMENTS, overloaded=None):
+    def __init__(
+        self,
+        repository: ModelRepository,
+        max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS,
+        overloaded: Callable[[], bool] | None = None,
+    ):
         self.repository = repository
         self.max_input_elements = max_input_elements
         self.overloaded = overloaded or (lambda: False)
 
-    def __call__(self, environ, start_response):
+    def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
         method = environ["REQUEST_METHOD"]
         # WSGI gives the percent-decoded path as latin-1; model names are UTF-8.
         path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")

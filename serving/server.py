@@ -12,7 +12,12 @@ on waitress (serving.httpd): strict HTTP parsing, timeouts, a connection limit
 and a fixed pool of worker threads. It imports TensorFlow only (no Keras),
 binds 127.0.0.1, has no authentication and does no batching: it is for
 laptops, demos and tests; production uses the container.
+
+Errors at start-up are one line on stderr: status 2 for invalid arguments, 1
+when the address cannot be bound.
 """
+
+from __future__ import annotations
 
 import argparse
 import ipaddress
@@ -22,8 +27,9 @@ import os
 import resource
 import sys
 
+from apputil.cli import EXIT_FAILURE, OneLineParser, run
+from apputil.errors import invalid
 from serving.httpd import ServerThread
-from serving.messages import invalid
 from serving.payload import DEFAULT_MAX_INPUT_ELEMENTS
 from serving.repository import ModelRepository
 from serving.rest import RestApp
@@ -45,12 +51,12 @@ LIMITS = {
 FD_RESERVE = 64  # descriptors kept for TensorFlow, model files and logs
 
 
-def _check_positive(name, value):
+def _check_positive(name: str, value: object) -> None:
     if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-        raise invalid(name, "a positive number", repr(value))
+        raise invalid(name, "a positive number", value)
 
 
-def _connection_limit(wanted):
+def _connection_limit(wanted: int) -> int:
     """`wanted`, lowered to fit the open-file limit (else accept() fails with EMFILE)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or wanted <= soft - FD_RESERVE:
@@ -60,7 +66,7 @@ def _connection_limit(wanted):
     return fitted
 
 
-def _is_loopback(host):
+def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -70,8 +76,13 @@ def _is_loopback(host):
 
 
 def make_server(
-    model_base_path, model_name, host="127.0.0.1", port=8501, poll_seconds=1.0, **limits
-):
+    model_base_path: str,
+    model_name: str,
+    host: str = "127.0.0.1",
+    port: int = 8501,
+    poll_seconds: float = 1.0,
+    **limits: float,
+) -> ServerThread:
     """Load the highest version and bind a server; call `serve_forever()` on it.
 
     Args:
@@ -85,6 +96,10 @@ def make_server(
     Returns:
         A `serving.httpd.ServerThread` with a `repository`; `shutdown()` and
         `server_close()` stop it.
+
+    Raises:
+        apputil.errors.UsageError: a limit or `poll_seconds` is not a positive number.
+        OSError: the address cannot be bound.
     """
     unknown = set(limits) - set(LIMITS)
     if unknown:
@@ -118,7 +133,7 @@ def make_server(
     return server
 
 
-def _serve(server, name):
+def _serve(server: ServerThread, name: str) -> None:
     """Print the URL line, serve until interrupted, then stop."""
     host, port = server.server_address
     # One parseable line: tests and scripts started with --port 0 read the port from it.
@@ -132,9 +147,9 @@ def _serve(server, name):
         server.server_close()
 
 
-def main(argv=None):
-    """CLI entry point; serves until interrupted."""
-    parser = argparse.ArgumentParser(
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; serves until interrupted, returns the exit status."""
+    parser = OneLineParser(
         prog="python -m serving.server",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -155,6 +170,11 @@ def main(argv=None):
         )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
+    return run(parser.prog, lambda: _start(args), {OSError: EXIT_FAILURE})
+
+
+def _start(args: argparse.Namespace) -> None:
+    """Checks the arguments, binds the server and serves until interrupted."""
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -162,19 +182,12 @@ def main(argv=None):
     if not args.verbose:  # waitress warns on every queued request; the 503s tell overload
         logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     if not os.path.isdir(args.model_base_path):
-        parser.error(
-            str(invalid("--model-base-path", "an existing folder", repr(args.model_base_path)))
-        )
+        raise invalid("--model-base-path", "an existing folder", args.model_base_path)
     limits = {name: getattr(args, name) for name in LIMITS}
-    try:
-        server = make_server(
-            args.model_base_path, args.model_name, args.host, args.port, args.poll_seconds,
-            **limits,
-        )  # fmt: skip
-    except (ValueError, OSError) as error:
-        parser.error(str(error))
+    server = make_server(
+        args.model_base_path, args.model_name, args.host, args.port, args.poll_seconds, **limits
+    )
     _serve(server, args.model_name)
-    return 0
 
 
 if __name__ == "__main__":

@@ -127,3 +127,20 @@ def test_predict_needs_exactly_one_format():
         client.predict()
     with pytest.raises(ValueError, match="`instances` and `inputs`"):
         client.predict(instances=[1], inputs=[1])
+
+
+@pytest.mark.parametrize(
+    "args, argument",
+    [
+        (["predict"], "`--instances-file`"),
+        (["predict", "--instances-file", "/no/such/batch.json"], "`--instances-file`"),
+        (["--retries", "-1", "status"], "`retries`"),
+    ],
+)
+def test_cli_usage_errors_are_one_line(args, argument, capsys):
+    from serving.client import main
+
+    assert main(["--model", "m", *args]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m serving.client: error: ")
+    assert argument in lines[0]
