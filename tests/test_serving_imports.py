@@ -1,4 +1,4 @@
-"""`serving/`: the routing, HTTP server and client import no TensorFlow; the CLIs' --help is fast."""
+"""`serving/`: routing, HTTP server and client import no TensorFlow; the CLIs' --help is fast."""
 
 import json
 import os
@@ -14,7 +14,8 @@ HEAVY = ("tensorflow", "keras", "keras_antisym", "jax", "torch")
 
 def _modules_after(code):
     """The heavy modules in `sys.modules` after running `code` in a fresh interpreter."""
-    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    listed = f"[m for m in {HEAVY!r} if m in sys.modules]"
+    probe = f"{code}\nimport json, sys\nprint(json.dumps({listed}))"
     done = subprocess.run(
         [sys.executable, "-c", probe],
         cwd=REPO_ROOT,
