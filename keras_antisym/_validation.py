@@ -13,6 +13,12 @@ def invalid(name, expected, value):
     )
 
 
+def invalid_described(name, expected, got, hint=""):
+    """`invalid` for a value described in words (`got`, not a repr), with an optional hint."""
+    message = f"Received an invalid value for argument `{name}`, expected {expected}, got {got}."
+    return ValueError(f"{message} {hint}" if hint else message)
+
+
 def check_positive_int(name, value):
     """`value` as an `int`, if it is a positive integer (not a boolean)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:

@@ -115,14 +115,21 @@ class AntisymmetricRNN(keras.layers.RNN):
         fused_kernel: `False` (default), `"auto"` or `True`: whether a call
             runs the whole recurrence, forward and backward, in one fused
             kernel (`keras_antisym.kernels`: Pallas on JAX, Triton on
-            PyTorch) instead of the time loop. `"auto"` uses it on a CUDA
-            GPU, `True` on any device (elsewhere than on a GPU in interpret
-            mode: for tests), `False` never. The default stays `False` until
-            the kernels have run on a GPU (they are tested in interpret
-            mode and compiled for Hopper, not yet run on one). Calls with a
-            mask or recurrent dropout, activations other than tanh (and a
-            sigmoid gate), or a dtype other than float32, and TensorFlow,
-            always take the loop. The same numbers either way.
+            PyTorch) instead of the time loop; the same numbers either way.
+            The kernel needs JAX or PyTorch (with Triton), a CUDA GPU, tanh
+            (and a sigmoid gate), a float32 compute dtype, at most
+            `kernels.MAX_UNITS` units, no recurrent dropout in training, no
+            mask, and a static length. `"auto"` uses it where these hold and
+            takes the loop elsewhere. `True` means the kernel or an error,
+            as `use_cudnn=True` of Keras' `GRU`: a `ValueError` naming the
+            unmet condition, at construction for the backend, dtype policy,
+            activations, `units` and any `recurrent_dropout`, at the call for
+            a mask, the sequences' dtype, length and size, and the device
+            (without a CUDA GPU the kernel runs interpreted only where
+            `kernels.INTERPRET` allows: for tests). `False` never uses it.
+            The default stays `False` until the kernels have run on a GPU
+            (they are tested in interpret mode and compiled for Hopper, not
+            yet run on one).
 
     The cell's arguments and `hoist_inputs` are also read-only properties
     of the layer, as in `keras.layers.GRU`.
@@ -215,6 +222,8 @@ class AntisymmetricRNN(keras.layers.RNN):
         super().__init__(cell, **kwargs)
         self._hoist_inputs = check_auto_or_bool("hoist_inputs", hoist_inputs)
         self._fused_kernel = check_auto_or_bool("fused_kernel", fused_kernel)
+        if self._fused_kernel is True:
+            kernels.check_layer(cell)
         self.input_spec = keras.layers.InputSpec(ndim=3)
 
     def _cell_keywords(self, kwargs):
@@ -231,6 +240,10 @@ class AntisymmetricRNN(keras.layers.RNN):
         # Called by RNN.call (keras_antisym/_keras_private.py, assumption 3).
         cell = self.cell
         h0 = initial_state[0] if isinstance(initial_state, (list, tuple)) else initial_state
+        if self.fused_kernel is True:  # the kernel or an error (no recurrent dropout)
+            kernels.check_call(cell, sequences, mask)
+            sequences, _ = self._apply_dropout(sequences, h0, training)
+            return kernels.run_layer(cell, sequences, h0, self.go_backwards)
         sequences, recurrent_mask = self._apply_dropout(sequences, h0, training)
         if mask is None and recurrent_mask is None:
             if kernels.kernel_applies(cell, sequences, self.fused_kernel):

@@ -6,13 +6,16 @@ must not share a process). Both are checked against the float64 NumPy
 reference and against autodiff of a plain loop; both are also compiled for
 a Hopper GPU (Pallas: lowered to Triton IR; Triton: down to a cubin), which
 needs no GPU. The layers' `fused_kernel` path runs per backend in a
-subprocess (`python -m tests.test_kernels layer BACKEND OUT`).
+subprocess (`python -m tests.test_kernels layer BACKEND OUT`), with
+`KERAS_ANTISYM_KERNEL_INTERPRET=1`: without it, `fused_kernel=True` on a CPU
+raises.
 """
 
 import importlib.util
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +142,7 @@ def run_subprocess(args, backend, interpret=True, timeout=600):
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "CUDA_VISIBLE_DEVICES": "",
         "TRITON_INTERPRET": "1" if interpret else "0",
+        "KERAS_ANTISYM_KERNEL_INTERPRET": "1" if interpret else "0",
     }
     proc = subprocess.run(
         [sys.executable, "-m", "tests.test_kernels", *args],
@@ -237,13 +241,21 @@ def triton_compile():
 
 
 @pytest.mark.parametrize("value", ["auto", True, False])
-def test_fused_kernel_round_trips_in_the_config(value):
-    from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN
+def test_fused_kernel_round_trips_in_the_config(value, monkeypatch):
+    """Configs with each value load again: `True` where the kernel can run (here the
+    TensorFlow backend, counted as a kernel backend), `"auto"` and `False` anywhere."""
+    from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN, kernels
 
+    monkeypatch.setattr(kernels, "KERNEL_BACKENDS", ("tensorflow",))
     for cls in (AntisymmetricRNN, GatedAntisymmetricRNN):
         layer = cls(4, fused_kernel=value)
         assert layer.fused_kernel == value and layer.get_config()["fused_kernel"] == value
         assert cls.from_config(layer.get_config()).fused_kernel == value
+        if value is True:  # the loop's own backend: the kernel or an error
+            monkeypatch.setattr(kernels, "KERNEL_BACKENDS", ("jax", "torch"))
+            with pytest.raises(ValueError, match=re.escape(BACKEND_MESSAGE)):
+                cls.from_config(layer.get_config())
+            monkeypatch.setattr(kernels, "KERNEL_BACKENDS", ("tensorflow",))
     assert AntisymmetricRNN(4).fused_kernel is False  # "auto" once run on a GPU
 
 
@@ -256,21 +268,221 @@ def test_fused_kernel_rejects_other_values(value):
         GatedAntisymmetricRNN(4, fused_kernel=value)
 
 
-def test_tensorflow_and_other_activations_keep_the_loop(monkeypatch):
-    """In this (TensorFlow) process `fused_kernel=True` runs the loop; so does relu anywhere."""
+BACKEND_MESSAGE = (
+    'Received an invalid value for argument `fused_kernel`, expected "auto" or False on the '
+    "tensorflow backend (the fused kernel runs on JAX and PyTorch), got True."
+)
+#: The end of each message of a condition that `fused_kernel=True` does not meet.
+FALL_BACK = (
+    'The fused kernel cannot run otherwise; pass `fused_kernel="auto"` to fall back to the '
+    "time loop."
+)
+
+
+def unmet(name, expected, got):
+    return (
+        f"Received an invalid value for argument `{name}`, expected {expected} with "
+        f"`fused_kernel=True`, got {got}. {FALL_BACK}"
+    )
+
+
+def test_tensorflow_backend_raises_at_construction_and_auto_keeps_the_loop(monkeypatch):
+    """In this (TensorFlow) process `fused_kernel=True` raises when the layer is built;
+    `"auto"` takes the loop, with the loop's numbers."""
     import keras
 
-    from keras_antisym import AntisymmetricRNN, kernels
+    from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN, kernels
 
     def fail(*args, **kwargs):
         raise AssertionError("the kernel ran")
 
     monkeypatch.setattr(kernels, "recurrence", fail)
-    x = np.random.RandomState(1).standard_normal((3, 6, 2)).astype("float32")
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
     assert keras.backend.backend() == "tensorflow"
-    assert AntisymmetricRNN(5, fused_kernel=True)(x).shape == (3, 5)
+    for cls in (AntisymmetricRNN, GatedAntisymmetricRNN):
+        with pytest.raises(ValueError) as info:
+            cls(5, fused_kernel=True)
+        assert str(info.value) == BACKEND_MESSAGE
+    x = np.random.RandomState(1).standard_normal((3, 6, 2)).astype("float32")
+    auto = AntisymmetricRNN(5, epsilon=EPSILON, gamma=GAMMA, fused_kernel="auto")
+    auto(x)
+    weights = [0.5 * np.random.RandomState(2).standard_normal(w.shape) for w in auto.weights]
+    auto.set_weights(weights)
+    _, expected = reference.run(weights, x, units=5, epsilon=EPSILON, gamma=GAMMA)
+    np.testing.assert_allclose(np.asarray(auto(x)), expected, atol=ATOL)
     cell = AntisymmetricRNN(5, activation="relu").cell
     assert not kernels.kernel_applies(cell, x, True)
+
+
+# Conditions fixed at construction: (layer arguments, the argument named, expected, got).
+CONSTRUCTION_CONDITIONS = {
+    "activation": ({"activation": "relu"}, "activation", "'tanh'", "'relu'"),
+    "recurrent_activation": (
+        {"recurrent_activation": "hard_sigmoid"},
+        "recurrent_activation",
+        "'sigmoid'",
+        "'hard_sigmoid'",
+    ),
+    "recurrent_dropout": ({"recurrent_dropout": 0.25}, "recurrent_dropout", "0", "0.25"),
+    "units": ({"units": 129}, "units", "at most 128", "129"),
+    "dtype": (
+        {"dtype": "float64"},
+        "dtype",
+        "a dtype policy that computes in float32",
+        "'float64'",
+    ),
+    "mixed-precision": (
+        {"dtype": "mixed_bfloat16"},
+        "dtype",
+        "a dtype policy that computes in float32",
+        "'mixed_bfloat16'",
+    ),
+}
+
+
+def _kernel_backend_here(monkeypatch, interpret=True):
+    """This TensorFlow process counted as a kernel backend, interpret mode as given."""
+    from keras_antisym import kernels
+
+    monkeypatch.setattr(kernels, "KERNEL_BACKENDS", ("tensorflow",))
+    monkeypatch.setattr(kernels, "INTERPRET", interpret)
+    return kernels
+
+
+@pytest.mark.parametrize("condition", sorted(CONSTRUCTION_CONDITIONS))
+def test_fused_kernel_true_raises_at_construction(condition, monkeypatch):
+    """Each condition fixed by the layer's arguments raises when the layer is built,
+    naming the argument; `"auto"` builds the same layer."""
+    from keras_antisym import GatedAntisymmetricRNN
+
+    _kernel_backend_here(monkeypatch)
+    args, name, expected, got = CONSTRUCTION_CONDITIONS[condition]
+    args = {"units": 4, **args}
+    with pytest.raises(ValueError) as info:
+        GatedAntisymmetricRNN(fused_kernel=True, **args)
+    assert str(info.value) == unmet(name, expected, got)
+    assert GatedAntisymmetricRNN(fused_kernel="auto", **args).fused_kernel == "auto"
+
+
+def test_global_dtype_policy_counts_as_the_layers(monkeypatch):
+    import keras
+
+    from keras_antisym import AntisymmetricRNN
+
+    _kernel_backend_here(monkeypatch)
+    keras.config.set_dtype_policy("mixed_float16")  # reset by conftest
+    with pytest.raises(ValueError) as info:
+        AntisymmetricRNN(4, fused_kernel=True)
+    expected = unmet("dtype", "a dtype policy that computes in float32", "'mixed_float16'")
+    assert str(info.value) == expected
+
+
+def test_fused_kernel_true_raises_for_a_mask_at_the_call(monkeypatch):
+    from keras_antisym import AntisymmetricRNN
+
+    _kernel_backend_here(monkeypatch)
+    layer = AntisymmetricRNN(4, fused_kernel=True)
+    x = np.zeros((3, 6, 2), "float32")
+    with pytest.raises(ValueError) as info:
+        layer(x, mask=np.ones((3, 6), bool))
+    assert unmet("mask", "None", "a mask of shape (3, 6)") in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, expected, got",
+    [
+        (
+            (3, None, 2),
+            "float32",
+            "a static number of timesteps",
+            "sequences of shape (3, None, 2)",
+        ),
+        (
+            (3, 0, 2),
+            "float32",
+            "at least one timestep and one feature",
+            "sequences of shape (3, 0, 2)",
+        ),
+        (
+            (3, 6, 0),
+            "float32",
+            "at least one timestep and one feature",
+            "sequences of shape (3, 6, 0)",
+        ),
+        ((3, 6, 2), "float64", "float32 sequences", "float64 sequences"),
+        (
+            (2**14, 2**10, 2),
+            "float32",
+            "fewer than 2**31 projected inputs, padded (`(batch + 15) * timesteps * "
+            "blocks * padded units`)",
+            "sequences of shape (16384, 1024, 2)",
+        ),
+    ],
+)
+def test_fused_kernel_true_checks_the_sequences_at_the_call(
+    monkeypatch, shape, dtype, expected, got
+):
+    """Conditions on the sequences, known at the call (here on symbolic sequences)."""
+    import keras
+
+    from keras_antisym import AntisymmetricRNN
+
+    kernels = _kernel_backend_here(monkeypatch)
+    cell = AntisymmetricRNN(128, fused_kernel=True).cell
+    sequences = keras.KerasTensor(shape, dtype=dtype)
+    with pytest.raises(ValueError) as info:
+        kernels.check_call(cell, sequences, None)
+    assert str(info.value) == unmet("sequences", expected, got)
+    assert not kernels.kernel_applies(cell, sequences, True)
+
+
+def test_fused_kernel_true_without_a_cuda_gpu(monkeypatch):
+    """Without a CUDA GPU, `True` raises unless interpret mode is on (on PyTorch also
+    Triton's interpreter, and Triton itself)."""
+    import keras
+
+    from keras_antisym import AntisymmetricRNN
+
+    kernels = _kernel_backend_here(monkeypatch, interpret=False)
+    layer = AntisymmetricRNN(4, fused_kernel=True)
+    x = np.zeros((3, 6, 2), "float32")
+    with pytest.raises(ValueError) as info:
+        layer(x)
+    message = (
+        'Received an invalid value for argument `fused_kernel`, expected "auto" or False '
+        "without a CUDA GPU (set KERAS_ANTISYM_KERNEL_INTERPRET=1 to interpret the kernel, "
+        "for tests{}), got True."
+    )
+    assert message.format("") in str(info.value)
+    monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
+    monkeypatch.setattr(kernels, "cuda_available", lambda: False)
+    monkeypatch.setattr(kernels, "_triton_found", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    torch_message = message.format(", with TRITON_INTERPRET=1 before triton is imported")
+    assert str(kernels._device_problem()) == torch_message
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    assert str(kernels._device_problem()) == torch_message
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kernels._device_problem() is None
+    monkeypatch.setattr(kernels, "_triton_found", lambda: False)
+    assert str(kernels._device_problem()) == (
+        'Received an invalid value for argument `fused_kernel`, expected "auto" or False '
+        "without Triton (pip install triton), got True."
+    )
+    monkeypatch.setattr(kernels, "_triton_found", lambda: True)
+    monkeypatch.setattr(kernels, "INTERPRET", False)
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    assert kernels._device_problem() is None
+
+
+def test_interpret_mode_is_off_unless_the_environment_sets_it():
+    code = "from keras_antisym import kernels; print(kernels.INTERPRET)"
+    for value, expected in (("0", "False"), ("1", "True")):
+        env = {**os.environ, "KERAS_BACKEND": "jax", "KERAS_ANTISYM_KERNEL_INTERPRET": value}
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert proc.stdout.strip() == expected, proc.stderr[-2000:]
 
 
 def test_kernel_sizes():
@@ -291,13 +503,18 @@ LAYER_CASES = [
         ("backwards", {"return_sequences": True, "go_backwards": True}, {}),
         ("initial", {"return_sequences": True}, {"initial_state": True}),
         ("dropout", {"dropout": 0.4, "seed": 7}, {"training": True}),
-        ("inference-recurrent-dropout", {"recurrent_dropout": 0.3}, {}),
     )
 ]
-# Calls that keep the loop (no kernel call) under fused_kernel=True.
+# What the kernel cannot run: `fused_kernel=True` raises (naming the argument), `"auto"`
+# takes the loop (no kernel call off a CUDA GPU, and here not even on one).
 LOOP_CASES = {
-    "mask": ({}, {"mask": True}),
-    "recurrent-dropout": ({"recurrent_dropout": 0.3, "seed": 7}, {"training": True}),
+    "mask": ({}, {"mask": True}, "`mask`"),
+    "recurrent-dropout": (
+        {"recurrent_dropout": 0.3, "seed": 7},
+        {"training": True},
+        "`recurrent_dropout`",
+    ),
+    "activation": ({"activation": "relu"}, {}, "`activation`"),
 }
 LAYER_RTOL, LAYER_ATOL = 1e-5, 1e-6
 
@@ -314,8 +531,12 @@ def test_layers_fused_kernel_matches_the_loop(backend, tmp_path):
         assert case["kernel_calls"] > 0, name
         for key, (error, scale) in case["errors"].items():
             assert error <= LAYER_ATOL + LAYER_RTOL * scale, (name, key, error, scale)
-    for name in LOOP_CASES:
-        assert results[name]["kernel_calls"] == 0, name
+    for name, (_, _, argument) in LOOP_CASES.items():
+        case = results[name]
+        assert case["kernel_calls"] == 0, name
+        assert argument in case["error"] and "fused_kernel=True" in case["error"], case
+        for key, (error, scale) in case["errors"].items():
+            assert error <= LAYER_ATOL + LAYER_RTOL * scale, (name, key, error, scale)
     assert results["stateful"]["kernel_calls"] > 0
     for error, scale in results["stateful"]["errors"].values():
         assert error <= LAYER_ATOL + LAYER_RTOL * scale
@@ -356,8 +577,8 @@ def _outputs_and_grads(layer, x, call_args):
     return outputs, grads
 
 
-def _compare(layer_args, call_args, gated, x, counter, calls=1):
-    """Max abs errors (and scales) of fused_kernel=True against False, and kernel calls."""
+def _compare(layer_args, call_args, gated, x, counter, calls=1, fused="kernel"):
+    """Max abs errors (and scales) of fused_kernel=True (or `fused`) against False."""
     from keras import ops
 
     from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN
@@ -370,15 +591,15 @@ def _compare(layer_args, call_args, gated, x, counter, calls=1):
     if call_args.pop("mask", False):
         call_args["mask"] = np.arange(x.shape[1])[None, :] < np.array([[3], [6], [5]])
     results = []
-    for fused in (True, False):
-        layer = cls(5, fused_kernel=fused, **args)
+    for value in (True if fused == "kernel" else fused, False):
+        layer = cls(5, fused_kernel=value, **args)
         layer.build(x.shape)
         rng = np.random.RandomState(0)
         layer.set_weights([0.5 * rng.standard_normal(w.shape) for w in layer.get_weights()])
         before = counter[0]
         for _ in range(calls):
             outputs, grads = _outputs_and_grads(layer, x, call_args)
-        assert fused or counter[0] == before, "fused_kernel=False called the kernel"
+        assert value or counter[0] == before, "fused_kernel=False called the kernel"
         flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         results.append([ops.convert_to_numpy(a) for a in list(flat) + list(grads)])
     errors = {
@@ -402,12 +623,20 @@ def layer_probe(out_path):
     x = np.random.RandomState(1).standard_normal((3, 6, 2)).astype("float32")
     results = {}
     cases = [(n, g, la, ca, 1) for n, g, la, ca in LAYER_CASES]
-    cases += [(n, False, la, ca, 1) for n, (la, ca) in LOOP_CASES.items()]
     cases.append(("stateful", True, {"stateful": True, "return_sequences": True}, {}, 2))
     for name, gated, layer_args, call_args, calls in cases:
         counter[0] = 0
         errors = _compare(layer_args, call_args, gated, x, counter, calls)
         results[name] = {"errors": errors, "kernel_calls": counter[0]}
+    for name, (layer_args, call_args, _) in LOOP_CASES.items():
+        try:
+            _compare(layer_args, call_args, False, x, counter)
+            error = "no error"
+        except ValueError as exc:
+            error = str(exc)
+        counter[0] = 0
+        errors = _compare(layer_args, call_args, False, x, counter, fused="auto")
+        results[name] = {"errors": errors, "kernel_calls": counter[0], "error": error}
     Path(out_path).write_text(json.dumps(results, indent=1))
 
 

@@ -648,12 +648,7 @@ def test_fused_kernel_path_hands_the_whole_call_to_the_kernel(monkeypatch, gated
     """Where `fused_kernel` applies (no mask, no recurrent dropout), the layer's call is one
     kernel call over the projected inputs of all steps, from the given initial state, in
     processing order; outputs and last state as the NumPy reference computes them."""
-    from keras_antisym import kernels
-
-    calls = []
-    backends = (*kernels.KERNEL_BACKENDS, keras.backend.backend())
-    monkeypatch.setattr(kernels, "KERNEL_BACKENDS", backends)
-    monkeypatch.setattr(kernels, "recurrence", _recurrence_stand_in(calls))
+    calls = _stand_in_kernel(monkeypatch)
     args = dict(epsilon=0.3, gamma=0.05)
     layer = make_layer(
         "fused",
@@ -822,28 +817,35 @@ def test_auto_hoisting_on_an_accelerator_follows_the_input_width(
     np.testing.assert_allclose(outputs, expected, atol=2e-5)
 
 
-def _stand_in_kernel(monkeypatch):
-    """The current backend counted as a kernel backend, with `_recurrence_stand_in`."""
+def _stand_in_kernel(monkeypatch, cuda=False):
+    """The current backend counted as a kernel backend, with `_recurrence_stand_in`.
+
+    `fused_kernel=True` runs it as in interpret mode; `"auto"` only if `cuda`.
+    """
     from keras_antisym import kernels
 
     calls = []
     backends = (*kernels.KERNEL_BACKENDS, keras.backend.backend())
     monkeypatch.setattr(kernels, "KERNEL_BACKENDS", backends)
     monkeypatch.setattr(kernels, "recurrence", _recurrence_stand_in(calls))
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    monkeypatch.setattr(kernels, "cuda_available", lambda: cuda)
     return calls
 
 
 @pytest.mark.parametrize("gated", [False, True])
-def test_fused_kernel_leaves_masked_calls_and_recurrent_dropout_to_the_loop(monkeypatch, gated):
-    """Calls with a mask or recurrent dropout always take the loop (documented); input
-    dropout alone does not: the kernel gets the inputs with their mask applied."""
-    calls = _stand_in_kernel(monkeypatch)
+def test_auto_kernel_leaves_masked_calls_and_recurrent_dropout_to_the_loop(monkeypatch, gated):
+    """`fused_kernel="auto"` on a CUDA GPU: calls with a mask or recurrent dropout in
+    training take the loop (documented), with the loop's numbers; input dropout alone, and
+    recurrent dropout at inference, do not: the kernel gets the inputs with their mask
+    applied."""
+    calls = _stand_in_kernel(monkeypatch, cuda=True)
     args = dict(epsilon=0.3, gamma=0.05, return_sequences=True, seed=4)
     x = _x(batch=3, steps=6, seed=9)
     mask = np.ones((3, 6), bool)
     mask[0, 4:] = False
     mask[2, [1, 3]] = False
-    layer = make_layer("fused", gated, 5, fused_kernel=True, dropout=0.4, **args)
+    layer = make_layer("fused", gated, 5, fused_kernel="auto", dropout=0.4, **args)
     layer(x)
     weights = random_weights(layer, seed=18)
     calls.clear()
@@ -852,17 +854,53 @@ def test_fused_kernel_leaves_masked_calls_and_recurrent_dropout_to_the_loop(monk
     )
     np.testing.assert_allclose(np.asarray(layer(x, mask=mask)), expected, atol=2e-5)
     assert calls == []
+    kernel_call = [(3, 6, 10 if gated else 5)]
     for rates in (dict(recurrent_dropout=0.4), dict(dropout=0.4)):
-        kernel_layer = make_layer("fused", gated, 5, fused_kernel=True, **rates, **args)
+        kernel_layer = make_layer("fused", gated, 5, fused_kernel="auto", **rates, **args)
         loop_layer = make_layer("fused", gated, 5, **rates, **args)
         for each in (kernel_layer, loop_layer):
             each(x)
             each.set_weights(weights)
         calls.clear()
         y = np.asarray(kernel_layer(x, training=True))
-        assert calls == ([] if "recurrent_dropout" in rates else [(3, 6, 10 if gated else 5)])
+        assert calls == ([] if "recurrent_dropout" in rates else kernel_call)
         # The same seed draws the same masks: the loop's numbers.
         np.testing.assert_allclose(y, np.asarray(loop_layer(x, training=True)), atol=2e-5)
+        calls.clear()
+        y = np.asarray(kernel_layer(x))
+        assert calls == kernel_call  # no dropout at inference
+        np.testing.assert_allclose(y, np.asarray(loop_layer(x)), atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "layer_args, masked",
+    [
+        ({"activation": "relu"}, False),
+        ({"recurrent_activation": "hard_sigmoid"}, False),
+        ({"dtype": "float64"}, False),
+        ({"units": 130}, False),
+        ({}, True),
+    ],
+)
+def test_auto_kernel_falls_back_to_the_loops_numbers(monkeypatch, layer_args, masked):
+    """Where `fused_kernel=True` raises, `"auto"` (on a CUDA GPU) takes the loop: no kernel
+    call, and the numbers of `fused_kernel=False`."""
+    calls = _stand_in_kernel(monkeypatch, cuda=True)
+    args = {"units": 5, "epsilon": 0.3, "gamma": 0.05, "return_sequences": True, **layer_args}
+    x = _x(batch=3, steps=6, seed=10)
+    mask = (np.arange(6)[None] < np.array([[6], [4], [5]])) if masked else None
+    auto = GatedAntisymmetricRNN(fused_kernel="auto", **args)
+    loop = GatedAntisymmetricRNN(**args)
+    for each in (auto, loop):
+        each(x)
+    loop.set_weights(random_weights(auto, seed=21))
+    calls.clear()
+    y = np.asarray(auto(x, mask=mask))
+    assert calls == []
+    np.testing.assert_allclose(y, np.asarray(loop(x, mask=mask)), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="with `fused_kernel=True`"):
+        layer = GatedAntisymmetricRNN(fused_kernel=True, **args)
+        layer(x, mask=mask)
 
 
 @pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])

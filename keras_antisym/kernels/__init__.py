@@ -5,17 +5,22 @@
 projected inputs `u (B, T, k·n)` of all steps, the operand `mt (n, n)` and
 `h0 (B, n)`, differentiable in all three (see `pallas_recurrence`). The
 fused layers call it through `kernel_applies` and `run_layer` when
-`fused_kernel` allows; the backend modules are imported on first use only
+`fused_kernel` allows (with `fused_kernel=True`, `check_layer` and
+`check_call` raise where it cannot run); the backend modules are imported on first use only
 (Triton and TensorFlow must not share a process).
 """
 
+from __future__ import annotations
+
 import importlib.util
 import os
+from typing import Any
 
 import keras
 from keras import ops
 
 from keras_antisym._keras_private import torch_device
+from keras_antisym._validation import invalid, invalid_described
 
 #: Backends with a kernel; TensorFlow keeps the loop.
 KERNEL_BACKENDS = ("jax", "torch")
@@ -28,6 +33,12 @@ KERNEL_DTYPE = "float32"
 #: products, about float32's accuracy) or `"tf32"` (one; ~1e-3 relative per
 #: product). The environment's `KERAS_ANTISYM_KERNEL_PRECISION` sets it.
 PRECISION = os.environ.get("KERAS_ANTISYM_KERNEL_PRECISION", "float32")
+#: Whether `fused_kernel=True` runs the kernels without a CUDA GPU, interpreted
+#: (Pallas' interpret mode; Triton's interpreter, which also needs
+#: `TRITON_INTERPRET=1` before `triton` is imported): slow, for tests on tiny
+#: shapes. Read at each call; the environment's `KERAS_ANTISYM_KERNEL_INTERPRET=1`
+#: sets it. Off, `fused_kernel=True` without a CUDA GPU raises.
+INTERPRET = os.environ.get("KERAS_ANTISYM_KERNEL_INTERPRET", "0") not in ("", "0")
 
 
 def cuda_available():
@@ -41,8 +52,7 @@ def cuda_available():
         version = getattr(jax.devices()[0].client, "platform_version", "")
         return "rocm" not in str(version).lower()
     if backend == "torch":
-        found = importlib.util.find_spec("triton") is not None
-        return found and torch_device().startswith("cuda")
+        return _triton_found() and torch_device().startswith("cuda")
     return False
 
 
@@ -64,31 +74,139 @@ def fits(batch, steps, units, blocks):
     return batch is None or (batch + 15) * steps * blocks * width < 2**31
 
 
-def kernel_applies(cell, sequences, fused_kernel):
+def kernel_applies(cell: Any, sequences: Any, fused_kernel: bool | str) -> bool:
     """Whether a fused layer's call runs the kernel rather than the loop.
 
     The caller checks that the call has no mask and no recurrent dropout.
-    `fused_kernel=False` never; `"auto"` on a CUDA device; `True` on any
-    device (elsewhere than on a GPU: Pallas interpret mode or Triton's
-    interpreter, for tests). In every case: a kernel backend, tanh (and a
-    sigmoid gate), float32, a static positive length and input width, and
-    a size the kernels take (`fits`).
+    `fused_kernel=False` never; `"auto"` on a CUDA device; `True` on a CUDA
+    device, or elsewhere where `INTERPRET` allows (Pallas interpret mode or
+    Triton's interpreter, for tests). In every case: a kernel backend, tanh
+    (and a sigmoid gate), float32, a static positive length and input
+    width, and a size the kernels take (`fits`). A layer with
+    `fused_kernel=True` raises instead of taking the loop (`check_layer`,
+    `check_call`).
     """
-    if fused_kernel is False or keras.backend.backend() not in KERNEL_BACKENDS:
+    if fused_kernel is False or _static_problem(cell) is not None:
         return False
-    batch, steps, width = sequences.shape
-    if not steps or not width or cell.compute_dtype != KERNEL_DTYPE:
+    if _sequences_problem(cell, sequences) is not None:
         return False
-    if not fits(batch, steps, cell.units, cell.num_blocks):
-        return False
-    if keras.backend.standardize_dtype(sequences.dtype) != KERNEL_DTYPE:
-        return False
-    if _activation_name(cell.activation) != "tanh":
-        return False
+    if cuda_available():
+        return True
+    return fused_kernel is True and _device_problem() is None
+
+
+def _unmet(name: str, expected: str, got: str) -> ValueError:
+    """The error of `fused_kernel=True` where the kernel cannot run, naming the condition."""
+    return invalid_described(
+        name,
+        f"{expected} with `fused_kernel=True`",
+        got,
+        'The fused kernel cannot run otherwise; pass `fused_kernel="auto"` to fall back '
+        "to the time loop.",
+    )
+
+
+def _static_problem(cell: Any) -> ValueError | None:
+    """What a layer's construction rules out for the kernel (None: nothing)."""
+    backend = keras.backend.backend()
+    if backend not in KERNEL_BACKENDS:
+        return invalid(
+            "fused_kernel",
+            f'"auto" or False on the {backend} backend (the fused kernel runs on JAX and PyTorch)',
+            True,
+        )
+    policy = cell.dtype_policy
+    if policy.compute_dtype != KERNEL_DTYPE:
+        return _unmet("dtype", "a dtype policy that computes in float32", repr(policy.name))
+    activation = _activation_name(cell.activation)
+    if activation != "tanh":
+        return _unmet("activation", "'tanh'", repr(activation or cell.activation))
     gate = getattr(cell, "recurrent_activation", None)
     if gate is not None and _activation_name(gate) != "sigmoid":
-        return False
-    return fused_kernel is True or cuda_available()
+        return _unmet("recurrent_activation", "'sigmoid'", repr(_activation_name(gate) or gate))
+    if not fits(None, 1, cell.units, cell.num_blocks):
+        return _unmet("units", f"at most {MAX_UNITS}", repr(cell.units))
+    return None
+
+
+def _sequences_problem(cell: Any, sequences: Any) -> ValueError | None:
+    """What a call's sequences rule out for the kernel (None: nothing)."""
+    batch, steps, width = sequences.shape
+    shape = f"sequences of shape {tuple(sequences.shape)}"
+    if steps is None:
+        return _unmet("sequences", "a static number of timesteps", shape)
+    if not steps or not width:
+        return _unmet("sequences", "at least one timestep and one feature", shape)
+    dtype = keras.backend.standardize_dtype(sequences.dtype)
+    if dtype != KERNEL_DTYPE:
+        return _unmet("sequences", "float32 sequences", f"{dtype} sequences")
+    if not fits(batch, steps, cell.units, cell.num_blocks):
+        return _unmet(
+            "sequences",
+            "fewer than 2**31 projected inputs, padded (`(batch + 15) * timesteps * "
+            "blocks * padded units`)",
+            shape,
+        )
+    return None
+
+
+def _device_problem() -> ValueError | None:
+    """Why the kernels cannot run on this device (None: a CUDA GPU, or `INTERPRET`)."""
+    backend = keras.backend.backend()
+    if backend == "torch" and not _triton_found():
+        return invalid("fused_kernel", '"auto" or False without Triton (pip install triton)', True)
+    if cuda_available():
+        return None
+    how = "set KERAS_ANTISYM_KERNEL_INTERPRET=1 to interpret the kernel, for tests"
+    if backend == "torch":
+        if INTERPRET and _triton_interpreted():
+            return None
+        how += ", with TRITON_INTERPRET=1 before triton is imported"
+    elif INTERPRET:
+        return None
+    return invalid("fused_kernel", f'"auto" or False without a CUDA GPU ({how})', True)
+
+
+def _triton_found() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_layer(cell: Any) -> None:
+    """Raise the `ValueError` of a layer built with `fused_kernel=True` that never runs it.
+
+    Conditions fixed at construction: a kernel backend, a float32 compute
+    dtype, tanh (and a sigmoid gate), at most `MAX_UNITS` units, and no
+    recurrent dropout (the kernel has none).
+    """
+    problem = _static_problem(cell)
+    if problem is None and cell.recurrent_dropout:
+        problem = _unmet("recurrent_dropout", "0", repr(cell.recurrent_dropout))
+    if problem is not None:
+        raise problem
+
+
+def check_call(cell: Any, sequences: Any, mask: Any) -> None:
+    """Raise the `ValueError` of a `fused_kernel=True` call that the kernel cannot run.
+
+    Conditions known at the call: no mask, float32 sequences of a static
+    positive length and width that the kernels take (`fits`), and a CUDA
+    GPU (or `INTERPRET`); and again those of `check_layer`.
+    """
+    problem = _static_problem(cell)
+    if problem is None and mask is not None:
+        shape = getattr(mask, "shape", None)
+        got = "a mask" if shape is None else f"a mask of shape {tuple(shape)}"
+        problem = _unmet("mask", "None", got)
+    if problem is None:
+        problem = _sequences_problem(cell, sequences)
+    if problem is None:
+        problem = _device_problem()
+    if problem is not None:
+        raise problem
 
 
 def recurrence(u, mt, h0, epsilon, gated=False, precision=None):
@@ -126,4 +244,12 @@ def run_layer(cell, sequences, h0, go_backwards):
     return last, states, [last]
 
 
-__all__ = ["cuda_available", "fits", "kernel_applies", "recurrence", "run_layer"]
+__all__ = [
+    "check_call",
+    "check_layer",
+    "cuda_available",
+    "fits",
+    "kernel_applies",
+    "recurrence",
+    "run_layer",
+]
