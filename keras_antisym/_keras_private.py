@@ -49,6 +49,7 @@ Assumptions:
 import inspect
 import re
 import warnings
+from typing import Any
 
 import keras
 from keras import ops
@@ -72,7 +73,7 @@ DROPOUT_CELL_METHODS = (
 )
 INNER_LOOP_ARGUMENTS = ("sequences", "initial_state", "mask", "training")
 #: Descriptions of the private pieces this Keras lacks (each one warned about).
-MISSING = []
+MISSING: list[str] = []
 
 
 def version_tuple(version):
@@ -191,6 +192,11 @@ class PublicDropoutCell:
     class, so each `get_*` call draws a new mask.
     """
 
+    # Set by the cell that mixes this class in.
+    dropout: float
+    recurrent_dropout: float
+    seed_generator: Any
+
     def _new_mask(self, step_input, rate):
         if rate <= 0:
             return None
@@ -215,7 +221,7 @@ rnn_loop = _find_rnn_loop()
 if rnn_loop is None:
     rnn_loop = public_rnn_loop
     _missing("the time loop `keras.src.backend.rnn`", "a `keras.ops.scan` loop")
-DropoutRNNCell = _find_dropout_cell()
+DropoutRNNCell: Any = _find_dropout_cell()
 if DropoutRNNCell is None:
     DropoutRNNCell = PublicDropoutCell
     _missing(

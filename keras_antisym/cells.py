@@ -1,15 +1,20 @@
 """AntisymmetricRNN cells (Chang, Chen, Haber & Chi, ICLR 2019)."""
 
+from __future__ import annotations
+
+from typing import Any, Literal, cast, overload
+
 import keras
 import numpy as np
 from keras import ops
 
 from keras_antisym._keras_private import SequenceConstantsCell, accelerator_available
+from keras_antisym._typing import Activation, DType, KerasObject, Shape, Tensor
 from keras_antisym._validation import check_bool, check_float, check_positive_int, check_rate
 from keras_antisym.initializers import FanInNormal
 
 
-def upper_triangle_indices(units):
+def upper_triangle_indices(units: int) -> np.ndarray:
     """`(units·(units-1)/2, 2)` positions of the strictly upper triangle.
 
     The stored vector `w` of `W` follows this row-major order, the order of
@@ -18,7 +23,7 @@ def upper_triangle_indices(units):
     return np.stack(np.triu_indices(units, 1), axis=-1).astype("int32")
 
 
-def activation_derivative(activation, x):
+def activation_derivative(activation: Any, x: Tensor) -> Tensor:
     """`activation'(x)`, in closed form for the usual activations.
 
     Any other activation gets central differences, accurate to ~1e-3 relative
@@ -107,30 +112,30 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
     """
 
     #: Number of `units`-wide blocks in the input projection.
-    num_blocks = 1
+    num_blocks: int = 1
 
     def __init__(
         self,
-        units,
-        epsilon=0.01,
-        gamma=0.01,
-        activation="tanh",
-        use_bias=True,
-        kernel_initializer=None,
-        recurrent_initializer=None,
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        recurrent_regularizer=None,
-        bias_regularizer=None,
-        kernel_constraint=None,
-        recurrent_constraint=None,
-        bias_constraint=None,
-        dropout=0.0,
-        recurrent_dropout=0.0,
-        seed=None,
-        antisymmetric=True,
-        **kwargs,
-    ):
+        units: int,
+        epsilon: float = 0.01,
+        gamma: float = 0.01,
+        activation: Activation = "tanh",
+        use_bias: bool = True,
+        kernel_initializer: KerasObject = None,
+        recurrent_initializer: KerasObject = None,
+        bias_initializer: KerasObject = "zeros",
+        kernel_regularizer: KerasObject = None,
+        recurrent_regularizer: KerasObject = None,
+        bias_regularizer: KerasObject = None,
+        kernel_constraint: KerasObject = None,
+        recurrent_constraint: KerasObject = None,
+        bias_constraint: KerasObject = None,
+        dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
+        seed: int | None = None,
+        antisymmetric: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.units = check_positive_int("units", units)
         self.epsilon = check_float("epsilon", epsilon, "a positive float", allow_zero=False)
@@ -163,7 +168,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         self.supports_jit = keras.backend.backend() != "tensorflow" or accelerator_available()
         self._upper_indices = upper_triangle_indices(self.units) if self.antisymmetric else None
 
-    def build(self, input_shape):
+    def build(self, input_shape: Shape) -> None:
         input_shape = tuple(input_shape)
         if len(input_shape) != 2 or input_shape[-1] is None:
             raise ValueError(
@@ -180,6 +185,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
             regularizer=self.kernel_regularizer,
             constraint=self.kernel_constraint,
         )
+        shape: tuple[int, ...]
         if self.antisymmetric:
             shape = (self.units * (self.units - 1) // 2,)
             initializer = self._upper_triangle_initializer
@@ -204,12 +210,13 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         else:
             self.bias = None
 
-    def _upper_triangle_initializer(self, shape, dtype=None):
+    def _upper_triangle_initializer(self, shape: Shape, dtype: DType = None) -> Tensor:
         full = self.recurrent_initializer((self.units, self.units), dtype=dtype)
-        flat_index = self._upper_indices[:, 0] * self.units + self._upper_indices[:, 1]
+        indices = cast(np.ndarray, self._upper_indices)  # set when antisymmetric
+        flat_index = indices[:, 0] * self.units + indices[:, 1]
         return ops.take(ops.reshape(full, (-1,)), flat_index)
 
-    def recurrent_operand(self):
+    def recurrent_operand(self) -> Tensor:
         """`(W - Wᵀ - γI)ᵀ`, the matrix that multiplies `h` from the right.
 
         Forming it costs a few `units²` operations: the fused layers form it
@@ -227,7 +234,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         upper = ops.scatter_update(zeros, self._upper_indices, stored)
         return ops.transpose(upper) - upper - self.gamma * eye
 
-    def input_weights(self):
+    def input_weights(self) -> list[tuple[Tensor, Tensor | None]]:
         """`[(V_k, b_k)]`: the kernel and bias as `units`-wide blocks.
 
         One block ungated; `[gate z, candidate h]` gated (`b_k` is None
@@ -248,18 +255,18 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
             for k in range(blocks)
         ]
 
-    def sequence_constants(self):
+    def sequence_constants(self) -> tuple[Tensor, list[tuple[Tensor, Tensor | None]]]:
         # Formed once per sequence inside keras.layers.RNN (see _keras_private).
         return self.recurrent_operand(), self.input_weights()
 
-    def transition_matrix(self):
+    def transition_matrix(self) -> Tensor:
         """The paper's `W - Wᵀ - γI` (or `U - γI` when not antisymmetric).
 
         `h_t = h_{t-1} + ε·tanh(M h_{t-1} + V x_t + b)` with `M` this matrix.
         """
         return ops.transpose(self.recurrent_operand())
 
-    def project_inputs(self, inputs):
+    def project_inputs(self, inputs: Tensor) -> Tensor:
         """`x·Vᵀ + b` for inputs of shape `(..., input_dim)`, all blocks."""
         projected = ops.matmul(inputs, self.kernel)
         if self.bias is not None:
@@ -267,14 +274,26 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         return projected
 
     @staticmethod
-    def project_blocks(inputs, weights):
+    def project_blocks(inputs: Tensor, weights: list[tuple[Tensor, Tensor | None]]) -> list[Tensor]:
         """`[x·V_kᵀ + b_k]` per block, for `weights` from `input_weights()`."""
         return [
             ops.matmul(inputs, kernel) if bias is None else ops.matmul(inputs, kernel) + bias
             for kernel, bias in weights
         ]
 
-    def vector_field(self, shared, blocks, return_slope=False):
+    @overload
+    def vector_field(
+        self, shared: Tensor, blocks: list[Tensor], return_slope: Literal[False] = False
+    ) -> Tensor: ...
+
+    @overload
+    def vector_field(
+        self, shared: Tensor, blocks: list[Tensor], return_slope: Literal[True]
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def vector_field(
+        self, shared: Tensor, blocks: list[Tensor], return_slope: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """The right-hand side `f` of the ODE `h' = f(h, x)` that the cell discretizes.
 
         Every block reads the same recurrent term, so `∂f/∂h = diag(d)·M`:
@@ -295,7 +314,35 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
             return rate
         return rate, activation_derivative(self.activation, pre_activation)
 
-    def step(self, h, blocks, operand, recurrent_mask=None, return_slope=False):
+    @overload
+    def step(
+        self,
+        h: Tensor,
+        blocks: list[Tensor],
+        operand: Tensor,
+        recurrent_mask: Tensor | None = None,
+        return_slope: Literal[False] = False,
+    ) -> Tensor: ...
+
+    @overload
+    def step(
+        self,
+        h: Tensor,
+        blocks: list[Tensor],
+        operand: Tensor,
+        recurrent_mask: Tensor | None = None,
+        *,
+        return_slope: Literal[True],
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def step(
+        self,
+        h: Tensor,
+        blocks: list[Tensor],
+        operand: Tensor,
+        recurrent_mask: Tensor | None = None,
+        return_slope: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """One Euler step `h_t = h_{t-1} + ε·f` from `h_{t-1}`.
 
         The one definition of the step: the cell's `call`, the fused layers'
@@ -319,7 +366,9 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         rate, slope = self.vector_field(shared, blocks, return_slope=True)
         return h + self.epsilon * rate, slope
 
-    def call(self, sequence, states, training=False):
+    def call(
+        self, sequence: Tensor, states: Tensor | list[Tensor], training: bool = False
+    ) -> tuple[Tensor, Tensor | list[Tensor]]:
         h = states[0] if isinstance(states, (list, tuple)) else states
         recurrent_mask = None
         if training:
@@ -332,10 +381,10 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         new_states = [h_new] if isinstance(states, (list, tuple)) else h_new
         return h_new, new_states
 
-    def get_initial_state(self, batch_size=None):
+    def get_initial_state(self, batch_size: int | None = None) -> list[Tensor]:
         return [ops.zeros((batch_size, self.units), dtype=self.compute_dtype)]
 
-    def argument_config(self):
+    def argument_config(self) -> dict[str, Any]:
         """The constructor arguments of this cell, serialized."""
         return {
             "units": self.units,
@@ -358,7 +407,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
             "antisymmetric": self.antisymmetric,
         }
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), **self.argument_config()}
 
 
@@ -400,31 +449,31 @@ class GatedAntisymmetricCell(AntisymmetricCell):
     (4, 100, 32)
     """
 
-    num_blocks = 2
+    num_blocks: int = 2
 
     def __init__(
         self,
-        units,
-        epsilon=0.01,
-        gamma=0.01,
-        activation="tanh",
-        recurrent_activation="sigmoid",
-        use_bias=True,
-        kernel_initializer=None,
-        recurrent_initializer=None,
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        recurrent_regularizer=None,
-        bias_regularizer=None,
-        kernel_constraint=None,
-        recurrent_constraint=None,
-        bias_constraint=None,
-        dropout=0.0,
-        recurrent_dropout=0.0,
-        seed=None,
-        antisymmetric=True,
-        **kwargs,
-    ):
+        units: int,
+        epsilon: float = 0.01,
+        gamma: float = 0.01,
+        activation: Activation = "tanh",
+        recurrent_activation: Activation = "sigmoid",
+        use_bias: bool = True,
+        kernel_initializer: KerasObject = None,
+        recurrent_initializer: KerasObject = None,
+        bias_initializer: KerasObject = "zeros",
+        kernel_regularizer: KerasObject = None,
+        recurrent_regularizer: KerasObject = None,
+        bias_regularizer: KerasObject = None,
+        kernel_constraint: KerasObject = None,
+        recurrent_constraint: KerasObject = None,
+        bias_constraint: KerasObject = None,
+        dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
+        seed: int | None = None,
+        antisymmetric: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(
             units,
             epsilon=epsilon,
@@ -448,7 +497,19 @@ class GatedAntisymmetricCell(AntisymmetricCell):
         )
         self.recurrent_activation = keras.activations.get(recurrent_activation)
 
-    def vector_field(self, shared, blocks, return_slope=False):
+    @overload
+    def vector_field(
+        self, shared: Tensor, blocks: list[Tensor], return_slope: Literal[False] = False
+    ) -> Tensor: ...
+
+    @overload
+    def vector_field(
+        self, shared: Tensor, blocks: list[Tensor], return_slope: Literal[True]
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def vector_field(
+        self, shared: Tensor, blocks: list[Tensor], return_slope: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """`f = z ⊙ act(a_c)`, `z = recurrent_activation(a_z)`; see `AntisymmetricCell`.
 
         Both `a_z` and `a_c` read `M h`, so `d = c ⊙ σ'(a_z) + z ⊙ act'(a_c)`
@@ -467,7 +528,7 @@ class GatedAntisymmetricCell(AntisymmetricCell):
         ) + gate * activation_derivative(self.activation, candidate_input)
         return rate, slope
 
-    def argument_config(self):
+    def argument_config(self) -> dict[str, Any]:
         return {
             **super().argument_config(),
             "recurrent_activation": keras.activations.serialize(self.recurrent_activation),

@@ -5,13 +5,18 @@ It logs, for every AntisymmetricRNN layer of a model, the quantities that
 the gradient norm of each layer through the backend's own autodiff.
 """
 
+from __future__ import annotations
+
 import math
 import os
+from collections.abc import Callable
+from typing import Any, cast
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_antisym._typing import TensorLike
 from keras_antisym._validation import check_positive_int, invalid
 from keras_antisym.cells import AntisymmetricCell
 from keras_antisym.stability import (
@@ -41,7 +46,7 @@ __all__ = [
 ]
 
 
-def _recurrent_layers(model):
+def _recurrent_layers(model: Any) -> list[Any]:
     """The layers of `model` (nested models included) with an AntisymmetricCell."""
     found = []
     for layer in getattr(model, "layers", []):
@@ -52,14 +57,16 @@ def _recurrent_layers(model):
     return found
 
 
-def _loss_function(model):
+def _loss_function(model: Any) -> Callable[..., Any] | None:
     loss = getattr(model, "loss", None)
     if isinstance(loss, str):
         loss = keras.losses.get(loss)
     return loss if callable(loss) else None
 
 
-def _gradients(model, loss_fn, x, y):
+def _gradients(
+    model: Any, loss_fn: Callable[..., Any], x: TensorLike, y: TensorLike
+) -> list[np.ndarray | None] | None:
     """Gradients of `loss_fn(y, model(x))` for `model.trainable_variables`.
 
     Keras 3 has no backend-agnostic gradient function, so this dispatches on
@@ -160,14 +167,14 @@ class StabilityDiagnostics(keras.callbacks.Callback):
 
     def __init__(
         self,
-        every_n_steps=100,
-        probe_data=None,
-        probe_steps=None,
-        jacobian=True,
-        log_dir=None,
-        prefix="stability",
-        loss_fn=None,
-    ):
+        every_n_steps: int = 100,
+        probe_data: TensorLike | tuple[TensorLike, TensorLike] | None = None,
+        probe_steps: int | None = None,
+        jacobian: bool = True,
+        log_dir: str | os.PathLike[str] | None = None,
+        prefix: str = "stability",
+        loss_fn: str | dict[str, Any] | Callable[..., Any] | None = None,
+    ) -> None:
         super().__init__()
         if isinstance(loss_fn, (str, dict)):  # a name, or a config from `get_config`
             loss_fn = keras.losses.get(loss_fn)
@@ -187,14 +194,16 @@ class StabilityDiagnostics(keras.callbacks.Callback):
         self.jacobian = bool(jacobian)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.prefix = prefix
-        self.records = []
-        self.latest = {}
+        #: Every computed set of values, with its `"step"`.
+        self.records: list[dict[str, float]] = []
+        #: The values last computed.
+        self.latest: dict[str, float] = {}
         self._step = 0
-        self._writer = None
-        self._layers = None
-        self._extractor = None
+        self._writer: Any = None
+        self._layers: list[Any] | None = None
+        self._extractor: Any = None
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         # The probe batch is data, not configuration.
         return {
             "every_n_steps": self.every_n_steps,
@@ -205,7 +214,7 @@ class StabilityDiagnostics(keras.callbacks.Callback):
             "loss_fn": None if self.loss_fn is None else keras.losses.serialize(self.loss_fn),
         }
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._find_layers()
         if self.log_dir is not None and self._writer is None:
             # TensorFlow is imported lazily, only to write TensorBoard events
@@ -214,7 +223,7 @@ class StabilityDiagnostics(keras.callbacks.Callback):
 
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "stability"))
 
-    def _find_layers(self):
+    def _find_layers(self) -> None:
         """The model's recurrent layers and, with a probe, a model giving their inputs."""
         self._layers = _recurrent_layers(self.model)
         self._extractor = None
@@ -229,7 +238,7 @@ class StabilityDiagnostics(keras.callbacks.Callback):
             except (AttributeError, ValueError, TypeError):
                 self._extractor = None  # subclassed model: no symbolic inputs
 
-    def compute(self):
+    def compute(self) -> dict[str, float]:
         """Computes the diagnostics now; returns a dict of Python floats.
 
         Called by `fit` every `every_n_steps` batches; outside `fit`, call
@@ -240,19 +249,20 @@ class StabilityDiagnostics(keras.callbacks.Callback):
         model = self.model
         if self._layers is None:  # called outside `fit`, after `set_model`
             self._find_layers()
-        values = {}
+        layers = cast("list[Any]", self._layers)  # set by `_find_layers`
+        values: dict[str, float] = {}
         layer_inputs = None
         if self._extractor is not None:
             layer_inputs = self._extractor(self.probe_x, training=False)
-            if len(self._layers) == 1:
+            if len(layers) == 1:
                 layer_inputs = [layer_inputs]
-        for index, layer in enumerate(self._layers):
+        for index, layer in enumerate(layers):
             probe = None if layer_inputs is None else ops.convert_to_numpy(layer_inputs[index])
             values.update(self._layer_values(layer, probe))
         values.update(self._gradient_norms(model))
         return values
 
-    def _layer_values(self, layer, probe):
+    def _layer_values(self, layer: Any, probe: np.ndarray | None) -> dict[str, float]:
         """The diagnostics of one layer, on its own probe inputs (or at `h = 0, x = 0`)."""
         cell = get_antisymmetric_cell(layer)
         key = f"{self.prefix}/{layer.name}"
@@ -282,15 +292,17 @@ class StabilityDiagnostics(keras.callbacks.Callback):
         values[f"{key}/euler_margin"] = float(np.max(stability_margin(cell, h_prev, last)))
         return values
 
-    def _gradient_norms(self, model):
+    def _gradient_norms(self, model: Any) -> dict[str, float]:
         loss_fn = self.loss_fn if self.loss_fn is not None else _loss_function(model)
         if self.probe_y is None or loss_fn is None:
             return {}
         grads = _gradients(model, loss_fn, self.probe_x, self.probe_y)
         if grads is None:
             return {}
-        by_id = {id(v): g for v, g in zip(model.trainable_variables, grads, strict=True)}
-        norms = {}
+        by_id: dict[int, Any] = {
+            id(v): g for v, g in zip(model.trainable_variables, grads, strict=True)
+        }
+        norms: dict[str, float] = {}
         for layer in model.layers:
             squares = [
                 float(np.sum(np.square(by_id[id(v)])))
@@ -301,7 +313,7 @@ class StabilityDiagnostics(keras.callbacks.Callback):
                 norms[f"{self.prefix}/grad_norm/{layer.name}"] = math.sqrt(sum(squares))
         return norms
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._step += 1
         if self._step % self.every_n_steps:
             return
@@ -318,12 +330,12 @@ class StabilityDiagnostics(keras.callbacks.Callback):
                     tf.summary.scalar(name, value, step=self._step)
             self._writer.flush()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         # History runs after user callbacks, so it records these values.
         if logs is not None:
             logs.update(self.latest)
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -1,9 +1,15 @@
 """The paper's weight initialization (Chang et al., 2019, Appendix C)."""
 
+from __future__ import annotations
+
 import math
 import numbers
+from collections.abc import Sequence
+from typing import Any
 
 import keras
+
+from keras_antisym._typing import DType, Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
@@ -29,7 +35,7 @@ class FanInNormal(keras.initializers.RandomNormal):
     >>> w = init((128, 128))  # entries drawn from N(0, 16 / 128)
     """
 
-    def __init__(self, sigma=1.0, seed=None):
+    def __init__(self, sigma: float = 1.0, seed: int | None = None) -> None:
         if (
             isinstance(sigma, bool)
             or not isinstance(sigma, numbers.Real)
@@ -41,9 +47,9 @@ class FanInNormal(keras.initializers.RandomNormal):
                 f"non-negative float, got {sigma!r}."
             )
         super().__init__(mean=0.0, stddev=1.0, seed=seed)
-        self.sigma = float(sigma)
+        self.sigma: float = float(sigma)
 
-    def __call__(self, shape, dtype=None):
+    def __call__(self, shape: Sequence[int], dtype: DType = None) -> Tensor:
         shape = tuple(shape)
         if not shape:
             raise ValueError(
@@ -55,6 +61,6 @@ class FanInNormal(keras.initializers.RandomNormal):
         stddev = self.sigma / math.sqrt(max(1, shape[0]))
         return keras.random.normal(shape, stddev=stddev, dtype=dtype, seed=self.seed)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         return {"sigma": self.sigma, "seed": config["seed"]}

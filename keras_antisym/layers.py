@@ -1,10 +1,16 @@
 """Fused AntisymmetricRNN layers: the fast path for whole sequences."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
 import keras
 from keras import ops
 
 from keras_antisym import kernels
 from keras_antisym._keras_private import accelerator_available, rnn_loop
+from keras_antisym._typing import Activation, KerasObject, Tensor
 from keras_antisym._validation import check_auto_or_bool
 from keras_antisym.cells import AntisymmetricCell, GatedAntisymmetricCell
 
@@ -17,7 +23,7 @@ HOIST_MIN_INPUT_DIM = 8
 _STEPS_PER_ITERATION = 2
 
 
-def hoists_inputs(hoist_inputs, input_dim):
+def hoists_inputs(hoist_inputs: bool | Literal["auto"], input_dim: int | None) -> bool:
     """Whether a fused layer projects all steps' inputs before its loop.
 
     Args:
@@ -38,7 +44,11 @@ def hoists_inputs(hoist_inputs, input_dim):
     return hoist_inputs
 
 
-def _steps_per_iteration(sequences, mask, unroll):
+#: The input blocks `[(V_k, b_k)]` of `AntisymmetricCell.input_weights` (`b_k` None without bias).
+Weights = list[tuple[Tensor, Tensor | None]]
+
+
+def _steps_per_iteration(sequences: Tensor, mask: Tensor | None, unroll: bool) -> int:
     steps, width = sequences.shape[1], sequences.shape[-1]
     chunk = _STEPS_PER_ITERATION
     if mask is not None or unroll or steps is None or steps % chunk or not width:
@@ -46,7 +56,7 @@ def _steps_per_iteration(sequences, mask, unroll):
     return chunk
 
 
-def _group_steps(sequences, chunk, go_backwards):
+def _group_steps(sequences: Tensor, chunk: int, go_backwards: bool) -> tuple[Tensor, bool]:
     """`(batch, T, w)` as `(batch, T / chunk, chunk·w)`, reversed first if `go_backwards`.
 
     Returns the grouped sequences and the `go_backwards` left to the loop.
@@ -59,7 +69,7 @@ def _group_steps(sequences, chunk, go_backwards):
     return ops.reshape(sequences, (-1, steps // chunk, chunk * width)), False
 
 
-def _fold_bias(sequences, weights):
+def _fold_bias(sequences: Tensor, weights: Weights) -> tuple[Tensor, Weights]:
     """A constant-1 input feature that makes each block's bias a row of its kernel.
 
     One product per block and step instead of a product and a bias add,
@@ -74,7 +84,7 @@ def _fold_bias(sequences, weights):
     return ops.concatenate([sequences, ones], -1), folded
 
 
-def _cell_property(name):
+def _cell_property(name: str) -> Any:
     return property(lambda self: getattr(self.cell, name), doc=f"The cell's `{name}` (read-only).")
 
 
@@ -154,41 +164,41 @@ class AntisymmetricRNN(keras.layers.RNN):
     9674
     """
 
-    cell_class = AntisymmetricCell
-    cell_name = "antisymmetric_cell"
+    cell_class: type[AntisymmetricCell] = AntisymmetricCell
+    cell_name: str = "antisymmetric_cell"
     #: Arguments of `cell_class` beyond those of `AntisymmetricCell`.
-    cell_only_arguments = ()
+    cell_only_arguments: tuple[str, ...] = ()
 
     def __init__(
         self,
-        units,
-        epsilon=0.01,
-        gamma=0.01,
-        activation="tanh",
-        use_bias=True,
-        kernel_initializer=None,
-        recurrent_initializer=None,
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        recurrent_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        recurrent_constraint=None,
-        bias_constraint=None,
-        dropout=0.0,
-        recurrent_dropout=0.0,
-        seed=None,
-        antisymmetric=True,
-        return_sequences=False,
-        return_state=False,
-        go_backwards=False,
-        stateful=False,
-        unroll=False,
-        hoist_inputs="auto",
-        fused_kernel=False,
-        **kwargs,
-    ):
+        units: int,
+        epsilon: float = 0.01,
+        gamma: float = 0.01,
+        activation: Activation = "tanh",
+        use_bias: bool = True,
+        kernel_initializer: KerasObject = None,
+        recurrent_initializer: KerasObject = None,
+        bias_initializer: KerasObject = "zeros",
+        kernel_regularizer: KerasObject = None,
+        recurrent_regularizer: KerasObject = None,
+        bias_regularizer: KerasObject = None,
+        activity_regularizer: KerasObject = None,
+        kernel_constraint: KerasObject = None,
+        recurrent_constraint: KerasObject = None,
+        bias_constraint: KerasObject = None,
+        dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
+        seed: int | None = None,
+        antisymmetric: bool = True,
+        return_sequences: bool = False,
+        return_state: bool = False,
+        go_backwards: bool = False,
+        stateful: bool = False,
+        unroll: bool = False,
+        hoist_inputs: bool | Literal["auto"] = "auto",
+        fused_kernel: bool | Literal["auto"] = False,
+        **kwargs: Any,
+    ) -> None:
         self._init_rnn(
             self.cell_class(
                 units,
@@ -217,7 +227,13 @@ class AntisymmetricRNN(keras.layers.RNN):
             activity_regularizer=activity_regularizer, **kwargs,
         )  # fmt: skip
 
-    def _init_rnn(self, cell, hoist_inputs, fused_kernel, **kwargs):
+    def _init_rnn(
+        self,
+        cell: AntisymmetricCell,
+        hoist_inputs: bool | Literal["auto"],
+        fused_kernel: bool | Literal["auto"],
+        **kwargs: Any,
+    ) -> None:
         """`keras.layers.RNN.__init__`, the 3D input spec, `hoist_inputs`, `fused_kernel`."""
         super().__init__(cell, **kwargs)
         self._hoist_inputs = check_auto_or_bool("hoist_inputs", hoist_inputs)
@@ -226,7 +242,7 @@ class AntisymmetricRNN(keras.layers.RNN):
             kernels.check_layer(cell)
         self.input_spec = keras.layers.InputSpec(ndim=3)
 
-    def _cell_keywords(self, kwargs):
+    def _cell_keywords(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The cell's name, dtype and trainability, and its own arguments (popped)."""
         own = {name: kwargs.pop(name) for name in self.cell_only_arguments if name in kwargs}
         return {
@@ -236,7 +252,13 @@ class AntisymmetricRNN(keras.layers.RNN):
             **own,
         }
 
-    def inner_loop(self, sequences, initial_state, mask, training=False):
+    def inner_loop(
+        self,
+        sequences: Tensor,
+        initial_state: Tensor | list[Tensor],
+        mask: Tensor | None,
+        training: bool = False,
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
         # Called by RNN.call (keras_antisym/_keras_private.py, assumption 3).
         cell = self.cell
         h0 = initial_state[0] if isinstance(initial_state, (list, tuple)) else initial_state
@@ -275,7 +297,9 @@ class AntisymmetricRNN(keras.layers.RNN):
                 outputs = ops.reshape(outputs, (-1, steps, cell.units))
         return last_output, outputs, states
 
-    def _apply_dropout(self, sequences, h0, training):
+    def _apply_dropout(
+        self, sequences: Tensor, h0: Tensor, training: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """The inputs with their dropout mask applied, and the recurrent mask.
 
         Inside `RNN.call` these are the masks RNN drew for this call, one per
@@ -288,7 +312,15 @@ class AntisymmetricRNN(keras.layers.RNN):
             sequences = sequences * ops.expand_dims(dropout_mask, 1)
         return sequences, self.cell.step_recurrent_dropout_mask(h0)
 
-    def _step_function(self, operand, weights, recurrent_mask, hoist, chunk, width):
+    def _step_function(
+        self,
+        operand: Tensor,
+        weights: Weights,
+        recurrent_mask: Tensor | None,
+        hoist: bool,
+        chunk: int,
+        width: int,
+    ) -> Callable[[Tensor, list[Tensor]], tuple[Tensor, list[Tensor]]]:
         """The loop's step: `chunk` Euler steps on inputs of `chunk·width` features."""
         cell, blocks = self.cell, len(weights)
         # RNN.call assigns the last state into the state variables in place:
@@ -296,7 +328,7 @@ class AntisymmetricRNN(keras.layers.RNN):
         # Keras' own RNN.inner_loop).
         copy_states = keras.backend.backend() == "torch" and self.stateful
 
-        def projected_blocks(inputs):
+        def projected_blocks(inputs: Tensor) -> list[list[Tensor]]:
             """The projected input blocks of each of the `chunk` steps."""
             if hoist:
                 pieces = [inputs] if chunk * blocks == 1 else ops.split(inputs, chunk * blocks, -1)
@@ -305,7 +337,7 @@ class AntisymmetricRNN(keras.layers.RNN):
             raw = [inputs[:, j * width : (j + 1) * width] for j in range(chunk)]
             return [cell.project_blocks(x, weights) for x in ([inputs] if chunk == 1 else raw)]
 
-        def step(inputs, states):
+        def step(inputs: Tensor, states: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
             h = ops.copy(states[0]) if copy_states else states[0]
             outputs = []
             for projected in projected_blocks(inputs):
@@ -315,40 +347,40 @@ class AntisymmetricRNN(keras.layers.RNN):
 
         return step
 
-    def transition_matrix(self):
+    def transition_matrix(self) -> Tensor:
         """The paper's `W - Wᵀ - γI` (see `AntisymmetricCell`)."""
         return self.cell.transition_matrix()
 
     @property
-    def hoist_inputs(self):
+    def hoist_inputs(self) -> bool | Literal["auto"]:
         """`"auto"`, `True` or `False`, as given (read-only)."""
         return self._hoist_inputs
 
     @property
-    def fused_kernel(self):
+    def fused_kernel(self) -> bool | Literal["auto"]:
         """`"auto"`, `True` or `False`, as given (read-only)."""
         return self._fused_kernel
 
-    units = _cell_property("units")
-    epsilon = _cell_property("epsilon")
-    gamma = _cell_property("gamma")
-    activation = _cell_property("activation")
-    use_bias = _cell_property("use_bias")
-    kernel_initializer = _cell_property("kernel_initializer")
-    recurrent_initializer = _cell_property("recurrent_initializer")
-    bias_initializer = _cell_property("bias_initializer")
-    kernel_regularizer = _cell_property("kernel_regularizer")
-    recurrent_regularizer = _cell_property("recurrent_regularizer")
-    bias_regularizer = _cell_property("bias_regularizer")
-    kernel_constraint = _cell_property("kernel_constraint")
-    recurrent_constraint = _cell_property("recurrent_constraint")
-    bias_constraint = _cell_property("bias_constraint")
-    dropout = _cell_property("dropout")
-    recurrent_dropout = _cell_property("recurrent_dropout")
-    seed = _cell_property("seed")
-    antisymmetric = _cell_property("antisymmetric")
+    units: Final[int] = _cell_property("units")
+    epsilon: Final[float] = _cell_property("epsilon")
+    gamma: Final[float] = _cell_property("gamma")
+    activation: Final[Callable[..., Any]] = _cell_property("activation")
+    use_bias: Final[bool] = _cell_property("use_bias")
+    kernel_initializer: Final[Any] = _cell_property("kernel_initializer")
+    recurrent_initializer: Final[Any] = _cell_property("recurrent_initializer")
+    bias_initializer: Final[Any] = _cell_property("bias_initializer")
+    kernel_regularizer: Final[Any] = _cell_property("kernel_regularizer")
+    recurrent_regularizer: Final[Any] = _cell_property("recurrent_regularizer")
+    bias_regularizer: Final[Any] = _cell_property("bias_regularizer")
+    kernel_constraint: Final[Any] = _cell_property("kernel_constraint")
+    recurrent_constraint: Final[Any] = _cell_property("recurrent_constraint")
+    bias_constraint: Final[Any] = _cell_property("bias_constraint")
+    dropout: Final[float] = _cell_property("dropout")
+    recurrent_dropout: Final[float] = _cell_property("recurrent_dropout")
+    seed: Final[int | None] = _cell_property("seed")
+    antisymmetric: Final[bool] = _cell_property("antisymmetric")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         base_config = super().get_config()
         del base_config["cell"]
         return {
@@ -359,7 +391,7 @@ class AntisymmetricRNN(keras.layers.RNN):
         }
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> AntisymmetricRNN:
         return cls(**config)
 
 
@@ -396,41 +428,41 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
     37258
     """
 
-    cell_class = GatedAntisymmetricCell
-    cell_name = "gated_antisymmetric_cell"
-    cell_only_arguments = ("recurrent_activation",)
+    cell_class: type[AntisymmetricCell] = GatedAntisymmetricCell
+    cell_name: str = "gated_antisymmetric_cell"
+    cell_only_arguments: tuple[str, ...] = ("recurrent_activation",)
 
     def __init__(
         self,
-        units,
-        epsilon=0.01,
-        gamma=0.01,
-        activation="tanh",
-        recurrent_activation="sigmoid",
-        use_bias=True,
-        kernel_initializer=None,
-        recurrent_initializer=None,
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        recurrent_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        recurrent_constraint=None,
-        bias_constraint=None,
-        dropout=0.0,
-        recurrent_dropout=0.0,
-        seed=None,
-        antisymmetric=True,
-        return_sequences=False,
-        return_state=False,
-        go_backwards=False,
-        stateful=False,
-        unroll=False,
-        hoist_inputs="auto",
-        fused_kernel=False,
-        **kwargs,
-    ):
+        units: int,
+        epsilon: float = 0.01,
+        gamma: float = 0.01,
+        activation: Activation = "tanh",
+        recurrent_activation: Activation = "sigmoid",
+        use_bias: bool = True,
+        kernel_initializer: KerasObject = None,
+        recurrent_initializer: KerasObject = None,
+        bias_initializer: KerasObject = "zeros",
+        kernel_regularizer: KerasObject = None,
+        recurrent_regularizer: KerasObject = None,
+        bias_regularizer: KerasObject = None,
+        activity_regularizer: KerasObject = None,
+        kernel_constraint: KerasObject = None,
+        recurrent_constraint: KerasObject = None,
+        bias_constraint: KerasObject = None,
+        dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
+        seed: int | None = None,
+        antisymmetric: bool = True,
+        return_sequences: bool = False,
+        return_state: bool = False,
+        go_backwards: bool = False,
+        stateful: bool = False,
+        unroll: bool = False,
+        hoist_inputs: bool | Literal["auto"] = "auto",
+        fused_kernel: bool | Literal["auto"] = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(
             units,
             epsilon=epsilon,
@@ -457,4 +489,4 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
             hoist_inputs=hoist_inputs, fused_kernel=fused_kernel, **kwargs,
         )  # fmt: skip
 
-    recurrent_activation = _cell_property("recurrent_activation")
+    recurrent_activation: Final[Callable[..., Any]] = _cell_property("recurrent_activation")

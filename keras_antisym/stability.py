@@ -22,9 +22,15 @@ every backend. Results are NumPy arrays or Python floats. The
 during training.
 """
 
+from __future__ import annotations
+
+from typing import Any, Literal, overload
+
 import numpy as np
+import numpy.typing as npt
 from keras import ops
 
+from keras_antisym._typing import DType, FloatArray, Tensor, TensorLike
 from keras_antisym._validation import invalid
 from keras_antisym.cells import AntisymmetricCell
 
@@ -41,7 +47,7 @@ __all__ = [
 ]
 
 
-def get_antisymmetric_cell(layer):
+def get_antisymmetric_cell(layer: Any) -> AntisymmetricCell:
     """The `AntisymmetricCell` of a cell, an RNN layer, or a fused layer.
 
     Args:
@@ -62,12 +68,12 @@ def get_antisymmetric_cell(layer):
     return cell
 
 
-def reads_backwards(layer):
+def reads_backwards(layer: Any) -> bool:
     """Whether `layer` reads its sequences backwards (`go_backwards`; never a cell)."""
     return bool(getattr(layer, "go_backwards", False)) and not isinstance(layer, AntisymmetricCell)
 
 
-def transition_matrix(layer):
+def transition_matrix(layer: Any) -> FloatArray:
     """The recurrent matrix `M = W - Wᵀ - γI` of a cell or layer, in NumPy.
 
     Paper orientation: `h_t = h_{t-1} + ε·tanh(M h_{t-1} + V x_t + b)`.
@@ -93,7 +99,7 @@ def transition_matrix(layer):
     return ops.convert_to_numpy(cell.transition_matrix()).astype("float64")
 
 
-def transition_eigenvalues(layer):
+def transition_eigenvalues(layer: Any) -> npt.NDArray[np.inexact[Any]]:
     """Eigenvalues of `M = W - Wᵀ - γI`: `-γ ± i·ω_k` when antisymmetric.
 
     Args:
@@ -116,7 +122,7 @@ def transition_eigenvalues(layer):
     return eig[np.lexsort((eig.real, eig.imag))]
 
 
-def _as_batch(name, value, width, dtype):
+def _as_batch(name: str, value: TensorLike, width: int | None, dtype: DType) -> tuple[Tensor, bool]:
     value = ops.convert_to_tensor(value, dtype=dtype)
     squeeze = len(value.shape) == 1
     if squeeze:
@@ -130,7 +136,9 @@ def _as_batch(name, value, width, dtype):
     return value, squeeze
 
 
-def _step_factors(layer, state, inputs):
+def _step_factors(
+    layer: Any, state: TensorLike, inputs: TensorLike
+) -> tuple[AntisymmetricCell, FloatArray, bool]:
     """The cell, the diagonal `d` of its step at `(state, inputs)`, and whether unbatched."""
     cell = get_antisymmetric_cell(layer)
     dtype = cell.kernel.dtype
@@ -141,7 +149,7 @@ def _step_factors(layer, state, inputs):
     return cell, ops.convert_to_numpy(d).astype("float64"), squeeze
 
 
-def ode_jacobian(layer, state, inputs):
+def ode_jacobian(layer: Any, state: TensorLike, inputs: TensorLike) -> FloatArray:
     """Jacobian `J_f = ∂f/∂h` of the ODE `h' = f(h, x)` that the cell discretizes.
 
         J_f = diag(act'(M h + V x + b)) · M                       (ungated)
@@ -173,7 +181,7 @@ def ode_jacobian(layer, state, inputs):
     return jac[0] if squeeze else jac
 
 
-def step_jacobian(layer, state, inputs):
+def step_jacobian(layer: Any, state: TensorLike, inputs: TensorLike) -> FloatArray:
     """Jacobian `∂h_t/∂h_{t-1} = I + ε·J_f` of one step at a state and input.
 
     Args:
@@ -199,7 +207,7 @@ def step_jacobian(layer, state, inputs):
     return np.eye(cell.units) + cell.epsilon * jac
 
 
-def stability_margin(layer, state, inputs):
+def stability_margin(layer: Any, state: TensorLike, inputs: TensorLike) -> float | FloatArray:
     """The forward-Euler margin `max_i |1 + ε·λ_i(J_f)|` (Proposition 2).
 
     At most 1: the Euler step is stable. Purely imaginary `λ_i` (`γ = 0`)
@@ -231,7 +239,49 @@ def stability_margin(layer, state, inputs):
     return float(margin) if np.ndim(margin) == 0 else margin
 
 
-def end_to_end_jacobian(layer, sequences, initial_state=None, return_final_state=False):
+@overload
+def end_to_end_jacobian(
+    layer: Any,
+    sequences: TensorLike,
+    initial_state: TensorLike | None = None,
+    return_final_state: Literal[False] = False,
+) -> FloatArray: ...
+
+
+@overload
+def end_to_end_jacobian(
+    layer: Any,
+    sequences: TensorLike,
+    initial_state: TensorLike | None = None,
+    *,
+    return_final_state: Literal[True],
+) -> tuple[FloatArray, FloatArray]: ...
+
+
+@overload
+def end_to_end_jacobian(
+    layer: Any,
+    sequences: TensorLike,
+    initial_state: TensorLike | None,
+    return_final_state: Literal[True],
+) -> tuple[FloatArray, FloatArray]: ...
+
+
+@overload
+def end_to_end_jacobian(
+    layer: Any,
+    sequences: TensorLike,
+    initial_state: TensorLike | None = None,
+    return_final_state: bool = False,
+) -> FloatArray | tuple[FloatArray, FloatArray]: ...
+
+
+def end_to_end_jacobian(
+    layer: Any,
+    sequences: TensorLike,
+    initial_state: TensorLike | None = None,
+    return_final_state: bool = False,
+) -> FloatArray | tuple[FloatArray, FloatArray]:
     """The end-to-end Jacobian `∂h_T/∂h_0 = Π_t (I + ε·diag(d_t)·M)` of a sequence.
 
     The product is accumulated with `keras.ops` as `P ← P + ε·d_t ⊙ (M P)`,
@@ -281,7 +331,9 @@ def end_to_end_jacobian(layer, sequences, initial_state=None, return_final_state
     return (jac, h) if return_final_state else jac
 
 
-def _sequences_and_state(cell, sequences, initial_state):
+def _sequences_and_state(
+    cell: AntisymmetricCell, sequences: TensorLike, initial_state: TensorLike | None
+) -> tuple[Tensor, Tensor, bool]:
     """`(batch, timesteps, input_dim)` inputs, `h_0` (zeros by default), whether unbatched."""
     dtype = cell.kernel.dtype
     x = ops.convert_to_tensor(sequences, dtype=dtype)
@@ -301,7 +353,7 @@ def _sequences_and_state(cell, sequences, initial_state):
     return x, ops.broadcast_to(h, (batch, cell.units)), squeeze
 
 
-def eigenvalue_magnitude_stats(matrices):
+def eigenvalue_magnitude_stats(matrices: TensorLike) -> dict[str, Any]:
     """Spectral statistics of square matrices (the quantities of Figure 2).
 
     Args:
@@ -339,7 +391,9 @@ def eigenvalue_magnitude_stats(matrices):
     }
 
 
-def end_to_end_jacobian_stats(layer, sequences, initial_state=None):
+def end_to_end_jacobian_stats(
+    layer: Any, sequences: TensorLike, initial_state: TensorLike | None = None
+) -> dict[str, Any]:
     """`eigenvalue_magnitude_stats` of `end_to_end_jacobian(layer, sequences)`.
 
     Eigenvalue magnitudes with mean near 1 and small standard deviation mean

@@ -41,7 +41,7 @@ PRECISION = os.environ.get("KERAS_ANTISYM_KERNEL_PRECISION", "float32")
 INTERPRET = os.environ.get("KERAS_ANTISYM_KERNEL_INTERPRET", "0") not in ("", "0")
 
 
-def cuda_available():
+def cuda_available() -> bool:
     """Whether the current backend computes on a CUDA GPU by default (PyTorch: with Triton)."""
     backend = keras.backend.backend()
     if backend == "jax":
@@ -56,12 +56,12 @@ def cuda_available():
     return False
 
 
-def _activation_name(activation):
+def _activation_name(activation: Any) -> str:
     name = keras.activations.serialize(activation)
     return name if isinstance(name, str) else getattr(activation, "__name__", "")
 
 
-def fits(batch, steps, units, blocks):
+def fits(batch: int | None, steps: int, units: int, blocks: int) -> bool:
     """Whether the kernels take this size: `W` on chip, offsets in 32 bits.
 
     The state width is padded to a power of two of at most `MAX_UNITS`
@@ -209,7 +209,9 @@ def check_call(cell: Any, sequences: Any, mask: Any) -> None:
         raise problem
 
 
-def recurrence(u, mt, h0, epsilon, gated=False, precision=None):
+def recurrence(
+    u: Any, mt: Any, h0: Any, epsilon: float, gated: bool = False, precision: str | None = None
+) -> Any:
     """All states `(B, T, n)` of the recurrence on the current Keras backend.
 
     `precision` None: the module's `PRECISION`.
@@ -227,7 +229,7 @@ def recurrence(u, mt, h0, epsilon, gated=False, precision=None):
     raise NotImplementedError(f"No fused kernel on the {backend} backend.")
 
 
-def run_layer(cell, sequences, h0, go_backwards):
+def run_layer(cell: Any, sequences: Any, h0: Any, go_backwards: bool) -> tuple[Any, Any, list[Any]]:
     """`(last_output, outputs, [last_state])` of a fused layer's call, by the kernel.
 
     `sequences` already carry their input dropout; the inputs of all steps

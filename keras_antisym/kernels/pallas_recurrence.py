@@ -20,7 +20,10 @@ On a CUDA device the kernels lower through Pallas' Triton backend; anywhere
 else they run with `interpret=True` (slow: for tests on tiny shapes).
 """
 
+from __future__ import annotations
+
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +86,7 @@ def _forward_kernel(u_ref, mt_ref, h0_ref, h_ref, *slope_refs, eps, gated, preci
         h, u_t = carry
         u_next = _blocks_at(u_ref, jnp.minimum(t + 1, steps - 1), blocks, n)
         shared = _dot(h, mt, precision)
+        slopes: tuple[Any, ...]
         if gated:
             gate = jax.nn.sigmoid(shared + u_t[0])
             cand = jnp.tanh(shared + u_t[1])
