@@ -1,10 +1,10 @@
 """The benchmark suite on an accelerator, through Keras' JAX and PyTorch backends.
 
-    python -m benchmarks.accelerator [--backends jax,torch] [--quick] [--output DIR]
+    python -m benchmarks.accelerator [--backends jax,torch] [--quick] [--output runs/benchmarks]
 
-For machines where TensorFlow is not installed (the GPU machines lent here
-carry JAX and PyTorch only): one subprocess per backend runs, for every layer
-of `benchmarks.run.LAYERS`, interleaved and repeated,
+For machines where TensorFlow is not installed (GPU machines often carry JAX
+and PyTorch only): one subprocess per backend runs, for every layer of
+`benchmarks.run.LAYERS`, interleaved and repeated,
 
 - the training step (forward + backward + SGD) at the suite's shapes, with
   XLA on JAX (`jit_compile=True`, as Keras always does there) and eagerly on
@@ -17,59 +17,57 @@ of `benchmarks.run.LAYERS`, interleaved and repeated,
 - the floor, `T` chained `tanh(h @ W)` products (compiled on JAX);
 - the fused kernel (`fused_kernel=True`, `keras_antisym.kernels`) beside the
   loop (`fused_kernel=False`) of both fused layers: the training step at
-  `KERNEL_SHAPES` and batch-1 inference (on a CPU: JAX's Pallas interpreter;
-  PyTorch only under `TRITON_INTERPRET=1`, else the section says skipped).
+  `KERNEL_SHAPES` and batch-1 inference (on a CPU only interpreted, under
+  `KERAS_ANTISYM_KERNEL_INTERPRET=1`: JAX's Pallas interpreter, and on PyTorch
+  Triton's with `TRITON_INTERPRET=1`; else the section says skipped).
 
 Each section is written to `accelerator-<backend>.json` as soon as it ends, so a
-run cut short keeps what it measured; the parent writes `accelerator.md`.
+run cut short keeps what it measured; the parent writes `accelerator.md`. The
+output folder defaults to `runs/benchmarks`; `--output benchmarks/results`
+replaces the committed results.
 """
+
+from __future__ import annotations
 
 import argparse
 import itertools
 import json
 import os
-import subprocess
 import sys
-import time
 
+from apputil.cli import EXIT_FAILURE
+from apputil.errors import invalid
+from benchmarks import common
+from benchmarks.common import (
+    environment,
+    interleaved,
+    last_json,
+    read_backend_results,
+    run_backends,
+    run_child,
+    run_sections,
+    sync_device,
+    table,
+    write_text,
+)
 from benchmarks.run import (
     FULL,
     LAYERS,
     QUICK,
-    _data,
     hoist_markdown,
     hoist_ratios,
-    interleaved,
     make_model,
+    random_batch,
+    ratios_markdown,
     training_entry,
+    training_markdown,
     training_ratios,
 )
 from benchmarks.run import bench_hoist as run_bench_hoist
-from benchmarks.run import environment as run_environment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: The kernel section's training shapes `(batch, T, m, n)`: the issue's, and twice as long.
+#: The kernel section's training shapes `(batch, T, m, n)`: the suite's T=784, and twice as long.
 KERNEL_SHAPES = {"full": [(128, 784, 1, 128), (128, 1568, 1, 128)], "quick": [(8, 20, 1, 8)]}
 KERNEL_LAYERS = ("AntisymmetricRNN", "GatedAntisymmetricRNN")
-
-
-def _sync():
-    """Waits for the accelerator, so that a timer stops after the work."""
-    import keras
-
-    if keras.backend.backend() == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-
-
-def _synced(call):
-    def run():
-        call()
-        _sync()
-
-    return run
 
 
 def jit_compile():
@@ -83,18 +81,18 @@ def jit_compile():
 def bench_training(config, results):
     """Appends one entry per shape to `results` (kept if a later shape is cut short)."""
     for shape in config["train_shapes"]:
-        results.append(training_entry(config, shape, jit_compile(), synced=_synced))
+        results.append(training_entry(config, shape, jit_compile(), sync=True))
         yield
 
 
 def bench_hoist(config, results):
-    results.update(run_bench_hoist(config, synced=_synced, jit_compile=jit_compile()))
+    results.update(run_bench_hoist(config, sync=True, jit_compile=jit_compile()))
     yield
 
 
 def bench_inference(config, results):
     for batch, steps, features, units in config["inference_shapes"]:
-        x, _ = _data(batch, steps, features)
+        x, _ = random_batch(batch, steps, features)
         models = {n: make_model(n, steps, features, units, jit_compile()) for n in LAYERS}
         times = interleaved(
             {n: (lambda m=m, x=x: m.predict_on_batch(x)) for n, m in models.items()},
@@ -108,18 +106,25 @@ def bench_inference(config, results):
 
 
 def kernel_runs_here():
-    """Whether `fused_kernel=True` can run: CUDA, or an interpreter (Pallas; Triton's)."""
+    """Whether `fused_kernel=True` can run: CUDA, or the layers' interpreted kernels.
+
+    Returns the reason when it cannot (the section records it), else None.
+    """
     import keras
 
-    from keras_antisym.kernels import cuda_available
+    from keras_antisym import kernels  # heavy: imports Keras (see run.py)
 
-    if keras.backend.backend() == "jax" or cuda_available():
-        return True
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if kernels.cuda_available():
+        return None
+    if not kernels.INTERPRET:
+        return "no CUDA device, and KERAS_ANTISYM_KERNEL_INTERPRET is not set"
+    if keras.backend.backend() == "torch" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return "no CUDA device, and TRITON_INTERPRET is not set"
+    return None
 
 
 def _kernel_calls(batch, steps, features, units, predict=False):
-    x, y = _data(batch, steps, features)
+    x, y = random_batch(batch, steps, features)
     calls = {}
     for name, fused in itertools.product(KERNEL_LAYERS, (True, False)):
         model = make_model(name, steps, features, units, jit_compile(), fused_kernel=fused)
@@ -132,19 +137,19 @@ def _kernel_calls(batch, steps, features, units, predict=False):
 
 def bench_kernel(config, results):
     """Training step at `KERNEL_SHAPES` and batch-1 inference, kernel and loop, interleaved."""
-    if not kernel_runs_here():
-        results["skipped"] = "no CUDA device, and TRITON_INTERPRET is not set"
+    skipped = kernel_runs_here()
+    if skipped:
+        results["skipped"] = skipped
         return
     results["training"] = []
     quick = config is QUICK
     for shape in KERNEL_SHAPES["quick" if quick else "full"]:
-        calls = {k: _synced(v) for k, v in _kernel_calls(*shape).items()}
-        times = interleaved(calls, config["repeats"], config["warmup"])
+        times = interleaved(_kernel_calls(*shape), config["repeats"], config["warmup"], True)
         results["training"].append({"shape": list(shape), "times": times})
         yield
     batch, steps, features, units = config["inference_shapes"][0]
-    calls = {k: _synced(v) for k, v in _kernel_calls(1, steps, features, units, True).items()}
-    times = interleaved(calls, config["repeats"], config["warmup"])
+    calls = _kernel_calls(1, steps, features, units, True)
+    times = interleaved(calls, config["repeats"], config["warmup"], True)
     results["inference"] = {"shape": [1, steps, features, units], "times": times}
     yield
 
@@ -176,17 +181,13 @@ def kernel_markdown(kernel):
     if not kernel or kernel.get("skipped"):
         return ["", f"fused kernel: {kernel.get('skipped', 'not run') if kernel else 'not run'}"]
     names = [f"{n}|fused_kernel={f}" for n in KERNEL_LAYERS for f in (True, False)]
-    lines = ["", "| fused kernel (s, median) | " + " | ".join(names) + " |"]
-    lines += ["|---|" + "---|" * len(names)]
     rows = [("training B{} T{} m{} n{}".format(*e["shape"]), e) for e in kernel["training"]]
     if kernel.get("inference"):
         rows.append(
             ("inference B{} T{}".format(*kernel["inference"]["shape"]), kernel["inference"])
         )
-    for label, entry in rows:
-        cells = [f"{entry['times'][n]['median']:.4f}" for n in names]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
+    cells = [[label] + [f"{e['times'][n]['median']:.4f}" for n in names] for label, e in rows]
+    return ["", *table(["fused kernel (s, median)", *names], cells)]
 
 
 def device_memory():
@@ -211,7 +212,7 @@ def memory_of(name, batch, steps, features, units):
     """Peak accelerator memory of two training steps beyond the built model."""
     import keras
 
-    x, y = _data(batch, steps, features)
+    x, y = random_batch(batch, steps, features)
     model = make_model(name, steps, features, units, jit_compile())
     if keras.backend.backend() == "torch":
         import torch
@@ -224,7 +225,7 @@ def memory_of(name, batch, steps, features, units):
         return None
     model.train_on_batch(x, y)
     model.train_on_batch(x, y)
-    _sync()
+    sync_device()
     after = device_memory()
     return {
         "peak_growth_mib": (after[1] - before[0]) / 2**20,
@@ -247,46 +248,16 @@ def bench_memory(config, results):
             results["layers"][name] = memory_of(name, *shape)
             yield
             continue
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.accelerator", "--memory-of", name, "--shape"]
-            + [str(v) for v in shape],
-            cwd=ROOT,
-            env=os.environ,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-2000:])
-        results["layers"][name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        args = ["-m", "benchmarks.accelerator", "--memory-of", name, "--shape"]
+        results["layers"][name] = last_json(run_child(args + [str(v) for v in shape], 600))
         yield
 
 
-def environment():
-    import keras
-
-    info = run_environment()
-    if keras.backend.backend() == "torch":
-        import torch
-
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["device"] = torch.cuda.get_device_name(0)
-            info["cudnn"] = torch.backends.cudnn.version()
-    else:
-        import jax
-
-        info["jax"] = jax.__version__
-        info["device"] = str(jax.devices()[0].device_kind)
-    return info
-
-
-def run_child(config, output):
+def run_child_sections(config, output):
     """Runs every section in this process's backend, writing after each."""
     import keras
 
     path = os.path.join(output, f"accelerator-{keras.backend.backend()}.json")
-    results = {"environment": environment(), "config": config}
     sections = (
         ("training", bench_training, []),
         ("hoist", bench_hoist, {}),
@@ -294,15 +265,8 @@ def run_child(config, output):
         ("memory", bench_memory, {}),
         ("kernel", bench_kernel, {}),
     )
-    for key, bench, part in sections:
-        started = time.time()
-        results[key] = part
-        for _ in itertools.chain(bench(config, part), [None]):  # keep each result
-            results[f"{key}_seconds"] = time.time() - started
-            with open(path, "w") as handle:
-                json.dump(results, handle, indent=2)
-        print(f"{keras.backend.backend()}: {key} done in {time.time() - started:.0f} s", flush=True)
-    return results
+    sections = [(key, lambda part, b=bench: b(config, part), part) for key, bench, part in sections]
+    return run_sections(path, {"environment": environment(), "config": config}, sections)
 
 
 def ratios(results):
@@ -329,49 +293,25 @@ def markdown(all_results):
     for backend, results in all_results.items():
         env = results["environment"]
         lines += [f"### {backend} on {env.get('device', 'cpu')}", "", f"`{json.dumps(env)}`", ""]
-        lines += ["| training step (s) | " + " | ".join(LAYERS) + " | floor |"]
-        lines += ["|---|" + "---|" * (len(LAYERS) + 1)]
-        for entry in results.get("training", []):
-            cells = [
-                f"{entry['times'][n]['median']:.4f} ({entry['times'][n]['min']:.4f}-"
-                f"{entry['times'][n]['max']:.4f})"
-                for n in LAYERS
-            ]
-            lines.append(
-                f"| B{entry['batch']} T{entry['steps']} m{entry['features']} n{entry['units']} | "
-                + " | ".join(cells)
-                + f" | {entry['floor']['median']:.4f} |"
-            )
+        lines += training_markdown(results.get("training", []))
         if results.get("hoist"):
             lines += hoist_markdown(results["hoist"])
         for entry in results.get("inference", []):
-            lines += ["", f"| inference B{entry['batch']} T{entry['steps']} (s) | median |"]
-            lines += ["|---|---|"] + [
-                f"| {n} | {entry['times'][n]['median']:.4f} |" for n in LAYERS
-            ]
+            rows = [(n, f"{entry['times'][n]['median']:.4f}") for n in LAYERS]
+            header = [f"inference B{entry['batch']} T{entry['steps']} (s)", "median"]
+            lines += ["", *table(header, rows)]
         memory = (results.get("memory") or {}).get("layers", {})
         if memory and all(memory.values()):  # None on a CPU
-            shape = results["memory"]["shape"]
-            lines += ["", f"| peak memory {shape} | growth (MiB) |", "|---|---|"]
-            lines += [f"| {n} | {v['peak_growth_mib']:.1f} |" for n, v in memory.items()]
+            rows = [(n, f"{v['peak_growth_mib']:.1f}") for n, v in memory.items()]
+            header = [f"peak memory {results['memory']['shape']}", "growth (MiB)"]
+            lines += ["", *table(header, rows)]
         lines += kernel_markdown(results.get("kernel"))
-        lines += ["", "| ratio (same run, medians) | value |", "|---|---|"]
-        for name, value in ratios(results).items():
-            if isinstance(value, dict):
-                lines += [f"| {name}: {k} | {v:.3f} |" for k, v in value.items()]
-            else:
-                lines.append(f"| {name} | {value:.3f} |")
-        lines.append("")
+        lines += ["", *ratios_markdown(ratios(results)), ""]
     return "\n".join(lines)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.accelerator", description=__doc__)
-    parser.add_argument("--backends", default="jax,torch", help="comma list of Keras backends")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
-    parser.add_argument("--output", default=os.path.join("benchmarks", "results"))
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds per backend")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser = common.parser("python -m benchmarks.accelerator", __doc__, backends=3600)
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     parser.add_argument("--shape", type=int, nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -379,40 +319,18 @@ def main(argv=None):
     if args.memory_of:
         print(json.dumps(memory_of(args.memory_of, *args.shape)))
         return 0
+    backends = [b for b in args.backends.split(",") if b]
+    if set(backends) - {"jax", "torch"}:
+        parser.error(str(invalid("--backends", "a comma list of jax and torch", args.backends)))
     os.makedirs(args.output, exist_ok=True)
     if args.child:
-        run_child(config, args.output)
+        run_child_sections(config, args.output)
         return 0
-    backends = [b for b in args.backends.split(",") if b]
-    unknown = set(backends) - {"jax", "torch"}
-    if unknown:
-        parser.error(
-            f"Received an invalid value for argument `--backends`, expected a comma list "
-            f"of jax and torch, got {args.backends!r}"
-        )
-    failed = []
-    for backend in backends:
-        env = {**os.environ, "KERAS_BACKEND": backend, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        command = [sys.executable, "-m", "benchmarks.accelerator", "--child"]
-        command += ["--output", args.output] + (["--quick"] if args.quick else [])
-        try:
-            proc = subprocess.run(command, cwd=ROOT, env=env, timeout=args.timeout)
-            if proc.returncode != 0:
-                failed.append(backend)
-        except subprocess.TimeoutExpired:
-            failed.append(backend)
-            print(f"{backend}: stopped after {args.timeout:.0f} s", file=sys.stderr)
-    all_results = {}
-    for backend in backends:
-        path = os.path.join(args.output, f"accelerator-{backend}.json")
-        if os.path.exists(path):
-            with open(path) as handle:
-                all_results[backend] = json.load(handle)
-    text = markdown(all_results)
-    with open(os.path.join(args.output, "accelerator.md"), "w") as handle:
-        handle.write(text)
+    failed = run_backends("benchmarks.accelerator", backends, args.output, args.quick, args.timeout)
+    text = markdown(read_backend_results(args.output, "accelerator-{}.json", backends))
+    write_text(os.path.join(args.output, "accelerator.md"), text)
     print(text)
-    return 1 if failed else 0
+    return EXIT_FAILURE if failed else 0
 
 
 if __name__ == "__main__":

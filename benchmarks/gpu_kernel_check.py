@@ -1,7 +1,7 @@
-"""One-call GPU check of the fused recurrence kernels (issue 13), JAX and PyTorch.
+"""A GPU check of the fused recurrence kernels in one command, JAX and PyTorch.
 
-    python -m benchmarks.gpu_kernel_check [--quick] [--output DIR] [--timeout S]
-    (on a lent GPU machine: bash benchmarks/gpu_kernel_check.sh)
+    python -m benchmarks.gpu_kernel_check [--quick] [--output runs/benchmarks] [--timeout S]
+    (on a GPU machine with JAX and PyTorch: bash benchmarks/gpu_kernel_check.sh)
 
 One subprocess per backend (`KERAS_BACKEND`), each on the same card in the
 same run, each writing `gpu-kernel-<backend>.json` after every section:
@@ -17,18 +17,33 @@ same run, each writing `gpu-kernel-<backend>.json` after every section:
 4. the kernel alone (no Keras): forward + backward at B128 T784 n128 per
    precision, and batch-1 forward with the small tile and the padded one.
 
-The parent prints the issue's targets with ratios from the same run.
+The parent writes `gpu-kernel.txt`: each kernel target (PASS, FAIL or n/a)
+with ratios from the same run, then every section's numbers. TensorFlow is not
+needed.
 """
 
-import argparse
-import itertools
-import json
-import os
-import subprocess
-import sys
-import time
+from __future__ import annotations
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import importlib
+import itertools
+import os
+import sys
+
+import numpy as np
+
+from benchmarks import common
+from benchmarks.common import (
+    environment,
+    interleaved,
+    read_backend_results,
+    run_backends,
+    run_sections,
+    table,
+    write_text,
+)
+from benchmarks.run import floor_time, make_layer, make_model, random_batch
+from tests import reference
+
 PRECISIONS = ("float32", "tf32x3", "tf32")
 FULL = {"shape": (128, 784, 1, 128), "long": 1568, "numerics": (32, 200), "repeats": 10}
 QUICK = {"shape": (4, 12, 1, 8), "long": 24, "numerics": (3, 10), "repeats": 2}
@@ -36,31 +51,36 @@ LAYERS = ("AntisymmetricRNN", "GatedAntisymmetricRNN")
 OTHERS = ("SimpleRNN", "GRU", "LSTM")
 
 
+def _set_precision(precision):
+    """Sets the kernels' matrix-product precision (read by each call, also when traced)."""
+    from keras_antisym import kernels  # heavy: imports Keras (see benchmarks/run.py)
+
+    kernels.PRECISION = precision
+
+
 def _with_precision(precision, call):
-    """`call` run with the kernels' precision set (read by each call, also when traced)."""
-    from keras_antisym import kernels
+    """`call` run with the kernels' precision set."""
 
     def run():
-        kernels.PRECISION = precision
+        _set_precision(precision)
         return call()
 
     return run
 
 
 def _relative(a, b):
-    import numpy as np
-
     a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
-def _layer_and_grads(cls, units, fused, x, weights):
+def _layer_and_grads(name, units, fused, x, weights):
     """Outputs of a layer and the gradients of their weighted sum (tests.test_kernels)."""
     from keras import ops
 
-    from tests.test_kernels import _outputs_and_grads
+    from tests.test_kernels import _outputs_and_grads  # imports pytest: a test-only dependency
 
-    layer = cls(units, epsilon=0.1, gamma=0.01, return_sequences=True, fused_kernel=fused)
+    options = {"epsilon": 0.1, "gamma": 0.01, "return_sequences": True, "fused_kernel": fused}
+    layer = make_layer(name, units, **options)
     layer.build(x.shape)
     layer.set_weights(weights)
     outputs, grads = _outputs_and_grads(layer, x, {})
@@ -81,78 +101,64 @@ def _full_float32():
 
 def bench_numerics(config, results):
     """Max relative errors, kernel (each precision) and loop, against each other and float64."""
-    import numpy as np
-
-    from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN, kernels
-    from tests import reference
-
     batch, steps = config["numerics"]
     units = 128 if batch > 8 else 8
     x = np.random.RandomState(1).standard_normal((batch, steps, 1)).astype("float32")
-    for cls in (AntisymmetricRNN, GatedAntisymmetricRNN):
-        layer = cls(units)
+    for name in LAYERS:
+        layer = make_layer(name, units)
         layer.build(x.shape)
         rng = np.random.RandomState(0)
         weights = [
             (0.3 * rng.standard_normal(w.shape)).astype("float32") for w in layer.get_weights()
         ]
-        gated = cls is GatedAntisymmetricRNN
+        gated = name == "GatedAntisymmetricRNN"
         exact, _ = reference.run(weights, x, units=units, epsilon=0.1, gamma=0.01, gated=gated)
         with _full_float32():  # the loop in float32 (XLA on a GPU defaults to TF32)
-            loop_out, loop_grads = _layer_and_grads(cls, units, False, x, weights)
+            loop_out, loop_grads = _layer_and_grads(name, units, False, x, weights)
         entry = {"loop vs float64": _relative(loop_out, exact)}
         for precision in PRECISIONS:
-            kernels.PRECISION = precision
-            out, grads = _layer_and_grads(cls, units, True, x, weights)
+            _set_precision(precision)
+            out, grads = _layer_and_grads(name, units, True, x, weights)
             entry[f"kernel {precision} vs float64"] = _relative(out, exact)
             entry[f"kernel {precision} vs loop"] = _relative(out, loop_out)
             entry[f"kernel {precision} grads vs loop"] = max(
                 _relative(g, w) for g, w in zip(grads, loop_grads, strict=True)
             )
-        results[cls.__name__] = entry
+        results[name] = entry
         yield
 
 
 def _timed(callables, repeats, warmup=2):
-    from benchmarks.accelerator import _synced
-    from benchmarks.run import interleaved
-
-    return interleaved({k: _synced(v) for k, v in callables.items()}, repeats, warmup)
+    return interleaved(callables, repeats, warmup, sync=True)
 
 
-def _kernel_call(backend, batch, steps, units, gated, precision, backward):
-    """A callable running the kernel alone (forward, or forward + backward)."""
-    import numpy as np
-
+def _kernel_call(module, batch, steps, units, gated, precision, backward):
+    """A callable running `module`'s kernel alone (forward, or forward + backward)."""
     rng = np.random.RandomState(0)
     k = 2 if gated else 1
     u = (0.3 * rng.standard_normal((batch, steps, k * units))).astype("float32")
     mt = (0.1 * rng.standard_normal((units, units))).astype("float32")
     h0 = np.zeros((batch, units), "float32")
-    if backend == "jax":
-        return _jax_kernel_call(u, mt, h0, gated, precision, backward)
+    if module.__name__.endswith("pallas_recurrence"):
+        return _jax_kernel_call(module, u, mt, h0, gated, precision, backward)
     import torch
-
-    from keras_antisym.kernels import triton_recurrence
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1
     u, mt, h0 = (torch.tensor(a, device=device).requires_grad_(backward) for a in (u, mt, h0))
 
     def run():
-        states = triton_recurrence.recurrence(u, mt, h0, 0.1, gated, precision)
+        states = module.recurrence(u, mt, h0, 0.1, gated, precision)
         if backward:
             torch.autograd.grad(states.sum(), (u, mt, h0))
 
     return run
 
 
-def _jax_kernel_call(u, mt, h0, gated, precision, backward):
+def _jax_kernel_call(module, u, mt, h0, gated, precision, backward):
     import jax
 
-    from keras_antisym.kernels import pallas_recurrence
-
     def forward(u, mt, h0):
-        return pallas_recurrence.recurrence(u, mt, h0, 0.1, gated, precision)
+        return module.recurrence(u, mt, h0, 0.1, gated, precision)
 
     step = jax.grad(lambda *a: forward(*a).sum(), argnums=(0, 1, 2)) if backward else forward
     step = jax.jit(step)
@@ -162,21 +168,18 @@ def _jax_kernel_call(u, mt, h0, gated, precision, backward):
 
 def bench_kernel(config, results):
     """The kernel alone: per precision and warps at the training shape; batch-1 tiles."""
-    import importlib
-
     import keras
 
-    backend = keras.backend.backend()
     batch, steps, _, units = config["shape"]
     # Only this backend's module: Triton must not share a process with JAX's LLVM.
-    kind = "pallas" if backend == "jax" else "triton"
+    kind = "pallas" if keras.backend.backend() == "jax" else "triton"
     module = importlib.import_module(f"keras_antisym.kernels.{kind}_recurrence")
     defaults = {"SMALL_BATCH": module.SMALL_BATCH, "NUM_WARPS": module.NUM_WARPS}
 
     def build(settings, *args):
         """A kernel call under module settings (read when traced on JAX, called on PyTorch)."""
         settings = {**defaults, **settings}
-        call = _with_settings(module, settings, _kernel_call(backend, *args))
+        call = _with_settings(module, settings, _kernel_call(module, *args))
         call()
         return call
 
@@ -211,8 +214,6 @@ def _model(config, name, steps, fused=None):
     """A compiled model as `benchmarks.run.make_model` builds it (XLA on JAX)."""
     import keras
 
-    from benchmarks.run import make_model
-
     _, _, features, units = config["shape"]
     options = {} if fused is None else {"fused_kernel": fused}
     jit = keras.backend.backend() == "jax"
@@ -228,11 +229,9 @@ def _kernel_model_call(config, name, steps, precision, x, y):
 
 
 def bench_training(config, results):
-    """Training steps at the issue's shape: kernel per precision, loop, other layers."""
-    from benchmarks.run import _data, floor_time
-
+    """Training steps at the check's shape: kernel per precision, loop, other layers."""
     batch, steps, features, units = config["shape"]
-    x, y = _data(batch, steps, features)
+    x, y = random_batch(batch, steps, features)
     calls = {}
     for name in LAYERS:
         for precision in PRECISIONS:
@@ -247,7 +246,7 @@ def bench_training(config, results):
     results["floor"] = {"floor": floor_time(batch, steps, units, config["repeats"], 2)}
     yield
     long_steps = config["long"]
-    x2, y2 = _data(batch, long_steps, features)
+    x2, y2 = random_batch(batch, long_steps, features)
     calls = {}
     for precision in PRECISIONS:
         call = _kernel_model_call(config, "AntisymmetricRNN", long_steps, precision, x2, y2)
@@ -260,12 +259,9 @@ def bench_training(config, results):
 
 def bench_inference(config, results):
     """`predict_on_batch` at batch 1: kernel (float32), loop, LSTM."""
-    from benchmarks.run import _data
-    from keras_antisym import kernels
-
-    kernels.PRECISION = "float32"
+    _set_precision("float32")
     steps = config["shape"][1]
-    x, _ = _data(1, steps, config["shape"][2])
+    x, _ = random_batch(1, steps, config["shape"][2])
     models = {
         "AntisymmetricRNN kernel float32": _model(config, "AntisymmetricRNN", steps, True),
         "AntisymmetricRNN loop": _model(config, "AntisymmetricRNN", steps, False),
@@ -276,32 +272,26 @@ def bench_inference(config, results):
     yield
 
 
-def run_child(config, output):
+def run_child_sections(config, output):
+    """Runs every section in this process's backend, writing after each.
+
+    The kernel targets come first, so that a backend stopped by its timeout
+    keeps them; a section that fails records its error and the next one runs.
+    """
     import keras
 
-    from benchmarks.accelerator import environment
-
-    backend = keras.backend.backend()
-    path = os.path.join(output, f"gpu-kernel-{backend}.json")
+    path = os.path.join(output, f"gpu-kernel-{keras.backend.backend()}.json")
+    sections = [
+        (key, lambda part, b=bench: b(config, part), {})
+        for key, bench in (
+            ("numerics", bench_numerics),
+            ("training", bench_training),
+            ("inference", bench_inference),
+            ("kernel", bench_kernel),
+        )
+    ]
     results = {"environment": environment(), "config": config}
-    # The issue's targets first: a backend cut off by its timeout keeps them.
-    sections = (
-        ("numerics", bench_numerics),
-        ("training", bench_training),
-        ("inference", bench_inference),
-        ("kernel", bench_kernel),
-    )
-    for key, bench in sections:
-        started, results[key] = time.time(), {}
-        try:
-            for _ in bench(config, results[key]):
-                with open(path, "w") as handle:
-                    json.dump(results, handle, indent=1)
-        except Exception as error:  # keep the other sections' numbers
-            results[key]["error"] = f"{type(error).__name__}: {error}"[:2000]
-        with open(path, "w") as handle:
-            json.dump(results, handle, indent=1)
-        print(f"{backend}: {key} done in {time.time() - started:.0f} s", flush=True)
+    return run_sections(path, results, sections, indent=1, keep_going=True)
 
 
 def _median(results, *keys):
@@ -318,7 +308,7 @@ def _ratio(a, b):
 
 
 def targets(results, precision):
-    """`[(target, value, limit)]`: the issue's targets from one backend's results."""
+    """`[(target, value, limit)]`: the kernel targets from one backend's results."""
     batch, steps, features, units = results["config"]["shape"]
     train = results.get("training", {})
     name = f"AntisymmetricRNN kernel {precision}"
@@ -344,7 +334,7 @@ def ms(seconds):
 
 
 def report(all_results):
-    """The issue's targets, every timing and the numerics, as text."""
+    """The kernel targets, every timing and the numerics, as text."""
     lines = []
     for backend, results in all_results.items():
         device = results.get("environment", {}).get("device", "cpu")
@@ -360,51 +350,34 @@ def report(all_results):
 
 
 def _section_lines(section, part):
-    lines = [f"-- {section}"]
+    """One section as a table: `group | name | value` (timings in ms, median and min)."""
+    rows = []
     for group, entries in part.items():
         if not isinstance(entries, dict):
-            lines.append(f"   {group}: {entries}")
+            rows.append((group, "", entries))
             continue
         for name, value in entries.items():
             if isinstance(value, dict) and "median" in value:
                 shown = f"{1000 * value['median']:.3f} ms (min {1000 * value['min']:.3f})"
             else:
                 shown = f"{value:.2e}" if isinstance(value, float) else str(value)
-            lines.append(f"   {group} | {name}: {shown}")
-    return lines
+            rows.append((group, name, shown))
+    return ["", *table([section, "case", "value"], rows)]
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_kernel_check")
-    parser.add_argument("--backends", default="jax,torch")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
-    parser.add_argument("--output", default=os.environ.get("OUT") or "benchmarks/results")
-    parser.add_argument("--timeout", type=float, default=170, help="seconds per backend")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser = common.parser("python -m benchmarks.gpu_kernel_check", __doc__, backends=170)
     args = parser.parse_args(argv)
     config = QUICK if args.quick else FULL
     os.makedirs(args.output, exist_ok=True)
     if args.child:
-        run_child(config, args.output)
+        run_child_sections(config, args.output)
         return 0
     backends = [b for b in args.backends.split(",") if b]
-    for backend in backends:
-        env = {**os.environ, "KERAS_BACKEND": backend, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        command = [sys.executable, "-m", "benchmarks.gpu_kernel_check", "--child"]
-        command += ["--output", args.output] + (["--quick"] if args.quick else [])
-        try:
-            subprocess.run(command, cwd=ROOT, env=env, timeout=args.timeout, check=False)
-        except subprocess.TimeoutExpired:
-            print(f"{backend}: stopped after {args.timeout:.0f} s", file=sys.stderr)
-    all_results = {}
-    for backend in backends:
-        path = os.path.join(args.output, f"gpu-kernel-{backend}.json")
-        if os.path.exists(path):
-            with open(path) as handle:
-                all_results[backend] = json.load(handle)
-    text = report(all_results)
-    with open(os.path.join(args.output, "gpu-kernel.txt"), "w") as handle:
-        handle.write(text + "\n")
+    # A backend that fails still reports: its targets read n/a.
+    run_backends("benchmarks.gpu_kernel_check", backends, args.output, args.quick, args.timeout)
+    text = report(read_backend_results(args.output, "gpu-kernel-{}.json", backends))
+    write_text(os.path.join(args.output, "gpu-kernel.txt"), text + "\n")
     print(text)
     return 0
 

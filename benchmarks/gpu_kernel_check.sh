@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
-# The GPU check of the fused recurrence kernels (issue 13), in one call of a
-# lent GPU machine (about 5 minutes; JAX, then PyTorch, each in its own process):
+# The GPU check of the fused recurrence kernels in one command (about 5 minutes on one
+# GPU; JAX, then PyTorch, each in its own process):
 #
-#   run(command="bash benchmarks/gpu_kernel_check.sh", carry=[".whl"], timeout_s=480)
+#   bash benchmarks/gpu_kernel_check.sh [--quick]
 #
-# The machine's python3 holds JAX, PyTorch and Triton but no Keras: Keras and
-# the two packages it needs there travel as wheels in .whl/ (ignored by git):
+# Results: $OUT/gpu-kernel.txt (targets, timings, numerics) and one JSON per backend,
+# where OUT names a folder collected after the run; without OUT, runs/benchmarks/.
+# Where python3 holds JAX, PyTorch and Triton but no Keras, Keras and the two packages it
+# needs are installed from wheels in .whl/ (ignored by git), downloaded beforehand with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 #     --platform manylinux_2_17_x86_64 -d .whl keras==3.15.1 namex optree
-# Results: $OUT/gpu-kernel.txt (targets, timings, numerics) and one JSON per backend.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import keras" 2>/dev/null; then
+    SITE=$(mktemp -d)
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+        --upgrade --target "$SITE" .whl/*.whl || exit 1
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3 TRITON_DEFAULT_FP_FUSION=1
-OUTPUT=${OUT:-benchmarks/results}
+OUTPUT=${OUT:-runs/benchmarks}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv 2>/dev/null
 "$PYTHON" -c "import jax, torch, triton; print('jax', jax.__version__, jax.devices(), \
 'torch', torch.__version__, 'triton', triton.__version__)"

@@ -1,6 +1,6 @@
 """Benchmarks the AntisymmetricRNN layers against Keras' own recurrent layers.
 
-    python -m benchmarks.run [--quick] [--output benchmarks/results]
+    python -m benchmarks.run [--quick] [--output runs/benchmarks]
 
 Everything is measured in one process per backend, interleaved (one repeat of
 every layer, then the next repeat) and repeated, reporting the median, min and
@@ -9,21 +9,39 @@ and as multiples of the floor, the compiled time of `T` chained
 `tanh(h @ W)` products. Sections: training steps at several shapes;
 `jit_compile` True against False; the fused layers with the input projection
 hoisted out of the loop or not (wide inputs); inference in process and through
-the SavedModel; peak memory, in a fresh subprocess per layer (`ru_maxrss`
+the SavedModel; peak memory, in a fresh subprocess per layer (peak RSS
 growth over one training step); `training.train` end to end; the JAX backend
-in a subprocess. Writes `results.json` and `results.md` in `--output`.
+in a subprocess. Writes `results.json` and `results.md` in `--output`
+(default `runs/benchmarks`; `--output benchmarks/results` replaces the
+committed results).
+
+Keras is imported by the functions that build models, not with this module:
+it fixes its backend when imported, and `benchmarks.accelerator` imports this
+module in a parent process that runs each backend in its own child.
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import resource
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
+
+from benchmarks import common
+from benchmarks.common import (
+    environment,
+    interleaved,
+    last_json,
+    run_child,
+    table,
+    write_json,
+    write_text,
+)
 
 LAYERS = (
     "AntisymmetricRNN",
@@ -67,7 +85,7 @@ def make_layer(name, units, **fused_options):
     """A layer by name; `fused_options` (e.g. `hoist_inputs`) go to the fused layers."""
     import keras
 
-    import keras_antisym
+    import keras_antisym  # heavy: imports Keras, which fixes the backend (see the module doc)
 
     if name == "AntisymmetricRNN":
         return keras_antisym.AntisymmetricRNN(units, **fused_options)
@@ -96,9 +114,8 @@ def make_model(name, steps, features, units, jit_compile=False, **fused_options)
     return model
 
 
-def _data(batch, steps, features):
-    import numpy as np
-
+def random_batch(batch, steps, features):
+    """Uniform float32 inputs `(batch, steps, features)` and int32 labels in [0, 10), seeded."""
     rng = np.random.RandomState(0)
     return (
         rng.rand(batch, steps, features).astype("float32"),
@@ -106,33 +123,9 @@ def _data(batch, steps, features):
     )
 
 
-def _summary(times):
-    return {
-        "median": statistics.median(times),
-        "min": min(times),
-        "max": max(times),
-        "repeats": len(times),
-    }
-
-
-def interleaved(callables, repeats, warmup):
-    """Times each callable `repeats` times, round-robin, after `warmup` calls each."""
-    for call in callables.values():
-        for _ in range(warmup):
-            call()
-    times = {name: [] for name in callables}
-    for _ in range(repeats):
-        for name, call in callables.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    return {name: _summary(values) for name, values in times.items()}
-
-
 def floor_time(batch, steps, units, repeats, warmup):
     """Compiled forward time of `steps` chained `tanh(h @ W)` products."""
     import keras
-    import numpy as np
     from keras import ops
 
     w = np.random.RandomState(0).randn(units, units) / np.sqrt(units)
@@ -157,18 +150,19 @@ def floor_time(batch, steps, units, repeats, warmup):
     ]
 
 
-def training_entry(config, shape, jit_compile=False, layers=LAYERS, synced=lambda call: call):
+def training_entry(config, shape, jit_compile=False, layers=LAYERS, sync=False):
     """One shape's training-step timings of every layer, and the floor.
 
-    `synced` wraps each timed call (an accelerator backend waits for its device).
+    `sync`: wait for the accelerator after each timed call.
     """
     batch, steps, features, units = shape
-    x, y = _data(batch, steps, features)
+    x, y = random_batch(batch, steps, features)
     models = {name: make_model(name, steps, features, units, jit_compile) for name in layers}
     timings = interleaved(
-        {n: synced(lambda m=m: m.train_on_batch(x, y)) for n, m in models.items()},
+        {n: (lambda m=m: m.train_on_batch(x, y)) for n, m in models.items()},
         config["repeats"],
         config["warmup"],
+        sync,
     )
     return {
         "batch": batch,
@@ -188,7 +182,7 @@ def bench_training(config, jit_compile=False, layers=LAYERS):
 def bench_jit(config, layers=LAYERS):
     """Training step with `jit_compile` False and True, same shape, interleaved."""
     batch, steps, features, units = config["jit_shape"]
-    x, y = _data(batch, steps, features)
+    x, y = random_batch(batch, steps, features)
     calls = {}
     for name in layers:
         for jit in (False, True):
@@ -215,7 +209,7 @@ def hoist_models(config, jit_compile=False):
     return models
 
 
-def bench_hoist(config, synced=lambda call: call, jit_compile=False):
+def bench_hoist(config, sync=False, jit_compile=False):
     """Fused training step with the input projection hoisted or not, wide inputs.
 
     The fused layers choose by device with `hoist_inputs="auto"`; this
@@ -223,12 +217,12 @@ def bench_hoist(config, synced=lambda call: call, jit_compile=False):
     interleaved.
     """
     batch, steps, features, units = config["hoist_shape"]
-    x, y = _data(batch, steps, features)
+    x, y = random_batch(batch, steps, features)
     calls = {
-        name: synced(lambda m=model: m.train_on_batch(x, y))
+        name: (lambda m=model: m.train_on_batch(x, y))
         for name, model in hoist_models(config, jit_compile).items()
     }
-    times = interleaved(calls, config["repeats"], config["warmup"])
+    times = interleaved(calls, config["repeats"], config["warmup"], sync)
     return {"batch": batch, "steps": steps, "features": features, "units": units, "times": times}
 
 
@@ -239,7 +233,7 @@ def bench_inference(config, layers=LAYERS):
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for batch, steps, features, units in config["inference_shapes"]:
-            x, _ = _data(batch, steps, features)
+            x, _ = random_batch(batch, steps, features)
             calls = {}
             for name in layers:
                 model = make_model(name, steps, features, units)
@@ -262,52 +256,41 @@ def bench_inference(config, layers=LAYERS):
     return results
 
 
-MEMORY_SCRIPT = """
-import json, sys
-sys.path.insert(0, {root!r})
-from benchmarks.run import make_model, _data
-
-def status(field):
+def _proc_status_mib(field):
+    """A `/proc/self/status` field (`VmRSS:`, `VmHWM:`) in MiB."""
     with open("/proc/self/status") as handle:
         for line in handle:
             if line.startswith(field):
                 return int(line.split()[1]) / 1024  # kB -> MiB
-
-name, batch, steps, features, units = {args!r}
-x, y = _data(batch, steps, features)
-model = make_model(name, steps, features, units)
-before = status("VmRSS:")
-with open("/proc/self/clear_refs", "w") as handle:
-    handle.write("5")  # reset the peak (VmHWM) to the current RSS
-model.train_on_batch(x, y)
-model.train_on_batch(x, y)
-peak = status("VmHWM:")
-print(json.dumps({{"peak_growth_mib": peak - before, "peak_rss_mib": peak}}))
-"""
+    raise KeyError(field)
 
 
-def bench_memory(config, layers=LAYERS):
-    """Peak RSS growth over one training step, each layer in a fresh process.
+def rss_growth(name, batch, steps, features, units):
+    """Peak RSS growth (MiB) over two training steps of a built model, in this process.
 
     Once the model is built, the kernel's peak-RSS mark is reset
     (`/proc/self/clear_refs`); the growth of the peak over two training steps
     (the first one traces the graph, the same work for every layer) is what
     training needs beyond the built model.
     """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    x, y = random_batch(batch, steps, features)
+    model = make_model(name, steps, features, units)
+    before = _proc_status_mib("VmRSS:")
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")  # reset the peak (VmHWM) to the current RSS
+    model.train_on_batch(x, y)
+    model.train_on_batch(x, y)
+    peak = _proc_status_mib("VmHWM:")
+    return {"peak_growth_mib": peak - before, "peak_rss_mib": peak}
+
+
+def bench_memory(config, layers=LAYERS):
+    """`rss_growth` of each layer, each in a fresh process (a peak cannot be shared)."""
     results = {}
     for name in layers:
-        script = MEMORY_SCRIPT.format(root=root, args=(name, *config["memory_shape"]))
-        proc = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=1200,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-2000:])
-        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        args = ["-m", "benchmarks.run", "--memory-of", name, "--shape"]
+        stdout = run_child(args + [str(v) for v in config["memory_shape"]], timeout=1200)
+        results[name] = last_json(stdout)
     return {"shape": config["memory_shape"], "layers": results}
 
 
@@ -318,16 +301,14 @@ def bench_end_to_end(config):
     shape on a fixed in-memory batch; the run is `python -m training.train` on
     `digits` noise-padded to the same length (a real tf.data pipeline).
     """
-    batch, steps, features, units = config["e2e_shape"]
-    x, y = _data(batch, steps, features)
     import keras
 
-    import keras_antisym
-
+    batch, steps, features, units = config["e2e_shape"]
+    x, y = random_batch(batch, steps, features)
     model = keras.Sequential(
         [
             keras.Input((steps, features)),
-            keras_antisym.AntisymmetricRNN(units),
+            make_layer("AntisymmetricRNN", units),
             keras.layers.Dense(10),
         ]
     )
@@ -338,44 +319,13 @@ def bench_end_to_end(config):
     bare = interleaved(
         {"bare": lambda: model.train_on_batch(x, y)}, config["repeats"] * 2, config["warmup"]
     )["bare"]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "training.train",
-                "--task",
-                "digits",
-                "--timesteps",
-                str(steps),
-                "--units",
-                str(units),
-                "--batch-size",
-                str(batch),
-                "--steps",
-                str(config["e2e_steps"]),
-                "--optimizer",
-                "sgd",
-                "--learning-rate",
-                "0.01",
-                "--strategy",
-                "default",
-                "--log-every",
-                "1000",
-                "--checkpoint-every",
-                "100000",
-                "--output-dir",
-                tmp,
-            ],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=3600,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-3000:])
+        train = ["-m", "training.train", "--task", "digits", "--timesteps", str(steps)]
+        train += ["--units", str(units), "--batch-size", str(batch)]
+        train += ["--steps", str(config["e2e_steps"]), "--optimizer", "sgd"]
+        train += ["--learning-rate", "0.01", "--strategy", "default", "--log-every", "1000"]
+        train += ["--checkpoint-every", "100000", "--output-dir", tmp]
+        run_child(train, timeout=3600)
         with open(os.path.join(tmp, "metrics.json")) as handle:
             metrics = json.load(handle)
     bare_rate = batch / bare["median"]
@@ -389,38 +339,11 @@ def bench_end_to_end(config):
 
 
 def run_backend(backend, quick, output):
-    """Runs the JAX (or other) backend's training benchmark in a subprocess."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    args = [sys.executable, "-m", "benchmarks.run", "--training-only", "--output", output]
-    if quick:
-        args.append("--quick")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
+    """Runs the JAX (or other) backend's training benchmark in a child process."""
+    args = ["-m", "benchmarks.run", "--training-only", "--output", output]
+    run_child(args + (["--quick"] if quick else []), 3600, {"KERAS_BACKEND": backend})
     with open(os.path.join(output, "training.json")) as handle:
         return json.load(handle)
-
-
-def environment():
-    import keras
-
-    info = {
-        "backend": keras.backend.backend(),
-        "keras": keras.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "processor": platform.processor(),
-    }
-    try:
-        import tensorflow as tf
-
-        info["tensorflow"] = tf.__version__
-        info["gpus"] = [d.name for d in tf.config.list_physical_devices("GPU")]
-    except ImportError:
-        pass
-    return info
 
 
 def training_ratios(entry):
@@ -445,7 +368,7 @@ def hoist_ratios(hoist):
 
 
 def ratios(results):
-    """The targets of the benchmark issue, as ratios measured in the same run."""
+    """The suite's targets, as ratios measured in the same run."""
     out = {}
     for entry in results["training"]:
         key = f"train_B{entry['batch']}_T{entry['steps']}_m{entry['features']}_n{entry['units']}"
@@ -479,73 +402,67 @@ def ratios(results):
 
 def hoist_markdown(hoist):
     shape = f"B{hoist['batch']} T{hoist['steps']} m{hoist['features']} n{hoist['units']}"
-    lines = ["", f"| input projection, training step {shape} (s) | median |", "|---|---|"]
-    rows = [(name.replace("|", ", "), t["median"]) for name, t in hoist["times"].items()]
-    return lines + [f"| {name} | {median:.4f} |" for name, median in rows]
+    rows = [(name.replace("|", ", "), f"{t['median']:.4f}") for name, t in hoist["times"].items()]
+    return ["", *table([f"input projection, training step {shape} (s)", "median"], rows)]
+
+
+def training_markdown(entries, layers=LAYERS):
+    """The training-step table: per shape, each layer's median (min-max) and the floor."""
+
+    def cell(timing):
+        return f"{timing['median']:.4f} ({timing['min']:.4f}-{timing['max']:.4f})"
+
+    rows = [
+        [f"B{e['batch']} T{e['steps']} m{e['features']} n{e['units']}"]
+        + [cell(e["times"][n]) for n in layers]
+        + [f"{e['floor']['median']:.4f}"]
+        for e in entries
+    ]
+    return table(["training step (s)", *layers, "floor"], rows)
+
+
+def ratios_markdown(values):
+    """The ratio table; a dict value is one row per key."""
+    rows = []
+    for name, value in values.items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        rows += [(name if key is None else f"{name}: {key}", f"{v:.3f}") for key, v in items]
+    return table(["ratio (same run, medians)", "value"], rows)
 
 
 def markdown(results):
     lines = [f"Environment: {json.dumps(results['environment'])}", ""]
-    lines += [
-        "| training step (s) | " + " | ".join(LAYERS) + " | floor |",
-        "|---|" + "---|" * (len(LAYERS) + 1),
-    ]
-    for entry in results["training"]:
-        cells = [
-            f"{entry['times'][n]['median']:.4f} ({entry['times'][n]['min']:.4f}-"
-            f"{entry['times'][n]['max']:.4f})"
-            for n in LAYERS
-        ]
-        lines.append(
-            f"| B{entry['batch']} T{entry['steps']} m{entry['features']} "
-            f"n{entry['units']} | " + " | ".join(cells) + f" | {entry['floor']['median']:.4f} |"
-        )
+    lines += training_markdown(results["training"])
     if results.get("hoist"):
         lines += hoist_markdown(results["hoist"])
     for entry in results.get("inference", []):
-        lines += [
-            "",
-            f"| inference B{entry['batch']} T{entry['steps']} (s) | in process | SavedModel |",
-            "|---|---|---|",
+        header = [f"inference B{entry['batch']} T{entry['steps']} (s)", "in process", "SavedModel"]
+        t = entry["times"]
+        rows = [
+            (n, f"{t[n]['median']:.4f}", f"{t[f'{n}|saved_model']['median']:.4f}") for n in LAYERS
         ]
-        for name in LAYERS:
-            a, b = entry["times"][name], entry["times"][f"{name}|saved_model"]
-            lines.append(f"| {name} | {a['median']:.4f} | {b['median']:.4f} |")
+        lines += ["", *table(header, rows)]
     if results.get("memory"):
-        lines += [
-            "",
-            f"| peak memory, training step {results['memory']['shape']} | growth (MiB) |",
-            "|---|---|",
-        ]
-        for name, value in results["memory"]["layers"].items():
-            lines.append(f"| {name} | {value['peak_growth_mib']:.1f} |")
+        memory = results["memory"]
+        rows = [(n, f"{v['peak_growth_mib']:.1f}") for n, v in memory["layers"].items()]
+        header = [f"peak memory, training step {memory['shape']}", "growth (MiB)"]
+        lines += ["", *table(header, rows)]
     for backend, other in results.get("backends", {}).items():
-        lines += [
-            "",
-            f"| {backend} training step (s) | " + " | ".join(LAYERS) + " |",
-            "|---|" + "---|" * len(LAYERS),
+        rows = [
+            [f"B{e['batch']} T{e['steps']} m{e['features']}"]
+            + [f"{e['times'][n]['median']:.4f}" for n in LAYERS]
+            for e in other["training"]
         ]
-        for entry in other["training"]:
-            lines.append(
-                f"| B{entry['batch']} T{entry['steps']} m{entry['features']} | "
-                + " | ".join(f"{entry['times'][n]['median']:.4f}" for n in LAYERS)
-                + " |"
-            )
-    lines += ["", "| ratio (same run, medians) | value |", "|---|---|"]
-    lines += [
-        f"| {name} | {value:.3f} |"
-        if not isinstance(value, dict)
-        else "\n".join(f"| {name}: {k} | {v:.3f} |" for k, v in value.items())
-        for name, value in results["ratios"].items()
-    ]
+        lines += ["", *table([f"{backend} training step (s)", *LAYERS], rows)]
+    lines += ["", *ratios_markdown(results["ratios"])]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
-    parser.add_argument("--output", default=os.path.join("benchmarks", "results"))
+    parser = common.parser("python -m benchmarks.run", __doc__)
     parser.add_argument("--training-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-of", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", type=int, nargs=4, help=argparse.SUPPRESS)
     parser.add_argument(
         "--only",
         choices=["e2e", "jit", "hoist", "inference", "memory"],
@@ -553,6 +470,9 @@ def main(argv=None):
     )
     parser.add_argument("--skip", default="", help="comma list: jit,hoist,inference,memory,e2e,jax")
     args = parser.parse_args(argv)
+    if args.memory_of:  # the child of `bench_memory`: one layer in a fresh process
+        print(json.dumps(rss_growth(args.memory_of, *args.shape)))
+        return 0
     os.makedirs(args.output, exist_ok=True)
     config = QUICK if args.quick else FULL
     skip = set(filter(None, args.skip.split(",")))
@@ -564,8 +484,7 @@ def main(argv=None):
             "environment": environment(),
             "training": bench_training(config, jit_compile=True),
         }
-        with open(os.path.join(args.output, "training.json"), "w") as handle:
-            json.dump(results, handle, indent=2)
+        write_json(os.path.join(args.output, "training.json"), results)
         return 0
     if keras.backend.backend() != "tensorflow":
         parser.error("run the benchmark with KERAS_BACKEND=tensorflow (it runs JAX itself)")
@@ -606,11 +525,10 @@ def main(argv=None):
 
 def _write(results, output):
     results["ratios"] = ratios(results)
-    with open(os.path.join(output, "results.json"), "w") as handle:
-        json.dump(results, handle, indent=2)
-    with open(os.path.join(output, "results.md"), "w") as handle:
-        handle.write(markdown(results))
-    print(markdown(results))
+    text = markdown(results)
+    write_json(os.path.join(output, "results.json"), results)
+    write_text(os.path.join(output, "results.md"), text)
+    print(text)
     return 0
 
 

@@ -14,7 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_accelerator_benchmark_runs_on_tiny_shapes(tmp_path):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "CUDA_VISIBLE_DEVICES": "",
+        "KERAS_ANTISYM_KERNEL_INTERPRET": "1",  # the kernel section, interpreted on this CPU
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.accelerator", "--quick", "--output", str(tmp_path)],
         cwd=ROOT,
@@ -68,6 +73,7 @@ def test_gpu_kernel_check_runs_on_tiny_shapes(tmp_path):
         "TF_CPP_MIN_LOG_LEVEL": "3",
         "CUDA_VISIBLE_DEVICES": "",
         "TRITON_INTERPRET": "1",  # PyTorch's kernel on CPU tensors
+        "KERAS_ANTISYM_KERNEL_INTERPRET": "1",  # fused_kernel=True without a CUDA GPU
     }
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_kernel_check", "--quick", "--output", str(tmp_path)],

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.run import LAYERS, QUICK, _data, hoist_models
+from benchmarks.run import LAYERS, QUICK, hoist_models, random_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_hoist_section_switches_the_path_it_measures(monkeypatch):
 
     monkeypatch.setattr(AntisymmetricCell, "project_inputs", spy)
     batch, steps, features, _ = QUICK["hoist_shape"]
-    x, y = _data(batch, steps, features)
+    x, y = random_batch(batch, steps, features)
     models = hoist_models(QUICK)
     for model in models.values():
         model.train_on_batch(x, y)  # traces the step, where the path is chosen
