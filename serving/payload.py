@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -19,8 +19,6 @@ from apputil.quiet import import_tensorflow
 
 if TYPE_CHECKING:
     import tensorflow as tf
-
-    from serving.repository import Servable
 
 DEFAULT_SIGNATURE = "serving_default"
 DEFAULT_MAX_INPUT_ELEMENTS = 1 << 18  # 4,096 digits of 64 x 1
@@ -32,6 +30,17 @@ _NUMPY_DTYPES = {
     "int32": np.int32,
     "int64": np.int64,
 }
+
+
+class Servable(Protocol):
+    """What a request is answered from (`serving.repository.Servable` is one)."""
+
+    version: int
+    signatures: Mapping[str, Callable[..., Mapping[str, Any]]]
+    signature_def: dict
+    max_rank: int
+
+    def input_specs(self, signature_name: str) -> Mapping[str, tf.TensorSpec]: ...
 
 
 class RestError(Exception):

@@ -405,3 +405,14 @@ def test_build_model_records_every_task_head_and_stays_short():
                       "sequence": "per_step_classification"}  # fmt: skip
     assert set(served.values()) == set(HEADS)
     assert len(inspect.getsource(models.build_model).splitlines()) <= 60
+
+
+def test_an_export_that_cannot_be_written_is_one_line_status_1(capsys):
+    exported("antisymmetric")
+    blocker = work_dir("a-file")
+    open(blocker, "w").close()
+    base = os.path.join(blocker, "models")  # under a regular file: cannot be created
+    args = ["--model", work_dir("antisymmetric.keras"), "--export-base", base, "--version", "1"]
+    status, lines = _cli(args, capsys)
+    assert status == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("python -m serving.export: error: cannot write the export to")
