@@ -426,14 +426,11 @@ class GatedAntisymmetricCell(AntisymmetricCell):
     out as `[gate z | candidate h]`.
 
     Args:
-        units, epsilon, gamma, activation: As in `AntisymmetricCell`.
         recurrent_activation: Activation of the gate `z` (sigmoid in the
             paper).
-        use_bias, kernel_initializer, recurrent_initializer,
-        bias_initializer, kernel_regularizer, recurrent_regularizer,
-        bias_regularizer, kernel_constraint, recurrent_constraint,
-        bias_constraint, dropout, recurrent_dropout, seed, antisymmetric:
-            As in `AntisymmetricCell`.
+
+    Every other argument is as in `AntisymmetricCell`, in the same order
+    (`recurrent_activation` follows `activation`).
 
     Call arguments:
         sequence: A 2D tensor of shape `(batch, input_dim)`, one time step.

@@ -104,12 +104,7 @@ class AntisymmetricRNN(keras.layers.RNN):
 
     Args:
         units: Positive integer, the dimension of the hidden state.
-        epsilon, gamma, activation, use_bias, kernel_initializer,
-        recurrent_initializer, bias_initializer, kernel_regularizer,
-        recurrent_regularizer, bias_regularizer: As in `AntisymmetricCell`.
         activity_regularizer: Regularizer for the layer's output.
-        kernel_constraint, recurrent_constraint, bias_constraint, dropout,
-        recurrent_dropout, seed, antisymmetric: As in `AntisymmetricCell`.
         return_sequences: Boolean, return the whole output sequence instead
             of the last output.
         return_state: Boolean, also return the last state.
@@ -140,6 +135,11 @@ class AntisymmetricRNN(keras.layers.RNN):
             The default stays `False` until the kernels have run on a GPU
             (they are tested in interpret mode and compiled for Hopper, not
             yet run on one).
+
+    The other arguments (`epsilon`, `gamma`, `activation`, `use_bias`, the
+    initializers, regularizers and constraints, `dropout`,
+    `recurrent_dropout`, `seed`, `antisymmetric`) are as in
+    `AntisymmetricCell`, in that order after `units`.
 
     The cell's arguments and `hoist_inputs` are also read-only properties
     of the layer, as in `keras.layers.GRU`.
@@ -406,14 +406,10 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
     `keras.layers.RNN(GatedAntisymmetricCell(...))`.
 
     Args:
-        units, epsilon, gamma, activation: As in `AntisymmetricRNN`.
         recurrent_activation: Activation of the gate `z` (sigmoid).
-        use_bias, kernel_initializer, recurrent_initializer,
-        bias_initializer, kernel_regularizer, recurrent_regularizer,
-        bias_regularizer, activity_regularizer, kernel_constraint,
-        recurrent_constraint, bias_constraint, dropout, recurrent_dropout,
-        seed, antisymmetric, return_sequences, return_state, go_backwards,
-        stateful, unroll, hoist_inputs, fused_kernel: As in `AntisymmetricRNN`.
+
+    Every other argument is as in `AntisymmetricRNN`, in the same order
+    (`recurrent_activation` follows `activation`).
 
     Example:
 
