@@ -11,10 +11,11 @@ from __future__ import annotations
 import reprlib
 
 _REPR = reprlib.Repr()
-_REPR.maxlevel = 3
+_REPR.maxlevel = 2
 _REPR.maxstring = 80
 _REPR.maxother = 80
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+_LONGEST = 120
 
 
 class UsageError(ValueError):
@@ -23,7 +24,8 @@ class UsageError(ValueError):
 
 def shown(value: object) -> str:
     """`repr(value)`, cut to a bounded length and depth (`...` marks what was left out)."""
-    return _REPR.repr(value)
+    text = _REPR.repr(value)
+    return text if len(text) <= _LONGEST else text[: _LONGEST - 3] + "..."
 
 
 def invalid(

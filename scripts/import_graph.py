@@ -54,7 +54,9 @@ def scan(packages: tuple[str, ...]) -> tuple[dict, dict]:
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
         is_package = path.name == "__init__.py"
-        functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+        functions = [
+            n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
         in_function = {id(n) for f in functions for n in ast.walk(f) if n is not f}
         for node in ast.walk(tree):
             if not isinstance(node, ast.Import | ast.ImportFrom):

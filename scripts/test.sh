@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite on a fresh machine: install into .venv, lint, run pytest.
+# The test suite on a fresh machine: install into .venv, lint, type-check, build the docs, run pytest.
 set -euo pipefail
 . "$(dirname "$0")/venv.sh"
 # PyTorch for the torch-backend tests: the CPU build (these machines carry torch
@@ -8,6 +8,9 @@ set -euo pipefail
 python -m pip install --quiet "torch==2.13.0" "triton==3.9.0"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 ruff check .
+# The library's type hints (pyproject.toml configures mypy) and the documentation site.
+mypy keras_antisym
+bash scripts/docs.sh
 # One worker per core (this machine and CI have 2); -v names each test as it ends, and
 # pyproject.toml adds a per-test time limit and the slowest tests at the end.
 python -m pytest -v -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"

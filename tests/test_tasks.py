@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from training import tasks
+from training import errors, tasks
 from training.trainer_tf import training_dataset
 
 
@@ -103,9 +103,9 @@ def test_tfds_data_dir_environment_variable(monkeypatch, shared_tfds):
 
 
 def test_missing_data_gives_a_clear_error(tmp_path):
-    with pytest.raises(tasks.DataError, match="not prepared in"):
+    with pytest.raises(errors.DataError, match="not prepared in"):
         tasks.get_task("pixel_cifar10").examples("test", data_dir=str(tmp_path))
-    with pytest.raises(tasks.DataError, match="argument `--data-dir`"):
+    with pytest.raises(errors.DataError, match="argument `--data-dir`"):
         tasks.get_task("pixel_mnist").examples("test", data_dir=str(tmp_path / "missing"))
 
 

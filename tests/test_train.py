@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 import yaml
 
 from tests import reference
-from training import train
+from training import experiment, train
 from training.config import RunConfig
 from training.models import build_model
 from training.tasks import get_task
@@ -207,7 +207,7 @@ def test_bad_flags_exit_with_one_line(tmp_path, args, message):
 
 def _run_in_process(args, log=print):
     config = RunConfig.from_namespace(args).validate()
-    return train.train_and_evaluate(config, args.output_dir, log=log)
+    return experiment.train_and_evaluate(config, args.output_dir, log=log)
 
 
 def _weights(path):
@@ -394,11 +394,11 @@ def test_resume_refuses_other_settings_and_rewrites_nothing(tmp_path):
 def test_weights_fingerprint_changes_with_any_weight():
     model = build_model(get_task("digits").spec, "antisymmetric", units=4, seed=0)
     same = build_model(get_task("digits").spec, "antisymmetric", units=4, seed=0)
-    assert train.weights_fingerprint(model) == train.weights_fingerprint(same)
+    assert experiment.weights_fingerprint(model) == experiment.weights_fingerprint(same)
     weights = model.get_weights()
     for index in range(len(weights)):
         changed = [w.copy() for w in weights]
         flat = changed[index].reshape(-1)
         flat[-1] = np.nextafter(flat[-1], np.float32(np.inf))  # one ulp in the last entry
         same.set_weights(changed)
-        assert train.weights_fingerprint(same) != train.weights_fingerprint(model), index
+        assert experiment.weights_fingerprint(same) != experiment.weights_fingerprint(model), index

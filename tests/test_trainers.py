@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from training import data, loop
+from training import data, errors, loop
 from training.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def test_loop_stops_at_the_first_non_finite_loss(bad):
     from training.summaries import ScalarWriter
 
     trainer = _FakeTrainer([1.0, 0.9, bad, 0.8])
-    with pytest.raises(loop.DivergenceError, match="diverged at step 3"):
+    with pytest.raises(errors.DivergenceError, match="diverged at step 3"):
         loop.train(trainer, RunConfig(steps=4, checkpoint_every=2, log_every=1), 0,
                    writer=ScalarWriter(None), log=lambda line: None)  # fmt: skip
     assert trainer.saved == [2]  # the checkpoint before the divergence, none after

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from training import tune
-from training.hypermodels import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace
+from training.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--task", "digits", "--units", "8", "--batch-size", "32", "--seed", "0"]

@@ -1,121 +1,199 @@
-"""`RunConfig`: one typed, validated description of a training run.
+"""`RunConfig`: one typed, validated description of a training run; the source of its options.
 
-Built from flags (`training.train`'s `main`), a YAML file (`--config`), a
-tuner trial (`training.tune`) or the reproduction suite, and passed whole to
-`training.train.train_and_evaluate(config, workdir)`.
+Every field carries its command-line help, its option group and whether a
+resumed run must keep it (`identity`); `training.options` builds the flags of
+`training.train` and `training.tune` from them, so an option is written once.
+A `RunConfig` is built from flags, a YAML file (`--config`), a tuner trial
+(`training.tune`) or the reproduction suite, and passed whole to
+`training.experiment.train_and_evaluate(config, workdir)`.
 """
+
+from __future__ import annotations
 
 import dataclasses
 import math
 import os
+import types
+import typing
+
+from apputil.errors import UsageError, check, invalid
+
+__all__ = ["RunConfig", "UsageError", "check_batch_size", "check_types", "flag", "identity_fields"]
+
+# The models a run can build (`training.models.build_model`); here so that the
+# command line knows them without importing Keras.
+MODEL_NAMES = ("antisymmetric", "gated", "ablation", "lstm")
+
+# The option groups of the command line, in the order `--help` lists them.
+GROUPS = ("task", "model", "optimizer", "distribution", "run")
 
 
-class UsageError(ValueError):
-    """A bad option: reported as one line, exit status 2."""
-
-
-def invalid(argument, expected, value, error=UsageError):
-    """The `error` (an exception class) for `value` of `argument` (`--flag` or a Python name)."""
-    return error(
-        f"Received an invalid value for argument `{argument}`, expected {expected}, got {value!r}."
-    )
-
-
-def check(condition, option, expected, value):
-    """Raises `UsageError` naming `--option` unless `condition`."""
-    if not condition:
-        raise invalid(f"--{option}", expected, value)
+def _option(default, help=None, *, group, identity=False, metavar=None):
+    """A field with what the command line and resume checks need to know of it."""
+    metadata = {"group": group, "help": help, "identity": identity, "metavar": metavar}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A training run: task, model, optimizer, distribution and schedule.
 
-    The fields are `training.train`'s flags (`--sigma-w` is `sigma_w`); their
-    defaults are the CLI's.
+    The fields are `training.train`'s flags (`--sigma-w` is `sigma_w`) with
+    their defaults; `identity` fields are what a checkpoint was trained with:
+    a resumed run must keep them (more `--steps` extend a run; logging,
+    evaluation and checkpoint periods may change).
     """
 
     # task
-    task: str = "digits"
-    dataset: str | None = None
-    timesteps: int | None = None
-    data_dir: str | None = None
-    seed: int = 0
+    task: str = _option("digits", group="task", identity=True)
+    dataset: str | None = _option(
+        None, "for the MNIST tasks: mnist (default) or fashion_mnist", group="task", identity=True
+    )
+    timesteps: int | None = _option(
+        None, "sequence length of noise-padded, digits, adding and copy tasks",
+        group="task", identity=True,
+    )  # fmt: skip
+    data_dir: str | None = _option(
+        None, "TFDS data directory or folder of .npz files (default: TFDS_DATA_DIR)", group="task"
+    )
+    download: bool = _option(
+        False, "let TFDS download and prepare the data set into --data-dir if it is missing "
+        "(needs the internet)", group="task",
+    )  # fmt: skip
+    seed: int = _option(0, "seed of data order, noise and init", group="task", identity=True)
     # model
-    model: str = "antisymmetric"
-    units: int = 64
-    epsilon: float = 0.1
-    gamma: float = 0.01
-    sigma_w: float = 1.0
+    model: str = _option("antisymmetric", group="model", identity=True)
+    units: int = _option(64, group="model", identity=True)
+    epsilon: float = _option(0.1, "step size ε", group="model", identity=True)
+    gamma: float = _option(0.01, "diffusion γ", group="model", identity=True)
+    sigma_w: float = _option(
+        1.0, "hidden-to-hidden init N(0, sigma_w^2/n) (paper: 0, 1, 2, 4, 8, 16)",
+        group="model", identity=True,
+    )  # fmt: skip
     # optimizer
-    optimizer: str = "adam"
-    learning_rate: float = 0.01
-    momentum: float = 0.9
-    clipnorm: float | None = None
-    batch_size: int = 64
+    optimizer: str = _option("adam", group="optimizer", identity=True)
+    learning_rate: float = _option(0.01, group="optimizer", identity=True)
+    momentum: float = _option(0.9, "for sgd", group="optimizer", identity=True)
+    clipnorm: float | None = _option(
+        None, "per-variable gradient clipping", group="optimizer", identity=True
+    )
+    batch_size: int = _option(64, "global batch size", group="optimizer", identity=True)
     # distribution
-    strategy: str = "auto"
-    tpu: str | None = None
-    cpu_devices: int = 0
+    strategy: str = _option("auto", group="distribution")
+    tpu: str | None = _option(None, "TPU name or address for --strategy tpu", group="distribution")
+    cpu_devices: int = _option(
+        0, "split the CPU into this many logical devices (mirrored training on CPU)",
+        group="distribution",
+    )  # fmt: skip
     # schedule
-    steps: int = 2000
-    checkpoint_every: int = 200
-    log_every: int = 50
-    eval_every: int = 0
-    eval_batch_size: int = 256
-    validation_fraction: float = 0.0
-    jit_compile: bool = False
-    diagnostics: int = 0
+    steps: int = _option(2000, "training steps (global batches)", group="run")
+    checkpoint_every: int = _option(200, group="run", metavar="N")
+    log_every: int = _option(50, group="run", metavar="N")
+    eval_every: int = _option(
+        0, "evaluate every N steps (validation split if any, else test) into curve.json",
+        group="run", metavar="N",
+    )  # fmt: skip
+    eval_batch_size: int = _option(256, group="run")
+    validation_fraction: float = _option(
+        0.0, "hold out this fraction of the training data and report val_accuracy",
+        group="run", identity=True,
+    )  # fmt: skip
+    jit_compile: bool = _option(False, "XLA-compile the train step", group="run")
+    diagnostics: int = _option(
+        0, "log stability diagnostics every N steps (0: off)", group="run", metavar="N"
+    )
 
     @classmethod
-    def from_namespace(cls, namespace, **overrides):
+    def from_namespace(cls, namespace, **overrides) -> RunConfig:
         """The fields present in an argparse namespace (the rest default), then `overrides`."""
         names = {field.name for field in dataclasses.fields(cls)}
         values = {k: v for k, v in vars(namespace).items() if k in names}
         return cls(**{**values, **overrides})
 
-    def replace(self, **changes):
+    def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self):
+    def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def validate(self):
-        """Range checks the flags' types cannot express; returns `self` or raises `UsageError`."""
+    def validate(self) -> RunConfig:
+        """Checks every field's type and range; returns `self` or raises `UsageError`.
+
+        Types are checked here, not only by the flags' parsers: values also come
+        from YAML files (`seed: 1.5`, `jit_compile: "false"`) and from Python.
+        """
+        check_types(self)
         for name in ("units", "batch_size", "steps", "checkpoint_every", "log_every",
                      "eval_batch_size"):  # fmt: skip
             value = getattr(self, name)
-            check(_integer(value) and value > 0, _flag(name), "a positive integer", value)
+            check(value > 0, flag(name), "a positive integer", value)
         for name in ("cpu_devices", "diagnostics", "eval_every"):
             value = getattr(self, name)
-            check(_integer(value) and value >= 0, _flag(name), "a non-negative integer", value)
+            check(value >= 0, flag(name), "a non-negative integer", value)
         for name, positive in (("epsilon", True), ("gamma", False), ("sigma_w", False),
                                ("learning_rate", True)):  # fmt: skip
             value = getattr(self, name)
-            ok = _real(value) and (value > 0 if positive else value >= 0)
-            check(ok, _flag(name), "a positive float" if positive else "a non-negative float",
+            ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
+            check(ok, flag(name), "a positive float" if positive else "a non-negative float",
                   value)  # fmt: skip
-        check(_real(self.momentum) and 0 <= self.momentum < 1, "momentum", "a float in [0, 1)",
-              self.momentum)  # fmt: skip
-        check(self.clipnorm is None or (_real(self.clipnorm) and self.clipnorm > 0), "clipnorm",
-              "a positive float", self.clipnorm)  # fmt: skip
-        check(self.timesteps is None or (_integer(self.timesteps) and self.timesteps > 0),
-              "timesteps", "a positive integer", self.timesteps)  # fmt: skip
-        check(_real(self.validation_fraction) and 0 <= self.validation_fraction < 1,
-              "validation-fraction", "a float in [0, 1)", self.validation_fraction)  # fmt: skip
-        check(self.data_dir is None or os.path.isdir(self.data_dir), "data-dir",
-              "an existing TFDS data directory or a folder of .npz files",
+        check(0 <= self.momentum < 1, "--momentum", "a float in [0, 1)", self.momentum)
+        check(self.clipnorm is None or (math.isfinite(self.clipnorm) and self.clipnorm > 0),
+              "--clipnorm", "a positive float", self.clipnorm)  # fmt: skip
+        check(self.timesteps is None or self.timesteps > 0, "--timesteps", "a positive integer",
+              self.timesteps)  # fmt: skip
+        check(0 <= self.validation_fraction < 1, "--validation-fraction", "a float in [0, 1)",
+              self.validation_fraction)  # fmt: skip
+        check(self.data_dir is None or self.download or os.path.isdir(self.data_dir),
+              "--data-dir", "an existing TFDS data directory or a folder of .npz files",
               self.data_dir)  # fmt: skip
         return self
 
 
-def _flag(name):
-    return name.replace("_", "-")
+def flag(name: str) -> str:
+    """The command-line flag of a field: `sigma_w` -> `--sigma-w`."""
+    return "--" + name.replace("_", "-")
 
 
-def _integer(value):
-    return isinstance(value, int) and not isinstance(value, bool)
+def identity_fields() -> tuple[str, ...]:
+    """The fields a resumed run must keep (marked `identity` on the field)."""
+    return tuple(f.name for f in dataclasses.fields(RunConfig) if f.metadata["identity"])
 
 
-def _real(value):
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def check_types(config: object, skip: tuple[str, ...] = ()) -> None:
+    """Raises `UsageError` naming the flag of the first field of a dataclass of a wrong type."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+        if field.name in skip:
+            continue
+        value, expected = getattr(config, field.name), hints[field.name]
+        if not _is_instance(value, expected):
+            raise invalid(flag(field.name), _type_words(expected), value)
+
+
+def check_batch_size(batch_size: int, replicas: int) -> None:
+    """Raises `UsageError` unless the global batch splits evenly over `replicas`."""
+    check(batch_size % replicas == 0, "--batch-size", f"a multiple of the {replicas} replicas",
+          batch_size)  # fmt: skip
+
+
+def _is_instance(value, expected) -> bool:
+    """`isinstance` for the field types used here (bool is no int; an int is a float)."""
+    if isinstance(expected, types.UnionType):
+        return any(_is_instance(value, arm) for arm in typing.get_args(expected))
+    if expected is type(None):
+        return value is None
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _type_words(expected) -> str:
+    words = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    if isinstance(expected, types.UnionType):
+        arms = [a for a in typing.get_args(expected) if a is not type(None)]
+        return " or ".join(words[a] for a in arms) + " (or null)"
+    return words[expected]

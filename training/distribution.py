@@ -6,21 +6,22 @@ every process (multi-host after `keras.distribution.initialize`). PyTorch: one
 device. TensorFlow is imported only on its backend.
 """
 
+from __future__ import annotations
+
 import json
 import os
+from typing import Any
 
-from training.config import invalid
+from apputil.errors import invalid
+from apputil.quiet import native_stderr_silenced
+from training.errors import StrategyError
 
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu", "data_parallel")
 TF_STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
 KERAS_STRATEGIES = {"jax": ("auto", "default", "data_parallel"), "torch": ("auto", "default")}
 
 
-class StrategyError(RuntimeError):
-    """A strategy cannot be set up on this machine."""
-
-
-def split_cpu(devices):
+def split_cpu(devices: int) -> None:
     """Splits the host CPU into `devices` logical devices (before the backend starts).
 
     Lets MirroredStrategy, DataParallel on JAX (and tests) run several
@@ -36,8 +37,6 @@ def split_cpu(devices):
         return
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
-
-        from training import native_stderr_silenced
 
         with native_stderr_silenced():  # listing devices probes CUDA, which prints
             cpu = tf.config.list_physical_devices("CPU")[0]
@@ -67,7 +66,7 @@ def _check_strategy(name, allowed, backend):
         raise invalid("--strategy", expected, name, StrategyError)
 
 
-def make(name, tpu=None):
+def make(name: str, tpu: str | None = None) -> Any:
     """What `--strategy name` means on the current backend.
 
     A `tf.distribute.Strategy` on TensorFlow (made before any other
@@ -81,7 +80,7 @@ def make(name, tpu=None):
     return make_keras_distribution(name)
 
 
-def make_keras_distribution(name):
+def make_keras_distribution(name: str) -> Any:
     """The `keras.distribution.Distribution` for `name` on JAX or PyTorch (None: one device).
 
     "auto" picks DataParallel when JAX sees several devices (all processes'
@@ -104,14 +103,14 @@ def make_keras_distribution(name):
     return keras.distribution.DataParallel(devices=devices)
 
 
-def keras_distribution_shape(distribution):
+def keras_distribution_shape(distribution: Any) -> tuple[str, int]:
     """`(name, replicas)` of a `keras.distribution.Distribution` (None: one device)."""
     if distribution is None:
         return "default", 1
     return type(distribution).__name__, len(distribution.device_mesh.devices.flat)
 
 
-def make_strategy(name, tpu=None):
+def make_strategy(name: str, tpu: str | None = None) -> Any:
     """The `tf.distribute.Strategy` called `name` (see `STRATEGIES`).
 
     "auto" picks a TPU when `tpu` or `TPU_NAME` names one, multi-worker when
@@ -159,7 +158,7 @@ def make_strategy(name, tpu=None):
     return tf.distribute.TPUStrategy(resolver)
 
 
-def strategy_name(strategy):
+def strategy_name(strategy: Any) -> str:
     """The public `tf.distribute` name of `strategy` (its class may be private)."""
     import tensorflow as tf
 
@@ -173,7 +172,7 @@ def strategy_name(strategy):
     return "default"
 
 
-def is_chief(strategy):
+def is_chief(strategy: Any) -> bool:
     """Whether this process writes the run's outputs."""
     import tensorflow as tf
 
@@ -192,7 +191,7 @@ def is_chief(strategy):
     )
 
 
-def task_label(strategy):
+def task_label(strategy: Any) -> str:
     import tensorflow as tf
 
     resolver = getattr(strategy, "cluster_resolver", None)

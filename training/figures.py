@@ -20,6 +20,8 @@ standardized, followed by standard Gaussian noise up to T steps (the
 noise-padded CIFAR-10 layout: m = 96 = 32 pixels × 3 channels per step).
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -33,13 +35,13 @@ import keras  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from apputil.errors import invalid  # noqa: E402
 from keras_antisym import (  # noqa: E402
     AntisymmetricCell,
     AntisymmetricRNN,
     FanInNormal,
     diagnostics,  # noqa: E402
 )
-from training.config import invalid  # noqa: E402
 
 INITIAL_STATES = np.array([[0.0, 0.5], [-0.5, -0.5], [0.5, -0.75]])
 EPSILON = 0.1
@@ -368,7 +370,7 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.output_dir, exist_ok=True)
     numbers = {}

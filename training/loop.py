@@ -6,25 +6,36 @@ logging, TensorBoard scalars, periodic evaluation (the learning curve),
 checkpoints, and a clear stop when the loss stops being finite.
 """
 
+from __future__ import annotations
+
 import contextlib
 import functools
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from training.config import RunConfig
+from training.errors import DivergenceError
 from training.objectives import per_example_correct, per_example_loss
-
-
-class DivergenceError(RuntimeError):
-    """The training loss became NaN or infinite."""
-
+from training.tasks import evaluation_batches
 
 # A loss this many times the run's first one is reported as unstable (once).
 BLOWUP_FACTOR = 10.0
 
 
-def train(trainer, config, start_step, *, writer, log=print, diagnostics=None, curve=None):
+def train(
+    trainer: Any,
+    config: RunConfig,
+    start_step: int,
+    *,
+    writer: Any,
+    log: Callable[[str], object] = print,
+    diagnostics: Any = None,
+    curve: Any = None,
+) -> dict:
     """Runs training steps `start_step .. config.steps - 1`, checkpointing as it goes.
 
     Args:
@@ -141,10 +152,10 @@ class _Progress:
         }
 
 
-def evaluate(predict, task, inputs, targets, batch_size, seed):
+def evaluate(
+    predict: Callable, task: Any, inputs: Any, targets: Any, batch_size: int, seed: int
+) -> tuple[float, float]:
     """Mean loss and accuracy of `predict` (batch -> outputs) over every example of a split."""
-    from training.tasks import evaluation_batches
-
     loss, correct = 0.0, 0.0
     for x, y in evaluation_batches(task, inputs, targets, batch_size, seed):
         outputs = predict(x)
@@ -205,7 +216,7 @@ class LearningCurve:
     def save(self):
         import json
 
-        from training.files import write_atomically
+        from apputil.files import write_atomically
 
         body = {"split": self.split, "every": self.every, "points": self.points}
         write_atomically(self.path, json.dumps(body, indent=1) + "\n")

@@ -5,12 +5,16 @@ file records what its outputs mean wherever it is copied: `serving.export` reads
 the name back to choose the serving signature.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 
 import keras_antisym
-from training.config import invalid
+from apputil.errors import invalid
+from training.config import MODEL_NAMES
 
-MODEL_NAMES = ("antisymmetric", "gated", "ablation", "lstm")
 # Task head (`training.tasks.TaskSpec.head`) -> name of the model's output layer.
 HEAD_LAYER_NAMES = {
     "last": "classification_head",
@@ -19,7 +23,15 @@ HEAD_LAYER_NAMES = {
 }
 
 
-def build_model(spec, model, units=128, epsilon=0.01, gamma=0.01, sigma_w=1.0, seed=None):
+def build_model(
+    spec: Any,
+    model: str,
+    units: int = 128,
+    epsilon: float = 0.01,
+    gamma: float = 0.01,
+    sigma_w: float = 1.0,
+    seed: int | None = None,
+) -> keras.Model:
     """The model `model` for the task `spec` (a `training.tasks.TaskSpec`).
 
     Args:

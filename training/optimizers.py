@@ -1,11 +1,17 @@
 """The optimizers a run can name: SGD with momentum, Adagrad (the paper's) and Adam."""
 
-from training.config import invalid
+from __future__ import annotations
+
+from typing import Any
+
+from apputil.errors import invalid
 
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 
 
-def make_optimizer(name, learning_rate, momentum=0.9, clipnorm=None):
+def make_optimizer(
+    name: str, learning_rate: float, momentum: float = 0.9, clipnorm: float | None = None
+) -> Any:
     """The Keras optimizer `name` (one of `OPTIMIZERS`); `momentum` is SGD's."""
     import keras
 

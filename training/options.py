@@ -1,143 +1,148 @@
-"""Command-line options shared by `training.train` and `training.tune`.
+"""Command-line options of `training.train` and `training.tune`, built from `RunConfig`'s fields.
 
-`--config FILE.yaml` sets defaults from a YAML mapping whose keys are option
-names (`learning_rate` or `learning-rate`); options given on the command line
-override it.
+Each field of `training.config.RunConfig` becomes one flag (`sigma_w` ->
+`--sigma-w`) with the field's default, type and help, in the field's group;
+the choices of the name-valued options come from their registries. `--config
+FILE.yaml` sets defaults from a YAML mapping whose keys are option names
+(`learning_rate` or `learning-rate`); options given on the command line
+override it. Nothing here imports Keras or TensorFlow: `--help` and usage
+errors answer at once.
 """
 
+from __future__ import annotations
+
 import argparse
+import dataclasses
 import os
 import sys
+import typing
 
 import yaml
 
-from training.config import RunConfig, UsageError
+from apputil.cli import OneLineParser
+from apputil.errors import shown
+from training.config import GROUPS, MODEL_NAMES, RunConfig, flag
 from training.distribution import STRATEGIES
-from training.models import MODEL_NAMES
+from training.errors import ConfigFileError
 from training.optimizers import OPTIMIZERS
 from training.tasks import MNIST_DATASETS, TASK_NAMES
 
-DEFAULTS = RunConfig()
+CHOICES = {
+    "task": TASK_NAMES,
+    "dataset": MNIST_DATASETS,
+    "model": MODEL_NAMES,
+    "optimizer": OPTIMIZERS,
+    "strategy": STRATEGIES,
+}
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line, not usage plus a line."""
+def run_parser(
+    prog: str,
+    description: str,
+    groups: tuple[str, ...] = GROUPS,
+    extra: tuple[str, ...] = (),
+    defaults: dict[str, object] | None = None,
+) -> OneLineParser:
+    """A parser with the flags of `RunConfig`'s fields in `groups`, and the fields `extra`.
 
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def run_parser(prog, description):
-    """A parser with the options of a run: task, model, optimizer and distribution."""
+    `defaults` replaces some fields' defaults (e.g. the tuner holds out a
+    validation split by default).
+    """
     parser = OneLineParser(prog=prog, description=description)
-    add_data_arguments(parser)
-    add_model_arguments(parser)
-    add_optimizer_arguments(parser)
-    add_distribution_arguments(parser)
+    hints = typing.get_type_hints(RunConfig)
+    defaults = defaults or {}
+    sections = {group: parser.add_argument_group(group) for group in groups}
+    for field in dataclasses.fields(RunConfig):
+        group = field.metadata["group"]
+        if group not in sections and field.name in extra:
+            sections[group] = parser.add_argument_group(group)
+        if group not in sections or (group not in groups and field.name not in extra):
+            continue
+        default = defaults.get(field.name, field.default)
+        kwargs: dict = {"default": default, "help": _help(field.metadata["help"], default)}
+        kind = _scalar_type(hints[field.name])
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = kind
+            kwargs["metavar"] = field.metadata["metavar"]
+            if field.name in CHOICES:
+                kwargs["choices"] = CHOICES[field.name]
+        sections[group].add_argument(flag(field.name), **kwargs)
     return parser
 
 
-def add_data_arguments(parser):
-    group = parser.add_argument_group("task")
-    group.add_argument("--task", default=DEFAULTS.task, choices=TASK_NAMES)
-    group.add_argument(
-        "--dataset",
-        default=None,
-        choices=MNIST_DATASETS,
-        help="for the MNIST tasks: mnist (default) or fashion_mnist",
-    )
-    group.add_argument(
-        "--timesteps",
-        type=int,
-        default=None,
-        help="sequence length of noise-padded, digits, adding and copy tasks",
-    )
-    group.add_argument("--data-dir", default=None, help="TFDS data directory (or TFDS_DATA_DIR)")
-    group.add_argument(
-        "--seed", type=int, default=DEFAULTS.seed, help="seed of data order, noise and init"
-    )
+def _scalar_type(hint):
+    """`int` for `int | None`, `str` for `str`, ..."""
+    arms = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return arms[0]
 
 
-def add_model_arguments(parser):
-    group = parser.add_argument_group("model")
-    group.add_argument("--model", default=DEFAULTS.model, choices=MODEL_NAMES)
-    group.add_argument("--units", type=int, default=DEFAULTS.units)
-    group.add_argument("--epsilon", type=float, default=DEFAULTS.epsilon)
-    group.add_argument("--gamma", type=float, default=DEFAULTS.gamma)
-    group.add_argument(
-        "--sigma-w",
-        type=float,
-        default=DEFAULTS.sigma_w,
-        help="hidden-to-hidden init N(0, sigma_w^2/n) (paper: 0, 1, 2, 4, 8, 16)",
-    )
+def _help(text, default):
+    if default is None or isinstance(default, bool):
+        return text
+    shown_default = f"default: {default}"
+    return f"{text} ({shown_default})" if text else shown_default
 
 
-def add_optimizer_arguments(parser):
-    group = parser.add_argument_group("optimizer")
-    group.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=OPTIMIZERS)
-    group.add_argument("--learning-rate", type=float, default=DEFAULTS.learning_rate)
-    group.add_argument("--momentum", type=float, default=DEFAULTS.momentum, help="for sgd")
-    group.add_argument("--clipnorm", type=float, default=None, help="per-variable clipping")
-    group.add_argument(
-        "--batch-size", type=int, default=DEFAULTS.batch_size, help="global batch size"
-    )
-
-
-def add_distribution_arguments(parser):
-    group = parser.add_argument_group("distribution")
-    group.add_argument("--strategy", default="auto", choices=STRATEGIES)
-    group.add_argument("--tpu", default=None, help="TPU name or address for --strategy tpu")
-    group.add_argument(
-        "--cpu-devices",
-        type=int,
-        default=DEFAULTS.cpu_devices,
-        help="split the CPU into this many logical devices (mirrored training on CPU)",
-    )
-
-
-def run_command(parser, argv, body, expected_messages=("Received an invalid value",)):
-    """Parses `argv` and runs `body(args)`; bad options become one line and exit 2.
-
-    Errors of the user's making (`UsageError`, a missing data set, an unusable
-    strategy, a ValueError starting with one of `expected_messages`) print
-    `PROG: error: MESSAGE`; anything else is a real fault and raises.
-    """
-    from training.distribution import StrategyError
-    from training.loop import DivergenceError
-    from training.tasks import DataError
-
-    args = parse_with_config(parser, argv)
-    try:
-        body(args)
-    except (UsageError, ValueError, RuntimeError) as error:
-        expected = isinstance(
-            error, (UsageError, DataError, StrategyError, DivergenceError)
-        ) or str(error).startswith(tuple(expected_messages))
-        if not expected:
-            raise
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def parse_with_config(parser, argv):
+def parse_with_config(
+    parser: argparse.ArgumentParser, argv: list[str] | None
+) -> argparse.Namespace:
     """Parses `argv`, taking defaults from the `--config` YAML file if given."""
     parser.add_argument("--config", default=None, help="YAML file of option defaults")
     argv = sys.argv[1:] if argv is None else list(argv)
     known, _ = parser.parse_known_args(argv)
     if known.config:
-        if not os.path.isfile(known.config):
-            parser.error(f"argument --config: no such file {known.config!r}")
-        with open(known.config) as handle:
-            values = yaml.safe_load(handle) or {}
-        if not isinstance(values, dict):
-            parser.error(f"argument --config: {known.config} is not a mapping of options")
+        try:
+            values = read_yaml_mapping(known.config, "--config")
+        except ConfigFileError as error:
+            parser.error(str(error))
         dests = {action.dest for action in parser._actions}
         defaults = {}
         for key, value in values.items():
             dest = str(key).replace("-", "_")
             if dest not in dests or dest == "config":
-                parser.error(f"argument --config: unknown option {key!r} in {known.config}")
+                parser.error(f"argument --config: unknown option {shown(key)} in {known.config}")
             defaults[dest] = value
         parser.set_defaults(**defaults)
     return parser.parse_args(argv)
+
+
+def read_yaml_mapping(path: str, argument: str) -> dict:
+    """The mapping of a YAML file given as `argument`; `ConfigFileError` if it is not one.
+
+    Aliases are refused: a few hundred bytes of nested aliases expand to
+    gigabytes, and an options file has no use for them.
+    """
+    if not os.path.isfile(path):
+        raise ConfigFileError(f"argument {argument}: no such file {path!r}")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        text = data.decode("utf-8")
+        values = yaml.load(text, Loader=_NoAliasLoader)
+    except UnicodeDecodeError:
+        raise ConfigFileError(f"argument {argument}: {path} is not a UTF-8 text file") from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        problem = getattr(error, "problem", None) or type(error).__name__
+        raise ConfigFileError(
+            f"argument {argument}: {path} is not valid YAML{at}: {problem}"
+        ) from None
+    values = values or {}
+    if not isinstance(values, dict):
+        raise ConfigFileError(f"argument {argument}: {path} is not a mapping of options")
+    return values
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML's safe loader without aliases (anchors alone are harmless)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, "aliases (*name) are not accepted in an options file", mark
+            )
+        return super().compose_node(parent, index)

@@ -6,6 +6,8 @@ Reads the runs folder of `training.reproduce` (each run's `config.yaml`,
 `curves_*.png`, `heatmap_*.png`).
 """
 
+from __future__ import annotations
+
 import csv
 import json
 import os
@@ -17,8 +19,10 @@ matplotlib.use("Agg")  # headless: no display on training machines or CI
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import yaml  # noqa: E402
 
-from training.files import write_atomically  # noqa: E402
+from apputil.files import write_atomically  # noqa: E402
+from training.suite import data_available, train_argv  # noqa: E402
 
 MODEL_LABELS = {
     "antisymmetric": "AntisymmetricRNN",
@@ -35,12 +39,17 @@ def _read(path, loader):
         return loader(handle)
 
 
+def portable_dir(path: str) -> str:
+    """`path` relative to the working directory when it lies below it, else `RUNS_DIR`.
+
+    A report is read on other machines: it names no folder of the one that wrote it.
+    """
+    relative = os.path.relpath(os.path.abspath(path))
+    return "RUNS_DIR" if relative.startswith(os.pardir) else relative
+
+
 def collect(run, runs_dir, data_dir):
     """What the runs folder knows of `run`: status, accuracy, steps, time, hardware, command."""
-    import yaml
-
-    from training.reproduce import data_available, train_argv
-
     run_dir = os.path.join(runs_dir, run.name)
     config = _read(os.path.join(run_dir, "config.yaml"), yaml.safe_load) or {}
     metrics = _read(os.path.join(run_dir, "metrics.json"), json.load)
@@ -61,7 +70,7 @@ def collect(run, runs_dir, data_dir):
         "device": config.get("device"),
         "backend": config.get("backend"),
         "command": "python -m training.train "
-        + shlex.join(train_argv(run, steps, runs_dir, data_dir or "DATA_DIR")),
+        + shlex.join(train_argv(run, steps, portable_dir(runs_dir), "DATA_DIR", portable=True)),
         "curve": [
             {"step": p["step"], "seconds": p["train_seconds"], "accuracy": p[key]} for p in points
         ],
@@ -83,7 +92,7 @@ def collect(run, runs_dir, data_dir):
         )
     else:
         available = run.data == "digits" or data_available(run, data_dir)
-        row.update(status="not run" if available else "not run here (no data)")
+        row.update(status="not run" if available else "not run (no data)")
     return row
 
 
@@ -275,7 +284,14 @@ _PREAMBLE = (
 )
 
 
-def write(runs, runs_dir, report_dir, search_csv=None, data_dir=None, targets=()):
+def write(
+    runs: list,
+    runs_dir: str,
+    report_dir: str,
+    search_csv: str | None = None,
+    data_dir: str | None = None,
+    targets: tuple = (),
+) -> str:
     """Writes the report of `runs` (a suite); returns the markdown file's path.
 
     A run the runs folder knows nothing of keeps its row from the report's
@@ -308,9 +324,9 @@ def _table_section(table, members, assets):
     lines = [f"## {table}", "", table_markdown(members), ""]
     if plot_curves(table, members, os.path.join(assets, f"curves_{slug}.png")):
         lines += [f"![{table}](reproduction/curves_{slug}.png)", ""]
-    missing = [r for r in members if r["status"].startswith("not run here")]
+    missing = [r for r in members if r["status"] == "not run (no data)"]
     if missing:
-        lines += ["Not run here (no data on this machine); with the data:", "", "```sh"]
+        lines += ["Not run (no data in the data directory); with the data:", "", "```sh"]
         lines += [r["command"] for r in missing] + ["```", ""]
     return lines
 

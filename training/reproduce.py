@@ -17,239 +17,24 @@ learning curves, see `training.report`) is written from whatever the runs
 folder holds, finished or not, with each run's hardware and command.
 """
 
-import argparse
-import dataclasses
+from __future__ import annotations
+
+import json
 import os
 import shlex
 import subprocess
 import sys
 import time
 
-from training.config import invalid
+from apputil import cli
+from apputil.errors import invalid
+from training import report, train, tune
+from training.suite import SEARCH, SUITES, TARGETS, data_available, train_argv
 
-CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 MOCK_EXAMPLES = 64  # per split, for --mock-data
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One training run of the suite.
-
-    Attributes:
-        name: Folder of the run under `--runs-dir` (and its id in the report).
-        table: The report table it belongs to.
-        config: YAML file in `training/configs/`.
-        steps: Training steps at `--budget 1`.
-        paper: The paper's test accuracy for this row (%), or None.
-        data: The data set it needs ("mnist", "fashion_mnist", "cifar10").
-        overrides: Options that replace the config's (dataset, timesteps, ...).
-    """
-
-    name: str
-    table: str
-    config: str
-    steps: int
-    paper: float | None
-    data: str
-    overrides: tuple = ()
-
-    def options(self):
-        """The config's options with the overrides applied (YAML keys)."""
-        import yaml
-
-        with open(os.path.join(CONFIGS, self.config)) as handle:
-            values = yaml.safe_load(handle)
-        values.update(dict(self.overrides))
-        return values
-
-
-def _mnist_rows():
-    rows = []
-    for task, paper in (
-        ("pixel_mnist", (98.0, 98.8, 97.3)),
-        ("permuted_mnist", (95.8, 93.1, 92.6)),
-    ):
-        for dataset in ("mnist", "fashion_mnist"):
-            for model, number in zip(("antisymmetric", "gated", "lstm"), paper, strict=True):
-                prefix = task if dataset == "mnist" else task.replace("mnist", "fashion_mnist")
-                rows.append(
-                    Run(
-                        f"{prefix}_{model}",
-                        f"{task} ({dataset})",
-                        f"{task}_{model}.yaml",
-                        steps=6000,
-                        paper=number if dataset == "mnist" else None,
-                        data=dataset,
-                        overrides=(("dataset", dataset),),
-                    )
-                )
-    return rows
-
-
-def _noise_padded_rows():
-    paper = {"antisymmetric": 48.3, "gated": 54.7, "ablation": 46.2, "lstm": 11.6}
-    rows = [
-        Run(
-            f"noise_padded_fashion_mnist_{model}",
-            "noise_padded (fashion_mnist, T=1000)",
-            f"noise_padded_fashion_mnist_{model}.yaml",
-            steps=6000,
-            paper=None,
-            data="fashion_mnist",
-        )
-        for model in paper
-    ]
-    for timesteps in (100, 300):
-        rows += [
-            Run(
-                f"noise_padded_fashion_mnist_t{timesteps}_{model}",
-                "length (fashion_mnist)",
-                f"noise_padded_fashion_mnist_{model}.yaml",
-                steps=3000,
-                paper=None,
-                data="fashion_mnist",
-                overrides=(("timesteps", timesteps),),
-            )
-            for model in ("antisymmetric", "gated", "lstm")
-        ]
-    for name in ("pixel_cifar10", "noise_padded_cifar10"):
-        rows += [
-            Run(
-                f"{name}_{model}",
-                name,
-                f"{name}_{model}.yaml",
-                steps=10000,
-                paper={
-                    "pixel_cifar10": {
-                        "antisymmetric": 58.7,
-                        "gated": 62.2,
-                        "ablation": 54.6,
-                        "lstm": 59.7,
-                    }
-                }.get(name, paper)[model],
-                data="cifar10",
-            )
-            for model in paper
-        ]
-    return rows
-
-
-def _sensitivity_rows():
-    """Neighbours of the chosen configs, in their task's table: the evidence behind each
-    choice, and the LSTM at another learning rate (its own tuning)."""
-    noise, pixel = "noise_padded (fashion_mnist, T=1000)", "pixel_mnist (mnist)"
-    return [
-        Run("np_gated_eps0.01_gamma0.1", noise, "noise_padded_fashion_mnist_gated.yaml", 6000,
-            None, "fashion_mnist", (("gamma", 0.1),)),
-        Run("np_gated_eps0.1_gamma1", noise, "noise_padded_fashion_mnist_gated.yaml", 6000,
-            None, "fashion_mnist", (("epsilon", 0.1),)),
-        Run("np_lstm_lr0.0005", noise, "noise_padded_fashion_mnist_lstm.yaml", 6000,
-            None, "fashion_mnist", (("learning_rate", 0.0005),)),
-        Run("pixel_mnist_antisymmetric_eps0.01", pixel, "pixel_mnist_antisymmetric.yaml", 6000,
-            None, "mnist", (("epsilon", 0.01),)),
-        Run("pixel_mnist_lstm_lr0.002", pixel, "pixel_mnist_lstm.yaml", 6000,
-            None, "mnist", (("learning_rate", 0.002),)),
-        Run("pixel_fashion_mnist_lstm_lr0.002", "pixel_mnist (fashion_mnist)",
-            "pixel_mnist_lstm.yaml", 6000, None, "fashion_mnist",
-            (("dataset", "fashion_mnist"), ("learning_rate", 0.002))),
-    ]  # fmt: skip
-
-
-def _smoke_rows():
-    return [
-        Run(
-            f"smoke_digits_{model}",
-            "smoke (digits)",
-            f"pixel_mnist_{model}.yaml",
-            steps=40,
-            paper=None,
-            data="digits",
-            overrides=(("task", "digits"), ("units", 16), ("batch_size", 32)),
-        )
-        for model in ("antisymmetric", "lstm")
-    ] + [
-        Run(
-            "smoke_noise_padded_cifar10_gated",
-            "smoke (mock cifar10)",
-            "noise_padded_cifar10_gated.yaml",
-            steps=4,
-            paper=54.7,
-            data="cifar10",
-            overrides=(("units", 8), ("batch_size", 16), ("timesteps", 40)),
-        ),
-        Run(
-            "smoke_pixel_cifar10_antisymmetric",
-            "smoke (mock cifar10)",
-            "pixel_cifar10_antisymmetric.yaml",
-            steps=2,
-            paper=58.7,
-            data="cifar10",
-            overrides=(("units", 8), ("batch_size", 16)),
-        ),
-    ]
-
-
-SUITES = {
-    "paper": _mnist_rows() + _noise_padded_rows() + _sensitivity_rows(),
-    "smoke": _smoke_rows(),
-}
-
-# The issue's targets: (what, table, models that count, threshold, rival model, lead).
-TARGETS = (
-    ("noise-padded Fashion-MNIST T=1000: better antisymmetric model",
-     "noise_padded (fashion_mnist, T=1000)", ("antisymmetric", "gated"), 0.80, "lstm", 0.30),
-    ("pixel MNIST (5,000/1,000 subset)", "pixel_mnist (mnist)", ("antisymmetric", "gated"),
-     0.95, "lstm", 0.0),
-    ("pixel Fashion-MNIST", "pixel_mnist (fashion_mnist)", ("antisymmetric", "gated"), 0.85,
-     "lstm", 0.0),
-)  # fmt: skip
-
-# The ε × γ search behind the noise-padded configs (the report's heatmap).
-SEARCH = {
-    "name": "noise_padded_fashion_mnist_gated",
-    "argv": [
-        "--task", "noise_padded_mnist", "--dataset", "fashion_mnist", "--timesteps", "1000",
-        "--model", "gated", "--units", "128", "--batch-size", "128", "--tuner", "grid",
-        "--epsilon-values", "0.01,0.1,1", "--gamma-values", "0.001,0.01,0.1,1",
-        "--sigma-w-values", "8", "--optimizer-values", "adam", "--learning-rate-values",
-        "0.002", "--clipnorm", "1.0", "--max-trials", "12", "--steps-per-trial", "400",
-        "--validation-fraction", "0.1",
-    ],
-}  # fmt: skip
-
-
-def train_argv(run, steps, runs_dir, data_dir):
-    """The `training.train` arguments of `run` at `steps` steps."""
-    argv = ["--config", os.path.relpath(os.path.join(CONFIGS, run.config))]
-    for key, value in run.overrides:
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    every = max(1, steps // 20)
-    argv += [
-        "--steps", str(steps),
-        "--eval-every", str(every),
-        "--checkpoint-every", str(every),
-        "--log-every", str(every),
-        "--output-dir", os.path.join(runs_dir, run.name),
-    ]  # fmt: skip
-    if data_dir and run.data != "digits":
-        argv += ["--data-dir", data_dir]
-    return argv
-
-
-def data_available(run, data_dir):
-    """Whether `run`'s data set can be read from `data_dir` (TFDS or .npz)."""
-    if run.data == "digits":
-        return True
-    if not data_dir:
-        return False
-    return os.path.isdir(os.path.join(data_dir, run.data)) or os.path.isfile(
-        os.path.join(data_dir, f"{run.data}.npz")
-    )
-
-
 def finished(run_dir, steps):
-    import json
-
     path = os.path.join(run_dir, "metrics.json")
     if not os.path.isfile(path):
         return False
@@ -280,13 +65,11 @@ def execute(runs, args, log=print):
         if finished(run_dir, steps):
             log(f"{run.name}: finished, kept")
         elif not (args.mock_data or data_available(run, args.data_dir)):
-            log(f"{run.name}: no {run.data} data in --data-dir, not run here")
+            log(f"{run.name}: no {run.data} data in --data-dir, not run")
         else:
             pending.append((run, train_argv(run, steps, args.runs_dir, args.data_dir)))
     if args.mock_data:  # in this process: TFDS's mock data patches it
-        import tensorflow_datasets as tfds
-
-        from training import train
+        import tensorflow_datasets as tfds  # imports TensorFlow: only for mock data
 
         with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES):
             for run, argv in pending:
@@ -324,8 +107,6 @@ def execute(runs, args, log=print):
 
 def search(args, log=print):
     """The ε × γ grid search of `SEARCH` with `training.tune` (resumes when rerun)."""
-    from training import tune
-
     argv = [
         *SEARCH["argv"],
         "--directory",
@@ -340,7 +121,7 @@ def search(args, log=print):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m training.reproduce", description=__doc__)
+    parser = cli.OneLineParser(prog="python -m training.reproduce", description=__doc__)
     parser.add_argument("--suite", default="paper", choices=sorted(SUITES))
     parser.add_argument(
         "--only", nargs="*", default=None, help="run names (exact), or parts of names"
@@ -354,11 +135,16 @@ def build_parser():
     parser.add_argument("--search", action="store_true", help="also run the ε × γ search")
     parser.add_argument("--mock-data", action="store_true", help="TFDS mock data (tests)")
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--report-dir", default="docs", help="where reproduction.md goes")
+    parser.add_argument(
+        "--report-dir",
+        default=None,
+        help="where reproduction.md and its figures go (default: <runs-dir>/report; "
+        "the committed report is written with --report-dir docs)",
+    )
     return parser
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     for name, value, ok, expected in (
@@ -369,9 +155,7 @@ def main(argv=None):
          "a positive number of seconds"),
     ):  # fmt: skip
         if not ok:
-            parser.exit(2, f"{parser.prog}: error: {invalid(name, expected, value)}\n")
-    from training import report
-
+            return cli.fail(parser.prog, invalid(name, expected, value))
     runs = select(args.suite, args.only)
     if not args.report_only:
         execute(runs, args)
@@ -380,7 +164,7 @@ def main(argv=None):
     path = report.write(
         SUITES[args.suite],
         args.runs_dir,
-        args.report_dir,
+        args.report_dir or os.path.join(args.runs_dir, "report"),
         targets=TARGETS if args.suite == "paper" else (),
         search_csv=os.path.join(args.runs_dir, "search", "trials.csv"),
         data_dir=args.data_dir,

@@ -15,17 +15,14 @@ import os
 
 import numpy as np
 
-from training.config import invalid
+from apputil.errors import invalid
+from training.errors import DataError
 
 MNIST_DATASETS = ("mnist", "fashion_mnist")
 PERMUTATION_SEED = 92916  # the fixed permutation of permuted_mnist; recorded in the config
 VALIDATION_SEED = 1234  # which training examples form the validation split
 SYNTHETIC_TEST_EXAMPLES = 2048
 SYNTHETIC_VALIDATION_EXAMPLES = 1024
-
-
-class DataError(ValueError):
-    """A data set cannot be found or loaded."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,15 +76,40 @@ def _load_images(name, split, data_dir):
     return _load_tfds(name, split, data_dir)
 
 
-def _load_tfds(name, split, data_dir):
-    """All examples of a TFDS split as uint8 images and int32 labels."""
+def _import_tfds(name):
     try:
-        import tensorflow_datasets as tfds
+        import tensorflow_datasets as tfds  # imports TensorFlow: only for TFDS data sets
     except ImportError:
         raise DataError(
             f"data set {name!r} needs tensorflow-datasets or an exported "
             f"{name}.npz in --data-dir (python -m training.data export)"
         ) from None
+    return tfds
+
+
+def prepare(name, data_dir=None):
+    """Downloads and prepares TFDS data set `name` in `data_dir` (needs the internet).
+
+    Does nothing when it is prepared already. Returns the folder it is in.
+    """
+    tfds = _import_tfds(name)
+    data_dir = data_dir or os.environ.get("TFDS_DATA_DIR")
+    builder = tfds.builder(name, data_dir=data_dir)
+    try:
+        builder.download_and_prepare()
+    except (OSError, tfds.download.DownloadError) as error:
+        raise DataError(
+            f"cannot download TFDS data set {name!r} into {builder.data_dir_root}: "
+            f"{str(error).splitlines()[0] if str(error) else type(error).__name__} "
+            f"(without the internet, prepare it on a machine that has it with "
+            f"`python -m training.data prepare --dataset {name} --data-dir DIR` and copy DIR)"
+        ) from None
+    return builder.data_dir
+
+
+def _load_tfds(name, split, data_dir):
+    """All examples of a TFDS split as uint8 images and int32 labels."""
+    tfds = _import_tfds(name)
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.ERROR)  # TFDS warns about what the DataError below says
@@ -97,7 +119,9 @@ def _load_tfds(name, split, data_dir):
         raise DataError(
             f"TFDS data set {name!r} ({split}) is not prepared in "
             f"{data_dir or '~/tensorflow_datasets'}: pass --data-dir (or set TFDS_DATA_DIR) "
-            f"to a folder holding it. ({str(error).splitlines()[0]})"
+            f"to a folder holding it, or fetch it with --download (needs the internet; or "
+            f"`python -m training.data prepare --dataset {name}`). "
+            f"({str(error).splitlines()[0]})"
         ) from None
     finally:
         absl.setLevel(level)
@@ -139,6 +163,7 @@ class Task:
     """A task: its examples per split and the batch transform to sequences."""
 
     spec: TaskSpec
+    dataset: str | None = None  # the TFDS data set it reads, if any
 
     def examples(self, split, data_dir=None, validation_fraction=0.0):
         """`(inputs, targets)` NumPy arrays of a split ("train", "validation", "test")."""

@@ -7,363 +7,45 @@
 `KERAS_BACKEND` picks the backend: TensorFlow trains under `tf.distribute`,
 JAX under `keras.distribution` (`--strategy data_parallel`), PyTorch on one
 device (`training.trainers`); all see the same batches. The output directory
-receives `config.yaml` (the resolved `training.config.RunConfig`), `checkpoints/` (atomic: the
-index moves only after a save is complete), `logs/` (TensorBoard),
-`curve.json` (with `--eval-every`), `metrics.json` and `model.keras`. Running
-the same command again resumes from the last checkpoint. A non-finite loss
-stops the run with exit status 2.
+receives `config.yaml`, `checkpoints/`, `logs/` (TensorBoard), `curve.json`
+(with `--eval-every`), `metrics.json` and `model.keras` (see
+`training.experiment`). Running the same command again resumes from the last
+checkpoint. Exit status 2: a usage error, missing data or a diverged run
+(non-finite loss); 1: a failure of the machine (files, disk).
 """
 
-import json
-import os
+from __future__ import annotations
+
 import sys
-import typing
 
-from training import native_stderr_silenced, options
-from training.config import UsageError, check, invalid
-from training.files import atomic_path, write_atomically
+from apputil import cli, quiet
+from training import options
+from training.config import RunConfig
+from training.errors import EXPECTED
 
 
-def build_parser():
+def build_parser() -> cli.OneLineParser:
     parser = options.run_parser("python -m training.train", __doc__.split("\n\n")[0])
-    group = parser.add_argument_group("run")
-    group.add_argument("--steps", type=int, default=2000, help="training steps (global batches)")
-    group.add_argument("--output-dir", default=None, help="default: runs/<task>-<model>")
-    group.add_argument("--checkpoint-every", type=int, default=200)
-    group.add_argument("--log-every", type=int, default=50)
-    group.add_argument("--eval-batch-size", type=int, default=256)
-    group.add_argument(
-        "--validation-fraction",
-        type=float,
-        default=0.0,
-        help="hold out this fraction of the training data and report val_accuracy",
-    )
-    group.add_argument(
-        "--eval-every",
-        type=int,
-        default=0,
-        metavar="N",
-        help="evaluate every N steps (validation split if any, else test) into curve.json",
-    )
-    group.add_argument("--jit-compile", action="store_true", help="XLA-compile the train step")
-    group.add_argument(
-        "--diagnostics",
-        type=int,
-        default=0,
-        metavar="N",
-        help="log stability diagnostics every N steps (0: off)",
-    )
+    parser.add_argument("--output-dir", default=None, help="default: runs/<task>-<model>")
     return parser
 
 
-def weights_fingerprint(model):
-    """SHA-256 of all weights' bytes: equal on workers that hold equal weights."""
-    import hashlib
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status."""
+    parser = build_parser()
+    args = options.parse_with_config(parser, argv)
 
-    digest = hashlib.sha256()
-    for weight in model.get_weights():
-        digest.update(weight.tobytes())
-    return digest.hexdigest()
-
-
-# What a checkpoint was trained with: a resumed run must keep these (more --steps extend it;
-# logging, evaluation and checkpoint periods may change).
-RUN_IDENTITY = (
-    "task", "dataset", "timesteps", "model", "units", "epsilon", "gamma", "sigma_w",
-    "optimizer", "learning_rate", "momentum", "clipnorm", "batch_size", "seed",
-    "validation_fraction",
-)  # fmt: skip
-
-
-def check_resumable(path, config):
-    """Refuses (one line, nothing rewritten) to resume a run with other settings.
-
-    Called before any checkpoint is read, so that a model of another shape or
-    another backend's checkpoint format fails here, not in the restore.
-    """
-    import yaml
-
-    if not os.path.isfile(path):
-        return
-    with open(path) as handle:
-        before = yaml.safe_load(handle) or {}
-    if before.get("backend", config["backend"]) != config["backend"]:
-        raise UsageError(
-            f"Received an invalid value for the environment variable `KERAS_BACKEND`, expected "
-            f"{before['backend']!r} as in {path} (checkpoints resume on the backend that wrote "
-            f"them; start a new run with another --output-dir), got {config['backend']!r}."
-        )
-    for key in RUN_IDENTITY:
-        if key in before and before[key] != config.get(key):
-            expected = (
-                f"{before[key]!r} as in {path} (a resumed run keeps its settings; start a new "
-                f"one with another --output-dir)"
-            )
-            raise invalid(f"--{key.replace('_', '-')}", expected, config.get(key))
-
-
-def _describe_device():
-    """One line: the backend and the devices it computes on."""
-    import keras
-
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        devices = jax.devices()
-        return f"jax on {len(devices)} x {devices[0].device_kind} ({devices[0].platform})"
-    if backend == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            return f"torch on {torch.cuda.get_device_name(0)} (cuda)"
-        return "torch on cpu"
-    import tensorflow as tf
-
-    gpus = tf.config.list_logical_devices("GPU")
-    return f"tensorflow on {len(gpus)} GPU(s)" if gpus else "tensorflow on cpu"
-
-
-def _versions():
-    import keras
-
-    import keras_antisym
-
-    versions = {
-        "keras_antisym_version": keras_antisym.__version__,
-        "keras_version": keras.__version__,
-        "backend": keras.backend.backend(),
-    }
-    module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}[versions["backend"]]
-    versions[f"{module}_version"] = str(__import__(module).__version__)
-    return versions
-
-
-class Splits(typing.NamedTuple):
-    """`(inputs, targets)` of each split; `validation` is None without one."""
-
-    train: tuple
-    test: tuple
-    validation: tuple | None
-
-    @classmethod
-    def load(cls, task, config):
-        fraction = config.validation_fraction
-        return cls(
-            task.examples("train", config.data_dir, fraction),
-            task.examples("test", config.data_dir),
-            task.examples("validation", config.data_dir, fraction) if fraction else None,
-        )
-
-
-def default_workdir(config):
-    return os.path.join("runs", f"{config.task}-{config.model}")
-
-
-def train_and_evaluate(config, workdir=None, log=print):
-    """Trains as `config` (a validated `RunConfig`) says; returns the metrics.
-
-    Everything is written to `workdir` (default `runs/<task>-<model>`): the
-    outputs listed in the module doc. Rerunning resumes from its checkpoint.
-    """
-    from training import distribution, loop, tasks
-    from training.summaries import ScalarWriter
-
-    task = tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
-    with native_stderr_silenced():  # TensorFlow's device probing prints absl lines
-        strategy = distribution.make(config.strategy, tpu=config.tpu)  # before other TF ops
-        device = _describe_device()
-    workdir = workdir or default_workdir(config)
-    os.makedirs(workdir, exist_ok=True)
-    log(f"training on {device}")
-    splits = Splits.load(task, config)
-    trainer = _make_trainer(task, config, splits, strategy, workdir)
-    record = _run_record(config, task, trainer, splits, workdir, device)
-    start_step = _restore(trainer, config, record, workdir, log)
-    writer = ScalarWriter(os.path.join(workdir, "logs") if trainer.chief else None)
-    diagnostics = (
-        loop.Diagnostics(trainer.model, task, *splits.test, config.diagnostics)
-        if config.diagnostics
-        else None
-    )
-    curve = _learning_curve(config, task, splits, workdir, start_step)
-    history = loop.train(
-        trainer, config, start_step, writer=writer, log=log, diagnostics=diagnostics, curve=curve
-    )
-    metrics = _final_metrics(config, trainer, task, splits, history, start_step, record)
-    if not history["steps"]:  # a finished run run again: its training numbers stay
-        metrics.update(_previous_training_metrics(workdir, metrics["steps"]))
-    if curve is not None and curve.points:
-        metrics["train_seconds"] = curve.points[-1]["train_seconds"]
-    if diagnostics is not None:
-        metrics["diagnostics"] = diagnostics.latest
-    writer.scalar("test/accuracy", metrics["test_accuracy"], metrics["steps"])
-    writer.scalar("test/loss", metrics["test_loss"], metrics["steps"])
-    writer.close()
-    if trainer.chief:
-        with atomic_path(os.path.join(workdir, "model.keras")) as partial:
-            trainer.save_model(partial)
-        text = json.dumps(metrics, indent=2) + "\n"
-        write_atomically(os.path.join(workdir, "metrics.json"), text)
-    _log_result(trainer, metrics, workdir, log)
-    return metrics
-
-
-def _make_trainer(task, config, splits, strategy, workdir):
-    from training.models import build_model
-    from training.optimizers import make_optimizer
-    from training.trainers import make_trainer
-
-    def build():
-        import keras
-
-        keras.utils.set_random_seed(config.seed)
-        model = build_model(
-            task.spec, config.model, units=config.units, epsilon=config.epsilon,
-            gamma=config.gamma, sigma_w=config.sigma_w, seed=config.seed,
-        )  # fmt: skip
-        optimizer = make_optimizer(
-            config.optimizer, config.learning_rate, config.momentum, config.clipnorm
-        )
-        return model, optimizer
-
-    return make_trainer(
-        task,
-        build,
-        *splits.train,
-        batch_size=config.batch_size,
-        seed=config.seed,
-        strategy=strategy,
-        checkpoint_dir=os.path.join(workdir, "checkpoints"),
-        jit_compile=config.jit_compile,
-    )
-
-
-def _run_record(config, task, trainer, splits, workdir, device):
-    """What `config.yaml` records: the config, the task's shape, where and how it ran."""
-    spec = task.spec
-    return {
-        **config.to_dict(),
-        "output_dir": workdir,
-        "task_params": spec.params,
-        "timesteps": spec.timesteps,
-        "features": spec.features,
-        "strategy_class": trainer.strategy_name,
-        "replicas": trainer.replicas,
-        "device": device,
-        "train_examples": int(len(splits.train[1])),
-        "test_examples": int(len(splits.test[1])),
-        **_versions(),
-    }
-
-
-def _restore(trainer, config, record, workdir, log):
-    """Restores the last checkpoint (checking it may resume), writes `config.yaml`."""
-    import yaml
-
-    checkpoints = os.path.join(workdir, "checkpoints")
-    if os.path.isdir(checkpoints) and os.listdir(checkpoints):
-        check_resumable(os.path.join(workdir, "config.yaml"), record)
-    start_step, restored = trainer.restore()
-    if restored:
-        check(
-            config.steps >= start_step,
-            "steps",
-            f"at least the {start_step} steps the run in {workdir} has trained",
-            config.steps,
-        )
-        log(f"resumed from {restored} at step {start_step}")
-    if trainer.chief:
-        write_atomically(
-            os.path.join(workdir, "config.yaml"), yaml.safe_dump(record, sort_keys=True)
-        )
-    return start_step
-
-
-def _learning_curve(config, task, splits, workdir, start_step):
-    from training import loop
-
-    if not config.eval_every:
-        return None
-    validation = splits.validation is not None
-    curve = loop.LearningCurve(
-        os.path.join(workdir, "curve.json"),
-        config.eval_every,
-        "validation" if validation else "test",
-        splits.validation if validation else splits.test,
-        task,
-        config.eval_batch_size,
-        config.seed,
-    )
-    curve.resume(start_step)
-    return curve
-
-
-def _final_metrics(config, trainer, task, splits, history, start_step, record):
-    from training import loop
-
-    def evaluate(split):
-        return loop.evaluate(trainer.predict, task, *split, config.eval_batch_size, config.seed)
-
-    test_loss, test_accuracy = evaluate(splits.test)
-    metrics = {
-        "weights_sha256": weights_fingerprint(trainer.model),
-        "task": config.task,
-        "model": config.model,
-        "test_accuracy": test_accuracy,
-        "test_loss": test_loss,
-        "steps": int(start_step + history["steps"]),
-        "steps_this_run": history["steps"],
-        "examples_per_second": history["examples_per_second"],
-        "wall_time_seconds": history["wall_time_seconds"],
-        "train_seconds": None,
-        "final_train_loss": history["final_loss"],
-        "final_train_accuracy": history["final_accuracy"],
-        "resumed_from_step": start_step,
-        "parameters": int(trainer.model.count_params()),
-        "replicas": trainer.replicas,
-        "device": record["device"],
-        "backend": record["backend"],
-    }
-    if splits.validation is not None:
-        metrics["val_loss"], metrics["val_accuracy"] = evaluate(splits.validation)
-    return metrics
-
-
-def _previous_training_metrics(workdir, steps):
-    """The last loss, accuracy and seconds of the run's `metrics.json` at `steps` steps."""
-    path = os.path.join(workdir, "metrics.json")
-    try:
-        with open(path) as handle:
-            previous = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    if previous.get("steps") != steps:
-        return {}
-    keys = ("final_train_loss", "final_train_accuracy", "train_seconds")
-    return {key: previous[key] for key in keys if previous.get(key) is not None}
-
-
-def _log_result(trainer, metrics, workdir, log):
-    log(f"[{trainer.label}] weights_sha256 {metrics['weights_sha256']}")
-    rate = metrics["examples_per_second"]
-    shown_rate = f"{rate:.0f} examples/s" if rate else "no new steps"
-    log(
-        f"test_accuracy {metrics['test_accuracy']:.4f} test_loss {metrics['test_loss']:.4f} "
-        f"steps {metrics['steps']} ({shown_rate}) -> {workdir}"
-    )
-
-
-def main(argv=None):
-    def body(args):
-        from training.config import RunConfig
-        from training.distribution import split_cpu
-
+    def body():
         config = RunConfig.from_namespace(args).validate()
-        split_cpu(config.cpu_devices)
-        train_and_evaluate(config, args.output_dir)
+        quiet.import_keras()
+        # Keras (and TensorFlow on its backend) load only now: `--help` and usage errors
+        # answer without them, in a fraction of a second.
+        from training import distribution, experiment
 
-    return options.run_command(build_parser(), argv, body)
+        distribution.split_cpu(config.cpu_devices)
+        experiment.train_and_evaluate(config, args.output_dir)
+
+    return cli.run(parser.prog, body, EXPECTED)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ import zipfile
 import keras
 import numpy as np
 
+from apputil.files import atomic_path, remove_partials, write_atomically
+from training.config import check_batch_size
 from training.distribution import keras_distribution_shape
-from training.files import atomic_path, remove_partials, write_atomically
 from training.objectives import per_example_correct, per_example_loss
 from training.tasks import TrainingBatches
-from training.trainers import check_batch_size
 
 INDEX = "checkpoint.json"
 KEEP = 3
@@ -52,6 +52,7 @@ class KerasTrainer:
         check_batch_size(batch_size, self.replicas)
         self.chief = _process_index() == 0
         self.label = "chief" if self.chief else f"worker{_process_index()}"
+        self.distributed = _process_count() > 1
         self.batches = TrainingBatches(task, inputs, targets, batch_size, seed)
         self.checkpoint_dir = checkpoint_dir
         keras.distribution.set_distribution(distribution)
@@ -157,7 +158,15 @@ class KerasTrainer:
 
 def _process_index():
     if keras.backend.backend() == "jax":
-        import jax
+        import jax  # present: this is the JAX backend
 
         return jax.process_index()
     return 0
+
+
+def _process_count():
+    if keras.backend.backend() == "jax":
+        import jax  # present: this is the JAX backend
+
+        return jax.process_count()
+    return 1

@@ -21,11 +21,11 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from apputil.files import fsync_directory, fsync_file, remove_partials, write_atomically
 from training import distribution
-from training.files import remove_partials, write_atomically
+from training.config import check_batch_size
 from training.objectives import per_example_correct, per_example_loss
 from training.tasks import TrainingBatches
-from training.trainers import check_batch_size
 
 KEEP = 3
 STATE = "checkpoint"  # the state file of tf.train.latest_checkpoint
@@ -100,6 +100,7 @@ class TFTrainer:
         self.strategy_name = distribution.strategy_name(strategy)
         self.chief = distribution.is_chief(strategy)
         self.label = distribution.task_label(strategy)
+        self.distributed = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
         with strategy.scope():
             self.model, self.optimizer = build()
             self.optimizer.build(self.model.trainable_variables)
@@ -251,14 +252,8 @@ def _checkpoint_files(path):
 def _fsync_checkpoint(path):
     """Flushes the files of the checkpoint at `path` and its folder (TF renames them unflushed)."""
     for name in _checkpoint_files(path):
-        with open(name, "rb") as handle:
-            os.fsync(handle.fileno())
-    if hasattr(os, "O_DIRECTORY"):
-        handle = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(handle)
-        finally:
-            os.close(handle)
+        fsync_file(name)
+    fsync_directory(os.path.dirname(path) or ".")
 
 
 def _remove_checkpoint(path):

@@ -7,7 +7,7 @@ Both see the same batches: `training.tasks.TrainingBatches`, a pure function
 of `(seed, step)`.
 
 A trainer has `model`, `optimizer`, `batch_size`, `replicas`,
-`strategy_name`, `chief` and `label`, and:
+`strategy_name`, `chief`, `label` and `distributed` (several processes), and:
 
 * `restore()`: loads the last complete checkpoint; returns `(step, path)`
   (`(0, None)` when there is none);
@@ -20,6 +20,7 @@ A trainer has `model`, `optimizer`, `batch_size`, `replicas`,
 import keras
 
 from training import distribution
+from training.trainer_keras import KerasTrainer
 
 
 def make_trainer(
@@ -55,20 +56,11 @@ def make_trainer(
         batch_size=batch_size, seed=seed, checkpoint_dir=checkpoint_dir, jit_compile=jit_compile
     )
     if keras.backend.backend() == "tensorflow":
-        from training.trainer_tf import TFTrainer
+        from training.trainer_tf import TFTrainer  # imports TensorFlow: only on its backend
 
         if isinstance(strategy, str):
             strategy = distribution.make(strategy, tpu=tpu)
         return TFTrainer(task, build, inputs, targets, strategy=strategy, **kwargs)
-    from training.trainer_keras import KerasTrainer
-
     if isinstance(strategy, str):
         strategy = distribution.make(strategy)
     return KerasTrainer(task, build, inputs, targets, distribution=strategy, **kwargs)
-
-
-def check_batch_size(batch_size, replicas):
-    from training.config import invalid
-
-    if batch_size % replicas:
-        raise invalid("--batch-size", f"a multiple of the {replicas} replicas", batch_size)

@@ -1,0 +1,111 @@
+"""The application's shared helpers: error wording, atomic files, the CLI error boundary."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from apputil import cli, errors, files
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_invalid_is_keras_wording_with_the_value_quoted():
+    error = errors.invalid("--units", "a positive integer", -3)
+    assert isinstance(error, errors.UsageError)
+    assert str(error) == (
+        "Received an invalid value for argument `--units`, expected a positive integer, got -3."
+    )
+    assert str(errors.invalid("name", "text", "x")).endswith("got 'x'.")
+    shown = errors.invalid("version", "a new version", errors.Literal("7 (`m/7` exists)"))
+    assert str(shown).endswith("got 7 (`m/7` exists).")
+    assert isinstance(errors.invalid("a", "b", 1, FileExistsError), FileExistsError)
+
+
+def test_shown_values_stay_short_however_large_or_deep():
+    # Nine levels of nine-fold aliasing: 9**9 leaves if expanded.
+    value = ["lol"] * 9
+    for _ in range(8):
+        value = [value] * 9
+    text = errors.shown(value)
+    assert len(text) < 200 and "..." in text
+    assert len(errors.shown("x" * 10_000)) < 100
+
+
+def test_check_raises_only_when_the_condition_fails():
+    errors.check(True, "--x", "anything", 1)
+    with pytest.raises(errors.UsageError, match="argument `--x`, expected positive, got 0"):
+        errors.check(False, "--x", "positive", 0)
+
+
+def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "metrics.json"
+    files.write_atomically(path, "old")
+    with pytest.raises(RuntimeError), files.atomic_path(path) as partial:
+        with open(partial, "w") as handle:
+            handle.write("half")
+        raise RuntimeError("killed mid-write")
+    assert path.read_text() == "old"
+    assert os.listdir(tmp_path) == ["metrics.json"]  # the partial file is gone
+    files.write_atomically(path, b"new")
+    assert path.read_bytes() == b"new"
+
+
+def test_remove_partials_keeps_finished_files(tmp_path):
+    for name in ("a.partial.npz", "b.json.partial", "c.json", "partial.txt"):
+        (tmp_path / name).write_text("x")
+    files.remove_partials(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["c.json", "partial.txt"]
+    files.remove_partials(tmp_path / "missing")  # no folder: nothing to do
+
+
+def test_fsync_tree_reads_every_file(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "f").write_text("x")
+    files.fsync_tree(tmp_path)  # must not raise on folders or files
+    files.fsync_directory(tmp_path / "no-such-folder")  # best effort: no error
+
+
+class _Expected(RuntimeError):
+    pass
+
+
+def test_run_maps_expected_errors_to_one_line_and_status(capsys):
+    def usage():
+        raise errors.invalid("--x", "y", 1)
+
+    assert cli.run("prog", usage) == 2
+    assert capsys.readouterr().err == (
+        "prog: error: Received an invalid value for argument `--x`, expected y, got 1.\n"
+    )
+
+    def expected():
+        raise _Expected("disk on fire")
+
+    assert cli.run("prog", expected, {_Expected: 1}) == 1
+    assert capsys.readouterr().err == "prog: error: disk on fire\n"
+    assert cli.run("prog", lambda: None) == 0
+    assert cli.run("prog", lambda: 3) == 3
+
+
+def test_run_lets_bugs_keep_their_traceback():
+    def bug():
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        cli.run("prog", bug, {_Expected: 1})
+
+
+def test_one_line_parser_errors_are_one_line():
+    code = (
+        "from apputil.cli import OneLineParser\n"
+        "p = OneLineParser(prog='prog')\n"
+        "p.add_argument('--n', type=int)\n"
+        "p.parse_args(['--n', 'x'])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == "prog: error: argument --n: invalid int value: 'x'\n"

@@ -1,0 +1,244 @@
+"""The search behind `training.tune`: keras-tuner's tuners over `RNNHyperModel` trials.
+
+`run(config)` runs (or continues) the search of a `training.tune.SearchConfig`,
+writes `trials.csv` and `best.json` to its directory and, if asked, retrains
+the best configuration with `training.experiment.train_and_evaluate`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import keras_tuner
+
+from apputil.errors import invalid
+from apputil.files import write_atomically
+from training import distribution, tasks
+from training.config import check_batch_size
+from training.errors import SearchError
+from training.experiment import train_and_evaluate
+from training.hypermodels import RNNHyperModel
+from training.space import MODEL_HYPERPARAMETERS, OBJECTIVE
+
+
+def is_worker() -> bool:
+    """Whether this process is a worker of a distributed search (not the chief)."""
+    return "KERASTUNER_ORACLE_IP" in os.environ and "chief" not in os.environ.get(
+        "KERASTUNER_TUNER_ID", ""
+    )
+
+
+def _tuner_classes():
+    """keras-tuner's tuners, logging each trial's hyperparameters as it starts."""
+
+    class Logged:
+        def run_trial(self, trial, *args, **kwargs):
+            values = _describe(trial.hyperparameters.values)
+            self.hypermodel.log(f"[{self.tuner_id}] trial {trial.trial_id} {values}")
+            results = super().run_trial(trial, *args, **kwargs)  # one per execution
+            score = sum(result[OBJECTIVE] for result in results) / len(results)
+            self.hypermodel.log(
+                f"[{self.tuner_id}] trial {trial.trial_id} done {OBJECTIVE} {score:.4f}"
+            )
+            return results
+
+    return {
+        name: type(base.__name__, (Logged, base), {})
+        for name, base in (
+            ("random", keras_tuner.RandomSearch),
+            ("bayesian", keras_tuner.BayesianOptimization),
+            ("hyperband", keras_tuner.Hyperband),
+            ("grid", keras_tuner.GridSearch),
+        )
+    }
+
+
+def _describe(values):
+    return " ".join(f"{k}={v}" for k, v in values.items() if not k.startswith("tuner/"))
+
+
+def make_tuner(config, strategy, log=print):
+    """The keras-tuner tuner of a `SearchConfig`, resuming an existing project.
+
+    `strategy`: the `tf.distribute.Strategy` (TensorFlow) or
+    `keras.distribution.Distribution` (JAX) trials train under, or None.
+    """
+    run = config.run
+    task = tasks.get_task(run.task, timesteps=run.timesteps, dataset=run.dataset)
+    hyperband = config.tuner == "hyperband"
+    hypermodel = RNNHyperModel(
+        task,
+        run,
+        config.space,
+        steps_per_trial=config.steps_per_trial,
+        rounds=config.hyperband_max_epochs if hyperband else 1,
+        strategy=strategy if strategy is not None else "default",
+        log=log,
+    )
+    common = dict(
+        hypermodel=hypermodel,
+        objective=keras_tuner.Objective(OBJECTIVE, direction="max"),
+        seed=run.seed,
+        directory=config.directory,
+        project_name=config.project_name or f"{run.task}-{run.model}",
+        overwrite=False,  # the same command continues an interrupted search
+        distribution_strategy=strategy if keras.backend.backend() == "tensorflow" else None,
+    )
+    tuner_class = _tuner_classes()[config.tuner]
+    if hyperband:
+        tuner = tuner_class(max_epochs=config.hyperband_max_epochs, factor=3, **common)
+        tuner.oracle.max_trials = config.max_trials  # Hyperband has no max_trials of its own
+    else:
+        tuner = tuner_class(max_trials=config.max_trials, **common)
+    return tuner
+
+
+def trial_rows(oracle, model):
+    """One dict per trial, completed ones best first, then the rest by id."""
+    names = MODEL_HYPERPARAMETERS[model]
+    rows = []
+    for trial in oracle.trials.values():
+        values = trial.hyperparameters.values
+        metrics = trial.metrics
+        row = {
+            "trial_id": trial.trial_id,
+            "status": trial.status,
+            "score": trial.score,
+            "val_loss": (
+                metrics.get_last_value("val_loss") if metrics.exists("val_loss") else None
+            ),
+        }
+        row.update({name: values.get(name) for name in names})
+        if "tuner/epochs" in values:
+            row["rounds"] = values["tuner/epochs"]
+        rows.append(row)
+    done = [r for r in rows if r["status"] == "COMPLETED" and r["score"] is not None]
+    done.sort(key=lambda r: (-r["score"], r["trial_id"]))
+    rest = sorted((r for r in rows if r not in done), key=lambda r: r["trial_id"])
+    return done + rest
+
+
+def format_table(rows):
+    """`rows` as an aligned text table."""
+    if not rows:
+        return "(no trials)"
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+
+    def cell(value):
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return "" if value is None else str(value)
+
+    cells = [columns] + [[cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def retrain(config, hyperparameters, log=print):
+    """Trains the best configuration with `training.train` for `retrain_steps` steps."""
+    run = config.run
+    values = {"epsilon": run.epsilon, "gamma": run.gamma, **hyperparameters}
+    steps = config.retrain_steps
+    best = run.replace(
+        epsilon=float(values["epsilon"]),
+        gamma=float(values["gamma"]),
+        sigma_w=float(values["sigma_w"]),
+        optimizer=values["optimizer"],
+        learning_rate=float(values["learning_rate"]),
+        steps=steps,
+        checkpoint_every=max(1, min(200, steps)),
+        log_every=max(1, min(50, steps)),
+    ).validate()
+    workdir = config.retrain_dir or os.path.join(config.directory, "best")
+    return train_and_evaluate(best, workdir, log=log)
+
+
+def trial_distribution(run):
+    """What trials train under (a TF strategy or a Keras distribution), its name, replicas."""
+    if keras.backend.backend() != "tensorflow":
+        strategy = distribution.make_keras_distribution(run.strategy)
+        return (strategy, *distribution.keras_distribution_shape(strategy))
+    import tensorflow as tf  # present: this is the TensorFlow backend
+
+    strategy = distribution.make_strategy(run.strategy, tpu=run.tpu)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise invalid(
+            "--strategy",
+            "a single-worker strategy (keras-tuner runs trials on one worker: default, "
+            "mirrored or tpu)",
+            f"{run.strategy} (a multi-worker cluster)",
+        )
+    return strategy, distribution.strategy_name(strategy), strategy.num_replicas_in_sync
+
+
+def write_trials(rows, path):
+    """`rows` as CSV at `path` (atomically)."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomically(path, text.getvalue())
+
+
+def run(config: Any, log: Callable[[str], object] = print) -> dict | None:
+    """Runs (or continues) the search; returns the best-trial summary (None on a worker)."""
+    strategy, name, replicas = trial_distribution(config.run)
+    check_batch_size(config.run.batch_size, replicas)
+    log(f"trials run on {name} ({replicas} replicas)")
+    os.makedirs(config.directory, exist_ok=True)
+    tuner = make_tuner(config, strategy, log=log)
+    tuner.search(verbose=0)  # each trial logs its own lines
+    if is_worker():
+        log(f"[{tuner.tuner_id}] no trials left; the chief writes best.json")
+        return None
+    rows = trial_rows(tuner.oracle, config.run.model)
+    write_trials(rows, os.path.join(config.directory, "trials.csv"))
+    log(format_table(rows))
+    summary = best_summary(config, tuner, rows)
+    if config.retrain_steps:
+        log(f"retraining trial {summary['best_trial_id']} for {config.retrain_steps} steps")
+        summary["retrained"] = retrain(config, summary["hyperparameters"], log=log)
+    path = os.path.join(config.directory, "best.json")
+    write_atomically(path, json.dumps(summary, indent=2) + "\n")
+    log(
+        f"best trial {summary['best_trial_id']} {OBJECTIVE} {summary['score']:.4f} "
+        f"{_describe(summary['hyperparameters'])} -> {path}"
+    )
+    return summary
+
+
+def best_summary(config, tuner, rows):
+    """`best.json`'s content: the best completed trial and what the search was."""
+    completed = [r for r in rows if r["status"] == "COMPLETED" and r["score"] is not None]
+    if not completed:
+        raise SearchError(f"no trial of {tuner.project_dir} completed; see its trial.json files")
+    best = tuner.oracle.trials[completed[0]["trial_id"]]
+    run = config.run
+    return {
+        "objective": OBJECTIVE,
+        "best_trial_id": best.trial_id,
+        "score": best.score,
+        "val_loss": completed[0]["val_loss"],
+        "hyperparameters": {
+            k: v for k, v in best.hyperparameters.values.items() if not k.startswith("tuner/")
+        },
+        "task": run.task,
+        "model": run.model,
+        "units": run.units,
+        "tuner": config.tuner,
+        "steps_per_trial": config.steps_per_trial,
+        "validation_fraction": run.validation_fraction,
+        "trials": len(rows),
+        "completed_trials": len(completed),
+        "space": config.space.to_dict(),
+        "project_dir": tuner.project_dir,
+    }

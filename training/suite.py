@@ -1,0 +1,237 @@
+"""The reproduction suite: the paper's runs as `training.train` configs, and their targets.
+
+Each `Run` is one `python -m training.train --config ...` command (a config of
+`training/configs/` plus the suite's overrides). `training.reproduce` runs a
+suite; `training.report` reads what its runs wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import yaml
+
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of the suite.
+
+    Attributes:
+        name: Folder of the run under `--runs-dir` (and its id in the report).
+        table: The report table it belongs to.
+        config: YAML file in `training/configs/`.
+        steps: Training steps at `--budget 1`.
+        paper: The paper's test accuracy for this row (%), or None.
+        data: The data set it needs ("mnist", "fashion_mnist", "cifar10").
+        overrides: Options that replace the config's (dataset, timesteps, ...).
+    """
+
+    name: str
+    table: str
+    config: str
+    steps: int
+    paper: float | None
+    data: str
+    overrides: tuple = ()
+
+    def options(self):
+        """The config's options with the overrides applied (YAML keys)."""
+        with open(os.path.join(CONFIGS, self.config)) as handle:
+            values = yaml.safe_load(handle)
+        values.update(dict(self.overrides))
+        return values
+
+
+def _mnist_rows():
+    rows = []
+    for task, paper in (
+        ("pixel_mnist", (98.0, 98.8, 97.3)),
+        ("permuted_mnist", (95.8, 93.1, 92.6)),
+    ):
+        for dataset in ("mnist", "fashion_mnist"):
+            for model, number in zip(("antisymmetric", "gated", "lstm"), paper, strict=True):
+                prefix = task if dataset == "mnist" else task.replace("mnist", "fashion_mnist")
+                rows.append(
+                    Run(
+                        f"{prefix}_{model}",
+                        f"{task} ({dataset})",
+                        f"{task}_{model}.yaml",
+                        steps=6000,
+                        paper=number if dataset == "mnist" else None,
+                        data=dataset,
+                        overrides=(("dataset", dataset),),
+                    )
+                )
+    return rows
+
+
+def _noise_padded_rows():
+    paper = {"antisymmetric": 48.3, "gated": 54.7, "ablation": 46.2, "lstm": 11.6}
+    rows = [
+        Run(
+            f"noise_padded_fashion_mnist_{model}",
+            "noise_padded (fashion_mnist, T=1000)",
+            f"noise_padded_fashion_mnist_{model}.yaml",
+            steps=6000,
+            paper=None,
+            data="fashion_mnist",
+        )
+        for model in paper
+    ]
+    for timesteps in (100, 300):
+        rows += [
+            Run(
+                f"noise_padded_fashion_mnist_t{timesteps}_{model}",
+                "length (fashion_mnist)",
+                f"noise_padded_fashion_mnist_{model}.yaml",
+                steps=3000,
+                paper=None,
+                data="fashion_mnist",
+                overrides=(("timesteps", timesteps),),
+            )
+            for model in ("antisymmetric", "gated", "lstm")
+        ]
+    for name in ("pixel_cifar10", "noise_padded_cifar10"):
+        rows += [
+            Run(
+                f"{name}_{model}",
+                name,
+                f"{name}_{model}.yaml",
+                steps=10000,
+                paper={
+                    "pixel_cifar10": {
+                        "antisymmetric": 58.7,
+                        "gated": 62.2,
+                        "ablation": 54.6,
+                        "lstm": 59.7,
+                    }
+                }.get(name, paper)[model],
+                data="cifar10",
+            )
+            for model in paper
+        ]
+    return rows
+
+
+def _sensitivity_rows():
+    """Neighbours of the chosen configs, in their task's table: the evidence behind each
+    choice, and the LSTM at another learning rate (its own tuning)."""
+    noise, pixel = "noise_padded (fashion_mnist, T=1000)", "pixel_mnist (mnist)"
+    return [
+        Run("np_gated_eps0.01_gamma0.1", noise, "noise_padded_fashion_mnist_gated.yaml", 6000,
+            None, "fashion_mnist", (("gamma", 0.1),)),
+        Run("np_gated_eps0.1_gamma1", noise, "noise_padded_fashion_mnist_gated.yaml", 6000,
+            None, "fashion_mnist", (("epsilon", 0.1),)),
+        Run("np_lstm_lr0.0005", noise, "noise_padded_fashion_mnist_lstm.yaml", 6000,
+            None, "fashion_mnist", (("learning_rate", 0.0005),)),
+        Run("pixel_mnist_antisymmetric_eps0.01", pixel, "pixel_mnist_antisymmetric.yaml", 6000,
+            None, "mnist", (("epsilon", 0.01),)),
+        Run("pixel_mnist_lstm_lr0.002", pixel, "pixel_mnist_lstm.yaml", 6000,
+            None, "mnist", (("learning_rate", 0.002),)),
+        Run("pixel_fashion_mnist_lstm_lr0.002", "pixel_mnist (fashion_mnist)",
+            "pixel_mnist_lstm.yaml", 6000, None, "fashion_mnist",
+            (("dataset", "fashion_mnist"), ("learning_rate", 0.002))),
+    ]  # fmt: skip
+
+
+def _smoke_rows():
+    return [
+        Run(
+            f"smoke_digits_{model}",
+            "smoke (digits)",
+            f"pixel_mnist_{model}.yaml",
+            steps=40,
+            paper=None,
+            data="digits",
+            overrides=(("task", "digits"), ("units", 16), ("batch_size", 32)),
+        )
+        for model in ("antisymmetric", "lstm")
+    ] + [
+        Run(
+            "smoke_noise_padded_cifar10_gated",
+            "smoke (mock cifar10)",
+            "noise_padded_cifar10_gated.yaml",
+            steps=4,
+            paper=54.7,
+            data="cifar10",
+            overrides=(("units", 8), ("batch_size", 16), ("timesteps", 40)),
+        ),
+        Run(
+            "smoke_pixel_cifar10_antisymmetric",
+            "smoke (mock cifar10)",
+            "pixel_cifar10_antisymmetric.yaml",
+            steps=2,
+            paper=58.7,
+            data="cifar10",
+            overrides=(("units", 8), ("batch_size", 16)),
+        ),
+    ]
+
+
+SUITES = {
+    "paper": _mnist_rows() + _noise_padded_rows() + _sensitivity_rows(),
+    "smoke": _smoke_rows(),
+}
+
+# The issue's targets: (what, table, models that count, threshold, rival model, lead).
+TARGETS = (
+    ("noise-padded Fashion-MNIST T=1000: better antisymmetric model",
+     "noise_padded (fashion_mnist, T=1000)", ("antisymmetric", "gated"), 0.80, "lstm", 0.30),
+    ("pixel MNIST (5,000/1,000 subset)", "pixel_mnist (mnist)", ("antisymmetric", "gated"),
+     0.95, "lstm", 0.0),
+    ("pixel Fashion-MNIST", "pixel_mnist (fashion_mnist)", ("antisymmetric", "gated"), 0.85,
+     "lstm", 0.0),
+)  # fmt: skip
+
+# The ε × γ search behind the noise-padded configs (the report's heatmap).
+SEARCH = {
+    "name": "noise_padded_fashion_mnist_gated",
+    "argv": [
+        "--task", "noise_padded_mnist", "--dataset", "fashion_mnist", "--timesteps", "1000",
+        "--model", "gated", "--units", "128", "--batch-size", "128", "--tuner", "grid",
+        "--epsilon-values", "0.01,0.1,1", "--gamma-values", "0.001,0.01,0.1,1",
+        "--sigma-w-values", "8", "--optimizer-values", "adam", "--learning-rate-values",
+        "0.002", "--clipnorm", "1.0", "--max-trials", "12", "--steps-per-trial", "400",
+        "--validation-fraction", "0.1",
+    ],
+}  # fmt: skip
+
+
+def train_argv(
+    run: Run, steps: int, runs_dir: str, data_dir: str | None, portable: bool = False
+) -> list[str]:
+    """The `training.train` arguments of `run` at `steps` steps.
+
+    `portable`: name the config relative to the repository's root (as a report
+    shows the command), not to the working directory.
+    """
+    config = os.path.join(CONFIGS, run.config)
+    shown = os.path.join("training", "configs", run.config) if portable else os.path.relpath(config)
+    argv = ["--config", shown]
+    for key, value in run.overrides:
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    every = max(1, steps // 20)
+    argv += [
+        "--steps", str(steps),
+        "--eval-every", str(every),
+        "--checkpoint-every", str(every),
+        "--log-every", str(every),
+        "--output-dir", os.path.join(runs_dir, run.name),
+    ]  # fmt: skip
+    if data_dir and run.data != "digits":
+        argv += ["--data-dir", data_dir]
+    return argv
+
+
+def data_available(run, data_dir):
+    """Whether `run`'s data set can be read from `data_dir` (TFDS or .npz)."""
+    if run.data == "digits":
+        return True
+    if not data_dir:
+        return False
+    return os.path.isdir(os.path.join(data_dir, run.data)) or os.path.isfile(
+        os.path.join(data_dir, f"{run.data}.npz")
+    )
