@@ -5,6 +5,8 @@ import numbers
 
 import keras
 
+from keras_antisym._equations import fan_in_stddev
+
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
 class FanInNormal(keras.initializers.RandomNormal):
@@ -52,7 +54,7 @@ class FanInNormal(keras.initializers.RandomNormal):
             )
         if self.sigma == 0.0:
             return keras.ops.zeros(shape, dtype=dtype)
-        stddev = self.sigma / math.sqrt(max(1, shape[0]))
+        stddev = fan_in_stddev(self.sigma, shape)
         return keras.random.normal(shape, stddev=stddev, dtype=dtype, seed=self.seed)
 
     def get_config(self):
