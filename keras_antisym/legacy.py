@@ -395,3 +395,13 @@ class GatedAntisymmetricCell(AntisymmetricCell):
             **super().get_config(),
             "recurrent_activation": tf_keras.activations.serialize(self.recurrent_activation),
         }
+
+
+# tf_keras' `.h5` loader (and any load inside its `in_tf_saved_model_scope`) reads the
+# objects nested in a layer's config (the cell in `RNN`'s, the initializers in the cell's)
+# by their bare class names, not by the registered names `keras_antisym>...` that the
+# configs also hold: the bare names are added to tf_keras' custom objects too, unless
+# another class already took them.
+for _cls in (FanInNormal, AntisymmetricCell, GatedAntisymmetricCell):
+    tf_keras.utils.get_custom_objects().setdefault(_cls.__name__, _cls)
+del _cls
