@@ -6,7 +6,7 @@ same constructor arguments, equations, weights (names, shapes, order, the strict
 upper-triangular storage of `W`) and initialization as `keras_antisym.AntisymmetricCell`
 and `keras_antisym.GatedAntisymmetricCell`, so `get_weights()`/`set_weights()` move a
 model between Keras 3 and Keras 2 both ways. The equations are not restated here:
-both computes through `keras_antisym._equations`, with TensorFlow ops (`TF_OPS`)
+both compute through `keras_antisym._equations`, with TensorFlow ops (`TF_OPS`)
 here and `keras.ops` there.
 
 This is the only module of `keras_antisym` that imports `tf_keras`

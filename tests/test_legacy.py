@@ -64,7 +64,7 @@ def legacy_run(tmp_path_factory):
         weights = [0.5 * rng.standard_normal(w.shape).astype("float32") for w in model.weights]
         model.set_weights(weights)
         arrays.update({f"{name}/{i}": w for i, w in enumerate(weights)})
-        arrays[f"{name}/out"] = np.asarray(model.predict(x, verbose=0))
+        arrays[f"{name}/out"] = np.asarray(model(x))
     np.savez(work / "keras3.npz", **arrays)
     env = dict(
         os.environ,
@@ -134,7 +134,7 @@ def test_weights_trained_in_keras2_come_back(legacy_run, fused):
         weights = [trained[f"{name}/{i}"] for i in range(len(model.weights))]
         assert [w.shape for w in weights] == [tuple(w.shape) for w in model.weights]
         model.set_weights(weights)
-        out = np.asarray(model.predict(keras3["x"], verbose=0))
+        out = np.asarray(model(keras3["x"]))
         np.testing.assert_allclose(out, trained[f"{name}/out"], atol=MOVE_ATOL, err_msg=name)
         assert np.abs(out - keras3[f"{name}/out"]).max() > 1e-2, "the weights were not trained"
 
