@@ -271,14 +271,43 @@ class AntisymmetricCell(DropoutRNNCellMixin, tf_keras.layers.AbstractRNNCell, Ba
     def _gate_activation(self):
         return None
 
+    def sequence_constants(self):
+        """`(recurrent_operand(), input_weights())`, what every step of a sequence reads."""
+        return self.recurrent_operand(), self.input_weights()
+
+    def reset_dropout_mask(self):
+        # `tf.keras.layers.RNN` calls this before its time loop: in a graph (`fit`,
+        # `tf.function`) the constants are formed here once, and every step traced in
+        # this graph or in its loop body reads them, instead of forming `W - Wᵀ - γI`
+        # at each step. Eagerly, and for a cell called on its own, each call forms them.
+        super().reset_dropout_mask()
+        self._sequence_cache = None
+        if self.built and not tf.executing_eagerly():
+            graph = tf.compat.v1.get_default_graph()
+            self._sequence_cache = (graph, self.sequence_constants())
+
+    def _cached_sequence_constants(self):
+        cache = getattr(self, "_sequence_cache", None)
+        if cache is not None and not tf.executing_eagerly():
+            # This graph, or the body of a `tf.while_loop` in it (the RNN's time loop).
+            # Not any other function traced inside it (SavedModel saving traces the
+            # cell's call alone), which cannot be saved if it captures the constants.
+            graph = tf.compat.v1.get_default_graph()
+            while graph is not cache[0] and type(graph).__name__ == "WhileBodyFuncGraph":
+                graph = graph.outer_graph
+            if graph is cache[0]:
+                return cache[1]
+        return self.sequence_constants()
+
     def call(self, inputs, states, training=None):
         h = states[0] if tf.nest.is_nested(states) else states
         dropout_mask = self.get_dropout_mask_for_cell(inputs, training)
         recurrent_mask = self.get_recurrent_dropout_mask_for_cell(h, training)
         if dropout_mask is not None:
             inputs = inputs * dropout_mask
-        blocks = equations.project_blocks(TF_OPS, inputs, self.input_weights())
-        shared = equations.recurrent_term(TF_OPS, h, self.recurrent_operand(), recurrent_mask)
+        operand, weights = self._cached_sequence_constants()
+        blocks = equations.project_blocks(TF_OPS, inputs, weights)
+        shared = equations.recurrent_term(TF_OPS, h, operand, recurrent_mask)
         rate = equations.vector_field(shared, blocks, self.activation, self._gate_activation())
         h_new = equations.euler_step(h, self.epsilon, rate)
         return h_new, ([h_new] if tf.nest.is_nested(states) else h_new)

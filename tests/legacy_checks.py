@@ -243,6 +243,34 @@ def check_recurrent_dropout_only_in_training():
 
 
 @check
+def check_transition_matrix_formed_once_per_sequence():
+    """In a graph, `W - Wᵀ - γI` is formed before the time loop, not in its body."""
+    import tensorflow as tf
+
+    x = sequences()
+    for gated in (False, True):
+        layer = tf.keras.layers.RNN(cell_class(gated)(UNITS, **ARGS), return_sequences=True)
+        layer(x)
+        random_weights(layer)
+        function = tf.function(lambda inputs, layer=layer: layer(inputs, training=True))
+        graph = function.get_concrete_function(tf.TensorSpec((None, STEPS, FEATURES))).graph
+        library = graph.as_graph_def().library.function
+        loop_ops = [node.op for body in library for node in body.node_def]
+        top_ops = [node.type for node in graph.get_operations()]
+        assert "TensorScatterUpdate" not in loop_ops, gated
+        assert top_ops.count("TensorScatterUpdate") == 1, top_ops
+        assert "MatMul" in loop_ops
+        eager = layer(x).numpy()
+        np.testing.assert_allclose(function(x).numpy(), eager, atol=1e-6)
+        # A cell called on its own forms the matrix each time: never stale.
+        cell = layer.cell
+        step = cell(x[:, 0], [tf.zeros((3, UNITS))])[0].numpy()
+        cell.recurrent_kernel.assign(cell.recurrent_kernel * 2.0)
+        again = tf.function(lambda cell=cell: cell(x[:, 0], [tf.ones((3, UNITS))])[0])()
+        assert not np.allclose(step, again.numpy())
+
+
+@check
 def check_config_round_trip():
     import tensorflow as tf
 
