@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast, overload
+from typing import Any, Literal, overload
 
 import keras
-import numpy as np
 from keras import ops
 
+from keras_antisym import _equations as equations
+from keras_antisym._equations import upper_triangle_indices
 from keras_antisym._keras_private import SequenceConstantsCell, accelerator_available
 from keras_antisym._typing import Activation, DType, KerasObject, Shape, Tensor
 from keras_antisym._validation import check_bool, check_float, check_positive_int, check_rate
 from keras_antisym.initializers import FanInNormal
-
-
-def upper_triangle_indices(units: int) -> np.ndarray:
-    """`(units·(units-1)/2, 2)` positions of the strictly upper triangle.
-
-    The stored vector `w` of `W` follows this row-major order, the order of
-    `numpy.triu_indices(units, 1)`.
-    """
-    return np.stack(np.triu_indices(units, 1), axis=-1).astype("int32")
 
 
 def activation_derivative(activation: Any, x: Tensor) -> Tensor:
@@ -185,15 +177,12 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
             regularizer=self.kernel_regularizer,
             constraint=self.kernel_constraint,
         )
-        shape: tuple[int, ...]
         if self.antisymmetric:
-            shape = (self.units * (self.units - 1) // 2,)
             initializer = self._upper_triangle_initializer
         else:
-            shape = (self.units, self.units)
             initializer = self.recurrent_initializer
         self.recurrent_kernel = self.add_weight(
-            shape=shape,
+            shape=equations.recurrent_kernel_shape(self.units, self.antisymmetric),
             name="recurrent_kernel",
             initializer=initializer,
             regularizer=self.recurrent_regularizer,
@@ -212,9 +201,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
 
     def _upper_triangle_initializer(self, shape: Shape, dtype: DType = None) -> Tensor:
         full = self.recurrent_initializer((self.units, self.units), dtype=dtype)
-        indices = cast(np.ndarray, self._upper_indices)  # set when antisymmetric
-        flat_index = indices[:, 0] * self.units + indices[:, 1]
-        return ops.take(ops.reshape(full, (-1,)), flat_index)
+        return equations.upper_triangle(ops, full, self.units)
 
     def recurrent_operand(self) -> Tensor:
         """`(W - Wᵀ - γI)ᵀ`, the matrix that multiplies `h` from the right.
@@ -223,16 +210,9 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         once per sequence, not once per step.
         """
         stored = ops.convert_to_tensor(self.recurrent_kernel)
-        eye = ops.eye(self.units, dtype=stored.dtype)
-        if not self.antisymmetric:
-            return ops.transpose(stored) - self.gamma * eye
-        # A scatter (whose gradient is a dense gather), not a gather: the
-        # gradient of `w` stays a dense vector for the optimizers. Not
-        # `ops.scatter`: on PyTorch it loops over the n(n-1)/2 indices in
-        # Python.
-        zeros = ops.zeros((self.units, self.units), dtype=stored.dtype)
-        upper = ops.scatter_update(zeros, self._upper_indices, stored)
-        return ops.transpose(upper) - upper - self.gamma * eye
+        return equations.recurrent_operand(
+            ops, stored, self.units, self.gamma, self.antisymmetric, self._upper_indices
+        )
 
     def input_weights(self) -> list[tuple[Tensor, Tensor | None]]:
         """`[(V_k, b_k)]`: the kernel and bias as `units`-wide blocks.
@@ -242,18 +222,9 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         one `(batch, 2·units)` product would add a strided-slice gradient at
         every step.
         """
-        n, blocks = self.units, self.num_blocks
         kernel = ops.convert_to_tensor(self.kernel)
         bias = None if self.bias is None else ops.convert_to_tensor(self.bias)
-        if blocks == 1:
-            return [(kernel, bias)]
-        return [
-            (
-                kernel[:, k * n : (k + 1) * n],
-                None if bias is None else bias[k * n : (k + 1) * n],
-            )
-            for k in range(blocks)
-        ]
+        return equations.input_blocks(kernel, bias, self.units, self.num_blocks)
 
     def sequence_constants(self) -> tuple[Tensor, list[tuple[Tensor, Tensor | None]]]:
         # Formed once per sequence inside keras.layers.RNN (see _keras_private).
@@ -276,10 +247,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
     @staticmethod
     def project_blocks(inputs: Tensor, weights: list[tuple[Tensor, Tensor | None]]) -> list[Tensor]:
         """`[x·V_kᵀ + b_k]` per block, for `weights` from `input_weights()`."""
-        return [
-            ops.matmul(inputs, kernel) if bias is None else ops.matmul(inputs, kernel) + bias
-            for kernel, bias in weights
-        ]
+        return equations.project_blocks(ops, inputs, weights)
 
     @overload
     def vector_field(
@@ -307,12 +275,8 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         Returns:
             `f = act(M h + V x + b)`, `(batch, units)`, or `(f, d)`.
         """
-        (projected,) = blocks
-        pre_activation = shared + projected
-        rate = self.activation(pre_activation)
-        if not return_slope:
-            return rate
-        return rate, activation_derivative(self.activation, pre_activation)
+        derivative = activation_derivative if return_slope else None
+        return equations.vector_field(shared, blocks, self.activation, derivative=derivative)
 
     @overload
     def step(
@@ -359,12 +323,11 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         Returns:
             `h_t`, or `(h_t, d)`.
         """
-        recurrent_input = h if recurrent_mask is None else h * recurrent_mask
-        shared = ops.matmul(recurrent_input, operand)
+        shared = equations.recurrent_term(ops, h, operand, recurrent_mask)
         if not return_slope:
-            return h + self.epsilon * self.vector_field(shared, blocks)
+            return equations.euler_step(h, self.epsilon, self.vector_field(shared, blocks))
         rate, slope = self.vector_field(shared, blocks, return_slope=True)
-        return h + self.epsilon * rate, slope
+        return equations.euler_step(h, self.epsilon, rate), slope
 
     def call(
         self, sequence: Tensor, states: Tensor | list[Tensor], training: bool = False
@@ -512,18 +475,10 @@ class GatedAntisymmetricCell(AntisymmetricCell):
         Both `a_z` and `a_c` read `M h`, so `d = c ⊙ σ'(a_z) + z ⊙ act'(a_c)`
         and the Jacobian keeps the paper's "diagonal times M" form.
         """
-        projected_gate, projected_candidate = blocks
-        gate_input = shared + projected_gate
-        candidate_input = shared + projected_candidate
-        gate = self.recurrent_activation(gate_input)
-        candidate = self.activation(candidate_input)
-        rate = gate * candidate
-        if not return_slope:
-            return rate
-        slope = candidate * activation_derivative(
-            self.recurrent_activation, gate_input
-        ) + gate * activation_derivative(self.activation, candidate_input)
-        return rate, slope
+        derivative = activation_derivative if return_slope else None
+        return equations.vector_field(
+            shared, blocks, self.activation, self.recurrent_activation, derivative
+        )
 
     def argument_config(self) -> dict[str, Any]:
         return {

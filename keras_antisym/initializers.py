@@ -9,6 +9,7 @@ from typing import Any
 
 import keras
 
+from keras_antisym._equations import fan_in_stddev
 from keras_antisym._typing import DType, Tensor
 
 
@@ -58,7 +59,7 @@ class FanInNormal(keras.initializers.RandomNormal):
             )
         if self.sigma == 0.0:
             return keras.ops.zeros(shape, dtype=dtype)
-        stddev = self.sigma / math.sqrt(max(1, shape[0]))
+        stddev = fan_in_stddev(self.sigma, shape)
         return keras.random.normal(shape, stddev=stddev, dtype=dtype, seed=self.seed)
 
     def get_config(self) -> dict[str, Any]:
