@@ -23,6 +23,12 @@ __all__ = ["RunConfig", "UsageError", "check_batch_size", "check_types", "flag",
 # The models a run can build (`training.models.build_model`); here so that the
 # command line knows them without importing Keras.
 MODEL_NAMES = ("antisymmetric", "gated", "ablation", "lstm")
+# The Keras dtype policies a run can train under (`--dtype-policy`).
+DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+
+# The identity settings a resumed run may change when asked (`--change-on-resume`): they
+# shape no variable, so the checkpoint still fits.
+RESUME_CHANGEABLE = ("learning_rate", "clipnorm")
 
 # The option groups of the command line, in the order `--help` lists them.
 GROUPS = ("task", "model", "optimizer", "distribution", "run")
@@ -70,6 +76,11 @@ class RunConfig:
         1.0, "hidden-to-hidden init N(0, sigma_w^2/n) (paper: 0, 1, 2, 4, 8, 16)",
         group="model", identity=True,
     )  # fmt: skip
+    dtype_policy: str = _option(
+        "float32", "Keras dtype policy of the model; the mixed ones keep the recurrent state "
+        "and the head in float32 (mixed_float16 trains with loss scaling)",
+        group="model", identity=True,
+    )  # fmt: skip
     # optimizer
     optimizer: str = _option("adam", group="optimizer", identity=True)
     learning_rate: float = _option(0.01, group="optimizer", identity=True)
@@ -84,6 +95,27 @@ class RunConfig:
     cpu_devices: int = _option(
         0, "split the CPU into this many logical devices (mirrored training on CPU)",
         group="distribution",
+    )  # fmt: skip
+    coordinator: str | None = _option(
+        None, "JAX on several processes: HOST:PORT of process 0's coordinator, the same on "
+        "every process, or auto on a TPU pod slice, Slurm or MPI (default: the first of "
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES)", group="distribution", metavar="HOST:PORT",
+    )  # fmt: skip
+    num_processes: int | None = _option(
+        None, "JAX: how many processes train together (default: "
+        "KERAS_DISTRIBUTION_NUM_PROCESSES)", group="distribution", metavar="N",
+    )  # fmt: skip
+    process_id: int | None = _option(
+        None, "JAX: this process, 0 to N-1; process 0 runs the coordinator and writes the "
+        "outputs (default: KERAS_DISTRIBUTION_PROCESS_ID)", group="distribution", metavar="I",
+    )  # fmt: skip
+    connect_timeout: int = _option(
+        120, "JAX: seconds a process waits for all the others to connect", group="distribution",
+        metavar="S",
+    )  # fmt: skip
+    heartbeat_timeout: int = _option(
+        30, "JAX: seconds without a heartbeat after which a process counts as lost and the "
+        "others stop", group="distribution", metavar="S",
     )  # fmt: skip
     # schedule
     steps: int = _option(2000, "training steps (global batches)", group="run")
@@ -102,6 +134,14 @@ class RunConfig:
     diagnostics: int = _option(
         0, "log stability diagnostics every N steps (0: off)", group="run", metavar="N"
     )
+    change_on_resume: str | None = _option(
+        None,
+        "comma-separated settings a resumed run may change: "
+        + ", ".join(RESUME_CHANGEABLE)
+        + " (e.g. to go on from the last good checkpoint of a run that diverged)",
+        group="run",
+        metavar="NAMES",
+    )
 
     @classmethod
     def from_namespace(cls, namespace, **overrides) -> RunConfig:
@@ -115,6 +155,11 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def resume_changes(self) -> tuple[str, ...]:
+        """The fields named by `change_on_resume`."""
+        names = (self.change_on_resume or "").replace("-", "_").split(",")
+        return tuple(name.strip() for name in names if name.strip())
 
     def validate(self) -> RunConfig:
         """Checks every field's type and range; returns `self` or raises `UsageError`.
@@ -136,6 +181,18 @@ class RunConfig:
             ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
             check(ok, flag(name), "a positive float" if positive else "a non-negative float",
                   value)  # fmt: skip
+        check(self.dtype_policy in DTYPE_POLICIES, "--dtype-policy",
+              f"one of {', '.join(DTYPE_POLICIES)}", self.dtype_policy)  # fmt: skip
+        for name in ("connect_timeout", "heartbeat_timeout"):
+            value = getattr(self, name)
+            check(value > 0, flag(name), "a positive integer", value)
+        check(self.num_processes is None or self.num_processes > 0, "--num-processes",
+              "a positive integer", self.num_processes)  # fmt: skip
+        check(self.process_id is None or 0 <= self.process_id < (self.num_processes or 2**31),
+              "--process-id", f"an integer in [0, {self.num_processes or 'N'})",
+              self.process_id)  # fmt: skip
+        check(self.coordinator is None or _is_address(self.coordinator), "--coordinator",
+              "HOST:PORT (a port in 1..65535) or auto", self.coordinator)  # fmt: skip
         check(0 <= self.momentum < 1, "--momentum", "a float in [0, 1)", self.momentum)
         check(self.clipnorm is None or (math.isfinite(self.clipnorm) and self.clipnorm > 0),
               "--clipnorm", "a positive float", self.clipnorm)  # fmt: skip
@@ -143,10 +200,18 @@ class RunConfig:
               self.timesteps)  # fmt: skip
         check(0 <= self.validation_fraction < 1, "--validation-fraction", "a float in [0, 1)",
               self.validation_fraction)  # fmt: skip
+        for name in self.resume_changes():
+            check(name in RESUME_CHANGEABLE, "--change-on-resume",
+                  f"names among {', '.join(RESUME_CHANGEABLE)}", self.change_on_resume)  # fmt: skip
         check(self.data_dir is None or self.download or os.path.isdir(self.data_dir),
               "--data-dir", "an existing TFDS data directory or a folder of .npz files",
               self.data_dir)  # fmt: skip
         return self
+
+
+def _is_address(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return text == "auto" or (bool(host) and port.isdigit() and 0 < int(port) < 65536)
 
 
 def flag(name: str) -> str:

@@ -8,13 +8,21 @@ device. TensorFlow is imported only on its backend.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import ipaddress
 import json
 import os
+import re
+import socket
+import sys
+import threading
 from typing import Any
 
+from apputil.cli import EXIT_FAILURE
 from apputil.errors import invalid
 from apputil.quiet import native_stderr_silenced
-from training.errors import StrategyError
+from training.errors import ProcessLostError, StrategyError
 
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu", "data_parallel")
 TF_STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
@@ -84,8 +92,7 @@ def make_keras_distribution(name: str) -> Any:
     """The `keras.distribution.Distribution` for `name` on JAX or PyTorch (None: one device).
 
     "auto" picks DataParallel when JAX sees several devices (all processes'
-    after `keras.distribution.initialize`, which runs when JAX's coordinator
-    variables are set).
+    after `initialize_processes`).
     """
     import keras
 
@@ -93,14 +100,341 @@ def make_keras_distribution(name: str) -> Any:
     _check_strategy(name, KERAS_STRATEGIES[backend], backend)
     if backend != "jax" or name == "default":
         return None
-    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get(
-        "KERAS_DISTRIBUTION_JOB_ADDRESSES"
-    ):
-        keras.distribution.initialize()
+    initialize_processes()  # from the environment, unless the command line did it
     devices = keras.distribution.list_devices()
     if name == "auto" and len(devices) < 2:
         return None
     return keras.distribution.DataParallel(devices=devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """The processes of a JAX run: `coordinator` (`HOST:PORT` or "auto"), `count`, `index`.
+
+    From the flags (`--coordinator`, `--num-processes`, `--process-id`), else
+    Keras' variables (`KERAS_DISTRIBUTION_JOB_ADDRESSES`, whose first address
+    is the coordinator, `KERAS_DISTRIBUTION_NUM_PROCESSES`,
+    `KERAS_DISTRIBUTION_PROCESS_ID`), else JAX's `JAX_COORDINATOR_ADDRESS`.
+    No coordinator: one process.
+    """
+
+    coordinator: str | None = None
+    count: int | None = None
+    index: int | None = None
+
+    @classmethod
+    def resolve(cls, coordinator=None, count=None, index=None) -> Processes:
+        environ = os.environ
+        addresses = environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES", "")
+        coordinator = (
+            coordinator or addresses.split(",")[0].strip() or environ.get("JAX_COORDINATOR_ADDRESS")
+        )
+        count = count if count is not None else _int_variable("KERAS_DISTRIBUTION_NUM_PROCESSES")
+        index = index if index is not None else _int_variable("KERAS_DISTRIBUTION_PROCESS_ID")
+        return cls(coordinator or None, count, index)
+
+
+def _int_variable(name):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise invalid(name, "an integer", raw, StrategyError) from None
+
+
+# Set once the processes have connected: what a lost process's report needs.
+_STARTED: dict[str, Any] = {}
+_ATTEMPTED = threading.Event()
+_REPORTED = threading.Event()
+_PROG = "python -m training.train"
+
+
+def initialize_processes(
+    processes: Processes | None = None, connect_timeout: int = 120, heartbeat_timeout: int = 30
+) -> bool:
+    """Connects this JAX process to the others (once, before JAX computes anything).
+
+    Does nothing with one process or off JAX. Returns whether several
+    processes train together. CPUs reduce with gloo, so processes of one
+    machine (or of hosts without accelerators) train together too.
+
+    Raises:
+        StrategyError: an address that is not this machine's (process 0) or
+            does not resolve, a count or id that disagrees with the other
+            processes', or processes that did not all connect within
+            `connect_timeout` seconds.
+    """
+    import keras
+
+    processes = processes or Processes.resolve()
+    if keras.backend.backend() != "jax" or processes.coordinator is None:
+        return False
+    import jax
+
+    if jax.distributed.is_initialized():
+        return jax.process_count() > 1
+    auto = processes.coordinator == "auto"
+    if not auto:
+        _check_processes(processes)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kwargs: dict[str, Any] = dict(
+        initialization_timeout=connect_timeout,
+        heartbeat_timeout_seconds=heartbeat_timeout,
+        shutdown_timeout_seconds=connect_timeout,
+    )
+    if not auto:
+        host, port = processes.coordinator.rsplit(":", 1)
+        kwargs.update(
+            coordinator_address=processes.coordinator,
+            num_processes=processes.count,
+            process_id=processes.index,
+        )
+        if _is_loopback(host):  # one machine: nothing outside it can reach the coordinator
+            kwargs["coordinator_bind_address"] = f"{host}:{port}"
+    _ATTEMPTED.set()
+    try:
+        with _reporting_lost_processes():
+            jax.distributed.initialize(**kwargs)
+    except Exception as error:  # JAX's own classes, without a public base
+        raise StrategyError(_connect_failure(processes, connect_timeout, error)) from None
+    _STARTED.update(processes=processes, count=jax.process_count())
+    _check_agreement(processes, connect_timeout)
+    return jax.process_count() > 1
+
+
+def _check_processes(processes):
+    host, _, port = processes.coordinator.rpartition(":")
+    if not host or not port.isdigit():
+        raise invalid("--coordinator", "HOST:PORT", processes.coordinator, StrategyError)
+    if processes.count is None or processes.index is None:
+        raise StrategyError(
+            f"a coordinator ({processes.coordinator}) needs --num-processes and --process-id "
+            f"(or KERAS_DISTRIBUTION_NUM_PROCESSES and KERAS_DISTRIBUTION_PROCESS_ID)"
+        )
+    if not 0 <= processes.index < processes.count:
+        raise invalid(
+            "--process-id", f"an integer in [0, {processes.count})", processes.index, StrategyError
+        )
+    try:
+        socket.getaddrinfo(host.strip("[]"), int(port))
+    except OSError as error:
+        raise StrategyError(
+            f"the coordinator address {processes.coordinator} does not resolve ({error})"
+        ) from None
+    if processes.index == 0:  # process 0 serves the coordinator: the address must be its own
+        try:
+            with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+                probe.bind((host.strip("[]"), 0))
+        except OSError:
+            raise StrategyError(
+                f"the coordinator address {processes.coordinator} is not an address of this "
+                f"machine (process 0 serves the coordinator there)"
+            ) from None
+
+
+def _family(host):
+    return socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+
+
+def _is_loopback(host):
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _connect_failure(processes, timeout, error):
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"process {processes.index} of {processes.count} could not join the coordinator at "
+        f"{processes.coordinator} within {timeout} s ({first[:200]}); check that all "
+        f"{processes.count} processes run, with the same --num-processes and --coordinator"
+    )
+
+
+def _check_agreement(processes, timeout):
+    """Refuses to train when the processes disagree on their count.
+
+    A process that names fewer processes than the coordinator expects would
+    otherwise wait for ones that never come; each one publishes its count and
+    compares it with every other's before JAX builds its devices.
+    """
+    if processes.coordinator == "auto":
+        return
+    from jax._src import distributed  # the client JAX connected: its key-value store
+
+    client = distributed.global_state.client
+    client.key_value_set(f"keras_antisym/processes/{processes.index}", str(processes.count))
+    for index in range(_STARTED["count"]):
+        try:
+            theirs = client.blocking_key_value_get(
+                f"keras_antisym/processes/{index}", timeout * 1000
+            )
+        except Exception:  # JAX's own classes: the other process left, or never published
+            continue
+        if int(theirs) != processes.count:
+            raise StrategyError(
+                f"process {processes.index} was started with --num-processes "
+                f"{processes.count}, process {index} with {theirs}: give every process the "
+                f"same count"
+            )
+    if _STARTED["count"] != processes.count:
+        raise StrategyError(
+            f"--num-processes {processes.count}, but the coordinator at "
+            f"{processes.coordinator} counts {_STARTED['count']} processes: give every process "
+            f"the same count"
+        )
+
+
+def multi_process() -> bool:
+    """Whether this process trains together with others (after `initialize_processes`)."""
+    return _STARTED.get("count", 1) > 1
+
+
+def lost_processes_error(error: BaseException) -> ProcessLostError | None:
+    """The `ProcessLostError` behind a failed collective, or None if no process was lost.
+
+    A collective fails at once when a peer's connection closes; which peer is
+    known to the coordinator once its heartbeats stop (within the heartbeat
+    timeout), so this waits for the coordinator's list of live processes.
+    """
+    if not multi_process():
+        return None
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    everyone = list(range(_STARTED["count"]))
+    try:
+        live = set(client.get_live_nodes(everyone))
+    except Exception:  # JAX's own classes: the coordinator itself is gone
+        live = set(everyone) - {0}
+    lost = [index for index in everyone if index not in live]
+    if not lost:
+        return None
+    _REPORTED.set()  # the command reports it: the client's callback stays silent
+    return ProcessLostError(_lost_message(lost, f"{type(error).__name__}"))
+
+
+def _lost_message(lost, cause):
+    processes = _STARTED["processes"]
+    names = ", ".join(str(index) for index in lost)
+    which = f"process {names}" if len(lost) == 1 else f"processes {names}"
+    if lost == [0]:
+        which += f" (the coordinator at {processes.coordinator})"
+    return (
+        f"lost {which} of {_STARTED['count']} (killed, crashed or unreachable: {cause}); "
+        f"the others stopped. Start all processes again to resume from the last checkpoint"
+    )
+
+
+def _lost_from_status(text):
+    """The process ids a coordination-service error names as dead."""
+    unhealthy = re.search(r"stopped sending heartbeats\):\s*([\d,\s]+)", text)
+    if unhealthy:
+        return sorted({int(i) for i in re.findall(r"\d+", unhealthy.group(1))})
+    tasks = re.findall(r"Task (\d+) heartbeat timeout|task:(\d+)", text)
+    found = sorted({int(a or b) for a, b in tasks})
+    if found:
+        return found
+    if "coordination service" in text or "Socket closed" in text:
+        return [0]  # the service itself, on process 0, no longer answers
+    return []
+
+
+@contextlib.contextmanager
+def _reporting_lost_processes():
+    """Makes JAX's client report a lost process as one line and exit, not abort.
+
+    Without a callback, JAX's client aborts the process with a stack trace when
+    the coordinator reports a dead process or stops answering. JAX offers the
+    callback only on the client it makes inside `jax.distributed.initialize`,
+    so its factory is wrapped for that call.
+    """
+    from jax._src import distributed
+
+    make_client = distributed._jax.get_distributed_runtime_client
+
+    def with_callback(*args, **kwargs):
+        kwargs.setdefault("missed_heartbeat_callback", _on_fatal_status)
+        return make_client(*args, **kwargs)
+
+    distributed._jax.get_distributed_runtime_client = with_callback
+    try:
+        yield
+    finally:
+        distributed._jax.get_distributed_runtime_client = make_client
+
+
+def _on_fatal_status(status: Any) -> None:
+    """JAX's client thread: a process is gone; say which (once) and exit."""
+    text = str(status)
+    if not _REPORTED.is_set():
+        lost = _lost_from_status(text) if _STARTED else []
+        message = (
+            _lost_message(lost, "no heartbeat")
+            if lost
+            else f"the processes lost each other ({text.strip().splitlines()[0][:200]})"
+        )
+        report_and_exit(f"{_PROG}: error: {message}", EXIT_FAILURE)
+    _exit(EXIT_FAILURE)
+
+
+def report_and_exit(line: str, status: int) -> None:
+    """Prints `line` once (the first report wins) and ends the process at once."""
+    if not _REPORTED.is_set():
+        _REPORTED.set()
+        print(line, file=sys.stderr, flush=True)
+    _exit(status)
+
+
+def finish(status: int) -> int:
+    """The exit of a command: a failed multi-process run ends here, at once.
+
+    On exit JAX waits at a barrier for every process, and aborts with a stack
+    trace when one is gone; a failed run has nothing left to wait for.
+    """
+    if status and _ATTEMPTED.is_set():
+        _REPORTED.set()  # the command printed its line: the client's callback stays silent
+        _exit(status)
+    return status
+
+
+def _exit(status):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def process_rows(distribution: Any, batch_size: int) -> slice | None:
+    """The rows of each global batch that this process feeds (None: all of them).
+
+    They are the rows the data-parallel layout puts on this process's devices,
+    so that the processes' rows together are the global batch, in order.
+    """
+    if distribution is None or not multi_process():
+        return None
+    layout = distribution.get_data_layout((batch_size, 1)).backend_layout
+    indices = layout.addressable_devices_indices_map((batch_size, 1)).values()
+    starts = sorted({rows.start or 0 for rows, _ in indices})
+    stops = sorted({batch_size if rows.stop is None else rows.stop for rows, _ in indices})
+    if any(b != a for a, b in zip(stops, starts[1:], strict=False)):
+        raise StrategyError("this process's devices hold rows of the batch that are not contiguous")
+    return slice(starts[0], stops[-1])
+
+
+def agree(value: int, what: str, hint: str) -> None:
+    """Raises `StrategyError` unless every process holds the same integer `value`."""
+    if not multi_process():
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    values = np.asarray(multihost_utils.process_allgather(np.asarray(value, "int64"))).ravel()
+    if len(set(values.tolist())) > 1:
+        shown_values = ", ".join(f"process {i}: {v}" for i, v in enumerate(values.tolist()))
+        raise StrategyError(f"the processes disagree on {what} ({shown_values}); {hint}")
 
 
 def keras_distribution_shape(distribution: Any) -> tuple[str, int]:
@@ -170,6 +504,19 @@ def strategy_name(strategy: Any) -> str:
         if isinstance(strategy, public):
             return name
     return "default"
+
+
+def chief_process(strategy: Any) -> bool:
+    """Whether this process writes the run's outputs, on any backend."""
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        return is_chief(strategy)
+    if keras.backend.backend() == "jax":
+        import jax  # present: this is the JAX backend
+
+        return jax.process_index() == 0
+    return True
 
 
 def is_chief(strategy: Any) -> bool:

@@ -7,7 +7,9 @@ in `EXPECTED`; any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-from apputil.cli import EXIT_FAILURE, EXIT_USAGE
+import signal
+
+from apputil.cli import EXIT_FAILURE, EXIT_USAGE, Status
 from apputil.errors import UsageError
 
 
@@ -31,12 +33,35 @@ class SearchError(RuntimeError):
     """A search ended without a completed trial."""
 
 
-#: Exception class -> exit status; the first matching class wins.
-EXPECTED: dict[type[BaseException], int] = {
+class ProcessLostError(RuntimeError):
+    """A process of a multi-process run stopped (killed, crashed or unreachable)."""
+
+
+class RunLockedError(RuntimeError):
+    """Another process is training in the same output folder."""
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGINT stopped a run after checkpointing the step in progress."""
+
+    def __init__(self, signal_number: int, step: int):
+        self.signal_number, self.step = signal_number, step
+        name = signal.Signals(signal_number).name
+        super().__init__(
+            f"stopped by {name} at step {step}, checkpointed; run the same command to resume"
+        )
+
+
+#: Exception class -> exit status (or a function of the exception); the first match wins.
+EXPECTED: dict[type[BaseException], Status] = {
     UsageError: EXIT_USAGE,
     DataError: EXIT_USAGE,
     StrategyError: EXIT_USAGE,
     DivergenceError: EXIT_USAGE,
     SearchError: EXIT_USAGE,
+    RunLockedError: EXIT_USAGE,
+    # Stopped by a signal: 128 + its number, as a shell reports a process killed by it.
+    Interrupted: lambda error: 128 + error.signal_number,
+    ProcessLostError: EXIT_FAILURE,
     OSError: EXIT_FAILURE,
 }

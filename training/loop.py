@@ -3,7 +3,10 @@
 A trainer (`training.trainers`) owns the backend's side: the model, the
 optimizer, the batches and the checkpoints. This loop drives it step by step:
 logging, TensorBoard scalars, periodic evaluation (the learning curve),
-checkpoints, and a clear stop when the loss stops being finite.
+checkpoints, and a clear stop when the loss stops being finite. A checkpoint
+is written only of weights that are finite and give a finite loss on the next
+batch, so that the newest checkpoint is always one to resume from. SIGTERM and
+SIGINT stop the run after the step in progress, with a checkpoint of it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from training.config import RunConfig
-from training.errors import DivergenceError
+from training.errors import DivergenceError, Interrupted
 from training.objectives import per_example_correct, per_example_loss
 from training.tasks import evaluation_batches
 
@@ -53,32 +58,90 @@ def train(
         compiles), training wall time, and the last logged loss and accuracy.
 
     Raises:
-        DivergenceError: the loss of a step is not finite (the run stops
-            there; its last checkpoint is before the divergence).
+        DivergenceError: the loss of a step is not finite, or the weights due
+            for a checkpoint are not (the run stops there; its last checkpoint
+            is from before).
+        Interrupted: SIGTERM or SIGINT arrived; the step in progress was
+            finished and checkpointed.
     """
     steps = config.steps
     progress = _Progress(trainer.batch_size, config.log_every, steps, writer, log)
-    for step in range(start_step + 1, steps + 1):
-        loss, accuracy = trainer.step()
-        if not math.isfinite(loss):
-            raise DivergenceError(
-                f"training diverged at step {step}: the loss is {loss}. The last checkpoint "
-                f"is from before it; lower --learning-rate, set --clipnorm, or lower "
-                f"--epsilon (see the README's stable ranges)."
-            )
-        progress.add(step, loss, accuracy)
-        train_seconds = progress.train_seconds()
-        with progress.paused():  # evaluation and checkpoints are not training time
-            if diagnostics is not None and step % diagnostics.every == 0:
-                diagnostics(step, writer, log)
-            if curve is not None and (step % curve.every == 0 or step == steps):
-                curve.record(trainer, step, train_seconds, writer, log)
-            if step % config.checkpoint_every == 0 or step == steps:
-                trainer.save(step)
-                if curve is not None:
-                    curve.save()
+    saved = start_step
+    with _stop_signals() as stop:
+        for step in range(start_step + 1, steps + 1):
+            loss, accuracy = trainer.step()
+            if not math.isfinite(loss):
+                raise _diverged(step, f"the loss is {loss}", saved)
+            progress.add(step, loss, accuracy)
+            train_seconds = progress.train_seconds()
+            with progress.paused():  # evaluation and checkpoints are not training time
+                if diagnostics is not None and step % diagnostics.every == 0:
+                    diagnostics(step, writer, log)
+                if curve is not None and (step % curve.every == 0 or step == steps):
+                    curve.record(trainer, step, train_seconds, writer, log)
+                if step % config.checkpoint_every == 0 or step == steps or stop:
+                    save_checked(trainer, step, saved)
+                    saved = step
+                    if curve is not None and trainer.chief:  # the chief writes the outputs
+                        curve.save()
+            if stop:
+                writer.flush()
+                raise Interrupted(stop[0], step)
     writer.flush()
     return progress.summary()
+
+
+def _diverged(step, what, saved):
+    last = f"step {saved}" if saved else "none yet"
+    return DivergenceError(
+        f"training diverged at step {step}: {what}. The last checkpoint ({last}) is from "
+        f"before it; lower --learning-rate, set --clipnorm, or lower --epsilon (docs: the "
+        f"stable ranges), or resume from it with another --learning-rate and "
+        f"--change-on-resume learning_rate."
+    )
+
+
+def save_checked(trainer: Any, step: int, saved: int = 0) -> None:
+    """Checkpoints `trainer` at `step` only if its state is one to resume from.
+
+    The weights and the optimizer's variables must be finite, and the model's
+    loss on the next training batch too: weights that have grown to ~1e37 are
+    finite but overflow the next step. Raises `DivergenceError` otherwise,
+    leaving the previous checkpoint (`saved`) the newest.
+    """
+    for variable in [*trainer.model.weights, *trainer.optimizer.variables]:
+        if not np.all(np.isfinite(np.asarray(variable))):
+            raise _diverged(step, f"the variable {variable.path} is not finite", saved)
+    x, y = trainer.batches(step)
+    loss = per_example_loss(trainer.task.spec, y, trainer.predict(x))
+    if not np.all(np.isfinite(np.asarray(loss))):
+        raise _diverged(step, "its weights give a non-finite loss on the next batch", saved)
+    trainer.save(step)
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """Yields a list that SIGTERM or SIGINT fill with the signal's number.
+
+    The handlers are installed only in the main thread (Python delivers signals
+    there) and the previous ones are restored afterwards.
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {}
+
+    def handler(number, frame):
+        received.append(number)
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        previous[number] = signal.signal(number, handler)
+    try:
+        yield received
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
 
 
 class _Progress:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 
 from apputil import cli, quiet
-from training import options
+from training import distribution, options
 from training.config import RunConfig
 from training.errors import EXPECTED
 
@@ -40,12 +40,18 @@ def main(argv: list[str] | None = None) -> int:
         quiet.import_keras()
         # Keras (and TensorFlow on its backend) load only now: `--help` and usage errors
         # answer without them, in a fraction of a second.
-        from training import distribution, experiment
+        from training import experiment
 
         distribution.split_cpu(config.cpu_devices)
+        processes = distribution.Processes.resolve(
+            config.coordinator, config.num_processes, config.process_id
+        )
+        distribution.initialize_processes(
+            processes, config.connect_timeout, config.heartbeat_timeout
+        )
         experiment.train_and_evaluate(config, args.output_dir)
 
-    return cli.run(parser.prog, body, EXPECTED)
+    return distribution.finish(cli.run(parser.prog, body, EXPECTED))
 
 
 if __name__ == "__main__":

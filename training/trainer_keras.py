@@ -11,6 +11,7 @@ newest, so a crash at any moment leaves a complete one.
 
 import collections
 import concurrent.futures
+import contextlib
 import json
 import os
 import zipfile
@@ -20,7 +21,12 @@ import numpy as np
 
 from apputil.files import atomic_path, remove_partials, write_atomically
 from training.config import check_batch_size
-from training.distribution import keras_distribution_shape
+from training.distribution import (
+    agree,
+    keras_distribution_shape,
+    lost_processes_error,
+    process_rows,
+)
 from training.objectives import per_example_correct, per_example_loss
 from training.tasks import TrainingBatches
 
@@ -54,6 +60,8 @@ class KerasTrainer:
         self.label = "chief" if self.chief else f"worker{_process_index()}"
         self.distributed = _process_count() > 1
         self.batches = TrainingBatches(task, inputs, targets, batch_size, seed)
+        # Each process feeds its own rows of every global batch (the whole batch on one).
+        self._rows = process_rows(distribution, batch_size)
         self.checkpoint_dir = checkpoint_dir
         keras.distribution.set_distribution(distribution)
         spec = task.spec
@@ -89,8 +97,18 @@ class KerasTrainer:
                 continue
             for variable, value in pairs:
                 variable.assign(value)
-            return int(keras.ops.convert_to_numpy(self.optimizer.iterations)), path
-        return int(keras.ops.convert_to_numpy(self.optimizer.iterations)), None
+            return self._restored(path)
+        return self._restored(None)
+
+    def _restored(self, path):
+        step = int(keras.ops.convert_to_numpy(self.optimizer.iterations))
+        # Every process must go on from the same step: they read the chief's checkpoints.
+        agree(
+            step, "the restored step",
+            "every process must read the chief's checkpoints: give them a shared --output-dir "
+            "or copy the chief's checkpoints/ to each",
+        )  # fmt: skip
+        return step, path
 
     def save(self, step):
         if self.checkpoint_dir is None or not self.chief:
@@ -123,21 +141,35 @@ class KerasTrainer:
             self._next_step = int(keras.ops.convert_to_numpy(self.optimizer.iterations))
         while len(self._pending) < self._prefetch:
             upcoming = self._next_step + len(self._pending)
-            self._pending.append(self._pool.submit(self.batches, upcoming))
+            self._pending.append(self._pool.submit(self._batch, upcoming))
         x, y = self._pending.popleft().result()
         self._next_step += 1
         self.model.reset_metrics()
-        logs = self.model.train_on_batch(x, y, return_dict=True)
-        return float(logs["loss"]), float(logs["accuracy"])
+        with _collective():
+            logs = self.model.train_on_batch(x, y, return_dict=True)
+            return float(logs["loss"]), float(logs["accuracy"])
+
+    def _batch(self, step):
+        x, y = self.batches(step)
+        if self._rows is None:
+            return x, y
+        return x[self._rows], y[self._rows]
 
     def predict(self, x):
-        return self.model.predict_on_batch(x)
+        with _collective():
+            return self.model.predict_on_batch(x)
 
     def save_model(self, path):
         """Saves the model as `.keras`, without the compiled task loss (as on TensorFlow)."""
-        clone = type(self.model).from_config(self.model.get_config())
-        clone.set_weights(self.model.get_weights())
-        clone.save(path)
+        # The copy lives on this process alone: under the distribution its variables would
+        # span every process, and only the chief saves.
+        keras.distribution.set_distribution(None)
+        try:
+            clone = type(self.model).from_config(self.model.get_config())
+            clone.set_weights(self.model.get_weights())
+            clone.save(path)
+        finally:
+            keras.distribution.set_distribution(self.distribution)
 
     def _variables(self):
         return {"model": self.model.weights, "optimizer": self.optimizer.variables}
@@ -154,6 +186,18 @@ class KerasTrainer:
         if self.checkpoint_dir is None:
             return []
         return [os.path.join(self.checkpoint_dir, name) for name in self._index().get("all", [])]
+
+
+@contextlib.contextmanager
+def _collective():
+    """Turns the failure of a step whose peer process is gone into `ProcessLostError`."""
+    try:
+        yield
+    except Exception as error:  # JAX's runtime errors have no public base class
+        lost = lost_processes_error(error)
+        if lost is None:
+            raise
+        raise lost from None
 
 
 def _process_index():
