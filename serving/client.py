@@ -4,10 +4,14 @@
     python -m serving.client --url http://127.0.0.1:8501 --model antisym metadata
     python -m serving.client --url http://127.0.0.1:8501 --model antisym predict \
         --instances-file batch.json [--columnar] [--version 2]
+    python -m serving.client --model antisym stream --sequence-file x.npy --chunk 28
 
-Prints the JSON response. Errors are one line on stderr: status 2 for invalid
-arguments (or an unreadable `--instances-file`), 1 when the server answers with
-an error or does not answer.
+Prints the JSON response; `stream` sends a `.npy` sequence (`(T, m)`, or
+`(batch, T, m)`) to the `stream` signature `--chunk` steps at a time, carrying
+the recurrent states from answer to request, and prints one JSON line per chunk.
+Errors are one line on stderr: status 2 for invalid arguments (or an unreadable
+`--instances-file` or `--sequence-file`), 1 when the server answers with an
+error or does not answer.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
@@ -25,6 +30,9 @@ from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import Literal, invalid
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
+STREAM_SIGNATURE = "stream"  # as serving.signatures (not imported: it is the export's)
+SEQUENCE_INPUT = "sequence"
+DEFAULT_CHUNK = 28
 
 
 class ServingError(Exception):
@@ -140,6 +148,105 @@ class ServingClient:
             body["signature_name"] = signature_name
         return self.request("POST", self._model_url(version) + ":predict", _tolist(body))
 
+    def stream_states(self, version: int | None = None) -> tuple[int, dict[str, int]]:
+        """`(version, {state input: units})` of the served `stream` signature.
+
+        Raises:
+            NoStreamSignatureError: the version has no `stream` signature.
+        """
+        metadata = self.metadata(version)
+        served = int(metadata["model_spec"]["version"])
+        signatures = metadata["metadata"]["signature_def"]["signature_def"]
+        if STREAM_SIGNATURE not in signatures:
+            raise NoStreamSignatureError(
+                None,
+                f"version {served} of model {self.model!r} has no {STREAM_SIGNATURE!r} "
+                "signature (exported with --no-stream, or a model that cannot stream)",
+                self._model_url(served),
+            )
+        inputs = signatures[STREAM_SIGNATURE]["inputs"]
+        states = {
+            name: int(info["tensor_shape"]["dim"][-1]["size"])
+            for name, info in sorted(inputs.items())
+            if name != SEQUENCE_INPUT
+        }
+        return served, states
+
+    def stream(self, chunks: Iterable[Any], version: int | None = None) -> Iterator[dict]:
+        """Send `chunks` one after another to the `stream` signature, carrying the states.
+
+        The version is read once and pinned: a newer version loaded meanwhile
+        must not receive states of another model (its removal ends the stream
+        with a 404 `ServingError`). Each request is independent on the server,
+        so the retries of 503 answers are as safe as for `predict`.
+
+        Args:
+            chunks: Arrays or nested lists, each `(t, m)` for one sequence or
+                `(batch, t, m)` for a batch (the same batch size throughout).
+            version: Optional integer version; the served one when `None`.
+
+        Yields:
+            The head's outputs after each chunk (states left out), for one
+            sequence without the batch axis.
+        """
+        version, sizes = self.stream_states(version)
+        states = None
+        for chunk in chunks:
+            chunk = _tolist(chunk)
+            single = _depth(chunk) == 2
+            batch = [chunk] if single else chunk
+            if not isinstance(batch, list) or _depth(batch) != 3:
+                raise invalid("chunks", "arrays of shape (t, m) or (batch, t, m)", chunk)
+            if states is None:
+                states = {name: [[0.0] * size for _ in batch] for name, size in sizes.items()}
+            body = {
+                "signature_name": STREAM_SIGNATURE,
+                "inputs": {SEQUENCE_INPUT: batch, **states},
+            }
+            outputs = self.request("POST", self._model_url(version) + ":predict", body)["outputs"]
+            states = {name: outputs[name] for name in sizes}
+            answer = {name: value for name, value in outputs.items() if name not in sizes}
+            yield {name: value[0] for name, value in answer.items()} if single else answer
+
+
+class NoStreamSignatureError(ServingError):
+    """The served model version has no `stream` signature."""
+
+
+def stream(
+    url: str,
+    chunks: Iterable[Any],
+    model: str,
+    version: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    retries: int = 3,
+    backoff: float = 0.2,
+) -> Iterator[dict]:
+    """`ServingClient(url, model, timeout, retries, backoff).stream(chunks, version)`.
+
+    Args:
+        url: Base URL, e.g. `http://127.0.0.1:8501`.
+        chunks: As in `ServingClient.stream`.
+        model: The model name.
+        version: Optional integer version; the served one when `None`.
+        timeout: Seconds to wait for each response.
+        retries: How many times to retry a 503.
+        backoff: Seconds before the first retry, doubled after each.
+
+    Yields:
+        The head's outputs after each chunk, as `ServingClient.stream`.
+    """
+    client = ServingClient(url, model, timeout, retries, backoff)
+    yield from client.stream(chunks, version)
+
+
+def _depth(value: Any) -> int:
+    """How many list levels `value` has along its first elements."""
+    depth = 0
+    while isinstance(value, list) and value:
+        value, depth = value[0], depth + 1
+    return depth
+
 
 def _tolist(value: Any) -> Any:
     """Nested NumPy arrays (or anything with `tolist`) as JSON-ready lists."""
@@ -173,10 +280,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", type=int)
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS)
     parser.add_argument("--retries", type=int, default=3)
-    parser.add_argument("command", choices=["status", "metadata", "predict"])
+    parser.add_argument("command", choices=["status", "metadata", "predict", "stream"])
     parser.add_argument("--instances-file", help="JSON list of instances (predict)")
     parser.add_argument("--columnar", action="store_true", help="send them as `inputs`")
     parser.add_argument("--signature-name")
+    parser.add_argument("--sequence-file", help=".npy sequence, (T, m) or (batch, T, m) (stream)")
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=DEFAULT_CHUNK,
+        help=f"steps per request (default {DEFAULT_CHUNK})",
+    )
     args = parser.parse_args(argv)
     return run(parser.prog, lambda: _call(args), {ServingError: EXIT_FAILURE})
 
@@ -184,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
 def _call(args: argparse.Namespace) -> None:
     """Sends the command's request and prints the JSON answer."""
     client = ServingClient(args.url, args.model, args.timeout, args.retries)
+    if args.command == "stream":
+        _stream(client, args)
+        return
     if args.command == "status":
         result = client.status(args.version)
     elif args.command == "metadata":
@@ -196,6 +313,40 @@ def _call(args: argparse.Namespace) -> None:
         )
     json.dump(result, sys.stdout, indent=2)
     print()
+
+
+def _stream(client: ServingClient, args: argparse.Namespace) -> None:
+    """Streams `--sequence-file` in `--chunk`-step chunks; one JSON line per answer."""
+    if isinstance(args.chunk, bool) or args.chunk < 1:
+        raise invalid("--chunk", "a positive number of steps", args.chunk)
+    sequence = _read_sequence(args.sequence_file)
+    steps = sequence.shape[-2]
+    starts = range(0, steps, args.chunk)
+    chunks = (sequence[..., start : start + args.chunk, :] for start in starts)
+    for start, answer in zip(starts, client.stream(chunks, args.version), strict=False):
+        seen = min(start + args.chunk, steps)
+        print(json.dumps({"steps": seen, **answer}), flush=True)
+
+
+def _read_sequence(path: str | None) -> Any:
+    """The `--sequence-file` array, `(T, m)` or `(batch, T, m)`, or a one-line usage error."""
+    import numpy as np  # only `stream` reads arrays
+
+    if not path:
+        raise invalid("--sequence-file", "a .npy file for `stream`", Literal("none"))
+    try:
+        sequence = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise invalid(
+            "--sequence-file", "a readable .npy file", Literal(f"{path!r} ({error})")
+        ) from None
+    if sequence.ndim not in (2, 3) or 0 in sequence.shape:
+        raise invalid(
+            "--sequence-file",
+            "a non-empty array of shape (T, m) or (batch, T, m)",
+            Literal(f"{path!r} of shape {sequence.shape}"),
+        )
+    return sequence.astype("float32")
 
 
 def _read_batch(path: str | None) -> Any:

@@ -12,6 +12,13 @@ name of its output layer (`training.models.HEAD_LAYER_NAMES`):
 * per_step_classification, `(batch, T, classes)` logits: `probabilities`,
   `class_ids` (`(batch, T)`) and `logits`.
 
+Two more signatures, where the model allows (`serving.signatures`): `stream`
+takes a chunk `sequence` of any length and the recurrent states (`state_*`,
+zeros to start) and returns the head's outputs after the chunk and the new
+states; `padded` takes `sequence` padded at the end with anything and each
+example's `length`. A model that cannot have one is exported without it and a
+note says why; `--no-stream` and `--no-padded` leave them out.
+
 `--head` overrides the recorded head. Errors print one line and exit with status 2
 (invalid arguments, a version that exists) or 1 (the model cannot be read, the export
 cannot be written).
@@ -41,6 +48,17 @@ from apputil.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, run
 from apputil.errors import Literal, UsageError, invalid
 from apputil.files import fsync_directory, fsync_tree
 from apputil.quiet import import_keras, import_tensorflow
+from serving.names import check_version, parse_version, version_folder
+from serving.signatures import (
+    PADDED_SIGNATURE,
+    STREAM_SIGNATURE,
+    StreamPlanError,
+    head_outputs,
+    padded_endpoint,
+    padded_plan,
+    stream_endpoint,
+    stream_plan,
+)
 
 if TYPE_CHECKING:
     import keras
@@ -154,26 +172,26 @@ def resolve_head(model: keras.Model, head: str | None = None) -> tuple[str, str]
 
 
 def _serve(model: keras.Model, head: str) -> Callable:
-    tf = import_tensorflow()  # heavy: only an export makes TensorFlow objects
-
     def serve(sequence):
-        outputs = tf.cast(model(sequence, training=False), tf.float32)
-        if head == "regression":
-            return {"value": tf.squeeze(outputs, -1) if outputs.shape[-1] == 1 else outputs}
-        ids = "class_id" if head == "classification" else "class_ids"
-        return {
-            "probabilities": tf.nn.softmax(outputs, axis=-1),
-            ids: tf.argmax(outputs, axis=-1, output_type=tf.int64),
-            "logits": outputs,
-        }
+        return head_outputs(model(sequence, training=False), head)
 
     return serve
 
 
 def build_archive(
-    model: keras.Model, variable_length: bool = False, head: str | None = None
+    model: keras.Model,
+    variable_length: bool = False,
+    head: str | None = None,
+    stream: bool = True,
+    padded: bool = True,
+    notes: list[str] | None = None,
 ) -> keras.export.ExportArchive:
     """An `ExportArchive` whose `serving_default` maps `sequence` to the head's outputs.
+
+    Beside it, where the model allows (see `serving.signatures`), `stream`
+    takes a chunk of any length and the recurrent states and returns the
+    head's outputs and the new states, and `padded` takes `(batch, T, m)`
+    sequences padded with anything and their `length`.
 
     Args:
         model: A Keras model from `(batch, T, m)` float32 sequences to the
@@ -181,6 +199,9 @@ def build_archive(
         variable_length: Boolean, accept any number of time steps instead of
             the model's fixed `T` (only for models built with `T=None`).
         head: One of `HEADS`, or None for the head recorded in `model`.
+        stream: Boolean, add the `stream` signature if the model can stream.
+        padded: Boolean, add the `padded` signature if the model can mask padding.
+        notes: Optional list; one line is appended per signature left out and why.
 
     Returns:
         A `keras.export.ExportArchive` ready for `write_out`.
@@ -200,6 +221,21 @@ def build_archive(
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(name=SIGNATURE_NAME, fn=_serve(model, head), input_signature=[spec])
+    notes = [] if notes is None else notes
+    steps, features = spec.shape[1], spec.shape[2]
+    for name, wanted, plan, endpoint in (
+        (STREAM_SIGNATURE, stream, stream_plan, lambda p: stream_endpoint(p, head, features)),
+        (PADDED_SIGNATURE, padded, padded_plan,
+         lambda p: padded_endpoint(p, head, steps, features)),
+    ):  # fmt: skip
+        if not wanted:
+            continue
+        try:
+            fn, signature = endpoint(plan(model))
+        except StreamPlanError as error:
+            notes.append(f"no `{name}` signature: {error}")
+            continue
+        archive.add_endpoint(name=name, fn=fn, input_signature=signature)
     return archive
 
 
@@ -271,12 +307,20 @@ def _exists_error(version: int, target: str, how: str = "exists") -> VersionExis
 
 
 def _check_version(export_base: str | os.PathLike, version: int) -> str:
-    """The target folder of `version`; raises if it is invalid or exported already."""
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise invalid("version", "a positive integer", version)
-    target = os.path.join(export_base, str(version))
+    """The target folder of `version` (`serving.names`); raises if invalid or exported."""
+    check_version(version)
+    if os.path.exists(export_base) and not os.path.isdir(export_base):
+        raise invalid("export_base", "a folder, or a path to create one", str(export_base))
+    target = os.path.join(export_base, version_folder(version))
     if os.path.exists(target):
         raise _exists_error(version, target)
+    try:
+        names = os.listdir(export_base)
+    except OSError:  # missing or unreadable: the write says why, if it fails
+        names = []
+    for name in names:  # the server reads `007` as version 7 too
+        if parse_version(name) == version:
+            raise _exists_error(version, os.path.join(export_base, name))
     return target
 
 
@@ -286,6 +330,9 @@ def export_model(
     version: int,
     variable_length: bool = False,
     head: str | None = None,
+    stream: bool = True,
+    padded: bool = True,
+    notes: list[str] | None = None,
 ) -> str:
     """Write `model` to `export_base/<version>` atomically, never over an existing version.
 
@@ -300,6 +347,9 @@ def export_model(
         version: Positive integer, the version to write.
         variable_length: Boolean, as in `build_archive`.
         head: As in `build_archive`.
+        stream: As in `build_archive`.
+        padded: As in `build_archive`.
+        notes: As in `build_archive`: why a signature was left out.
 
     Returns:
         The path of the written version folder.
@@ -313,7 +363,7 @@ def export_model(
     target = _check_version(export_base, version)
     if isinstance(model, str | os.PathLike):
         model = load_keras_model(model)
-    archive = build_archive(model, variable_length, head)
+    archive = build_archive(model, variable_length, head, stream, padded, notes)
     os.makedirs(export_base, exist_ok=True)
     remove_stale_staging(export_base)
     staging = tempfile.mkdtemp(prefix=f".tmp-{version}-{os.getpid()}@{_host()}-", dir=export_base)
@@ -337,7 +387,13 @@ def export_model(
 
 
 def _write(archive: keras.export.ExportArchive, staging: str) -> None:
-    archive.write_out(staging, verbose=False)
+    tf = import_tensorflow()
+    try:
+        archive.write_out(staging, verbose=False)
+    except tf.errors.OpError as error:  # TensorFlow's own I/O errors (a full disk) are no OSError
+        reason = (str(error.message).strip().splitlines() or [""])[0][:300]
+        base = os.path.dirname(staging)
+        raise ExportWriteError(f"cannot write the export to {base!r}: {reason}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=HEADS,
         help="the model's head, for models that do not record it (default: recorded)",
     )
+    parser.add_argument("--no-stream", action="store_true", help="leave out the `stream` signature")
+    parser.add_argument("--no-padded", action="store_true", help="leave out the `padded` signature")
     args = parser.parse_args(argv)
     expected = {
         ModelFileError: EXIT_FAILURE,
@@ -374,9 +432,13 @@ def _export(prog: str, args: argparse.Namespace) -> None:
     _check_version(args.export_base, args.version)
     model = load_keras_model(args.model)
     head, how = resolve_head(model, args.head)
+    notes: list[str] = []
     try:
-        target = export_model(model, args.export_base, args.version, args.variable_length, head)
-    except (UsageError, VersionExistsError):
+        target = export_model(
+            model, args.export_base, args.version, args.variable_length, head,
+            stream=not args.no_stream, padded=not args.no_padded, notes=notes,
+        )  # fmt: skip
+    except (UsageError, VersionExistsError, ExportWriteError):
         raise
     except OSError as error:
         raise ExportWriteError(
@@ -384,6 +446,8 @@ def _export(prog: str, args: argparse.Namespace) -> None:
         ) from error
     if how not in ("recorded", "given"):
         print(f"{prog}: note: exported as {head}, {how}", file=sys.stderr)
+    for note in notes:
+        print(f"{prog}: note: {note}", file=sys.stderr)
     print(target)
 
 

@@ -201,23 +201,31 @@ def parse_predict_request(
             else "Request must contain either 'instances' or 'inputs', not both"
         )
     columns = _rows_to_columns(request["instances"], specs) if has_rows else request["inputs"]
-    # One input may be sent bare or named, as TensorFlow Serving allows.
-    if (
-        not has_rows
-        and len(specs) == 1
-        and not (isinstance(columns, dict) and set(columns) == set(specs))
-    ):
+    # One input may be sent bare or named, as TensorFlow Serving allows; an object is
+    # always named inputs (a tensor is never an object), so unknown names are reported.
+    if not has_rows and len(specs) == 1 and not isinstance(columns, dict):
         columns = {next(iter(specs)): columns}
-    if not isinstance(columns, dict) or set(columns) != set(specs):
-        raise _bad(
-            f"Expected inputs {sorted(specs)}, got "
-            f"{sorted(columns) if isinstance(columns, dict) else 'a single unnamed tensor'}"
-        )
+    if not isinstance(columns, dict):
+        raise _bad(f"Expected inputs {sorted(specs)}, got a single unnamed tensor")
+    if set(columns) != set(specs):
+        raise _bad(_inputs_mismatch(columns, specs))
     budget = [max_elements]
     arrays = {name: as_input_array(columns[name], specs[name], name, budget) for name in specs}
     if len({a.shape[0] for a in arrays.values() if a.ndim}) > 1:
         raise _bad("Inputs have different batch sizes")
     return signature_name, arrays, has_rows
+
+
+def _inputs_mismatch(sent, specs):
+    """TensorFlow Serving's message for inputs that are not the signature's (predict_util.cc)."""
+    sent, wanted = sorted(sent), sorted(specs)
+    extra = [name for name in sent if name not in specs]
+    missing = [name for name in wanted if name not in sent]
+    return (
+        f"input size does not match signature: {len(sent)}!={len(wanted)} "
+        f"len({{{','.join(sent)}}}) != len({{{','.join(wanted)}}}). "
+        f"Sent extra: {{{','.join(extra)}}}. Missing but required: {{{','.join(missing)}}}."
+    )
 
 
 def _rows_to_columns(instances, specs):
@@ -228,8 +236,10 @@ def _rows_to_columns(instances, specs):
         raise _bad("'instances' is an empty list (empty batch)")
     names = list(specs)
     if all(isinstance(row, dict) for row in instances):
-        if any(set(row) != set(names) for row in instances):
+        if any(set(row) != set(instances[0]) for row in instances):
             raise _bad(f"Every instance must have exactly the keys {names}")
+        if set(instances[0]) != set(names):
+            raise _bad(_inputs_mismatch(instances[0], specs))
         return {name: [row[name] for row in instances] for name in names}
     if len(names) != 1 or any(isinstance(row, dict) for row in instances):
         raise _bad(
@@ -265,19 +275,6 @@ def predict(
     batch = next(iter(outputs.values())).shape[0]
     columns = {name: value.tolist() for name, value in sorted(outputs.items())}
     return {"predictions": [{name: col[i] for name, col in columns.items()} for i in range(batch)]}
-
-
-def model_status(servable: Servable) -> dict:
-    """The `GET /v1/models/NAME` body for the served version."""
-    return {
-        "model_version_status": [
-            {
-                "version": str(servable.version),
-                "state": "AVAILABLE",
-                "status": {"error_code": "OK", "error_message": ""},
-            }
-        ]
-    }
 
 
 def model_metadata(servable: Servable, name: str) -> dict:

@@ -1,0 +1,386 @@
+"""The `stream` and `padded` signatures: chunked equals whole, padding masked, served, streamed."""
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_antisym import AntisymmetricCell, AntisymmetricRNN, GatedAntisymmetricRNN
+from serving.client import NoStreamSignatureError, ServingClient, stream
+from serving.export import export_model
+from tests.serving_helpers import (
+    NO_KERAS_PRELUDE,
+    REPO_ROOT,
+    ThreadServer,
+    http_call,
+    work_dir,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+T, M, UNITS = 14, 2, 5
+HEAD_NAMES = {
+    "classification": ["class_id", "logits", "probabilities"],
+    "regression": ["value"],
+    "per_step_classification": ["class_ids", "logits", "probabilities"],
+}
+
+
+def _recurrent(kind, **kwargs):
+    return {
+        "antisymmetric": lambda: AntisymmetricRNN(UNITS, epsilon=0.2, gamma=0.01, **kwargs),
+        "gated": lambda: GatedAntisymmetricRNN(UNITS, epsilon=0.2, **kwargs),
+        "rnn_cell": lambda: keras.layers.RNN(AntisymmetricCell(UNITS, epsilon=0.2), **kwargs),
+        "simple_rnn": lambda: keras.layers.SimpleRNN(UNITS, **kwargs),
+        "gru": lambda: keras.layers.GRU(UNITS, **kwargs),
+        "lstm": lambda: keras.layers.LSTM(UNITS, **kwargs),
+    }[kind]()
+
+
+# kind -> (recurrent layers, head): every layer type and every head the export knows.
+CASES = {
+    "antisymmetric": (["antisymmetric"], "classification"),
+    "gated": (["gated"], "regression"),
+    "rnn_cell": (["rnn_cell"], "classification"),
+    "simple_rnn": (["simple_rnn"], "per_step_classification"),
+    "gru": (["gru"], "classification"),
+    "lstm": (["lstm"], "regression"),
+    "stacked": (["antisymmetric", "lstm", "gated"], "classification"),
+    "stacked_per_step": (["gated", "antisymmetric"], "per_step_classification"),
+}
+
+
+def _model(kind, steps=T):
+    """A seeded model of `kind`; stacked ones have per-step layers between the RNNs."""
+    keras.utils.set_random_seed(7)
+    kinds, head = CASES[kind]
+    per_step = head == "per_step_classification"
+    layers = [keras.Input((steps, M))]
+    for index, name in enumerate(kinds):
+        last = index == len(kinds) - 1
+        layers.append(_recurrent(name, return_sequences=per_step or not last))
+        if not last:  # per-step layers between recurrent ones
+            layers += [
+                keras.layers.Dropout(0.3),
+                keras.layers.Dense(6, activation="tanh"),
+                keras.layers.LayerNormalization(),
+                # Keras' TimeDistributed loses steps in a graph of unknown T (its
+                # vectorized_map); the stream signature applies it itself.
+                keras.layers.TimeDistributed(keras.layers.Dense(4))
+                if steps
+                else keras.layers.Dense(4),
+            ]
+    width = 1 if head == "regression" else 3
+    layers.append(keras.layers.Dense(width, name=f"{head}_head"))
+    model = keras.Sequential(layers, name=kind)
+    for weight in model.weights:  # away from zero biases: a wrong state would show
+        weight.assign(weight + np.random.default_rng(1).normal(0, 0.1, weight.shape))
+    return model
+
+
+@functools.cache
+def _exported(kind, variable_length=False):
+    """`(model, signatures)` of the model of `kind`, exported and loaded back."""
+    import tensorflow as tf
+
+    model = _model(kind, None if variable_length else T)
+    base = work_dir("stream", f"{kind}-{variable_length}")
+    notes = []
+    path = export_model(model, base, 1, variable_length=variable_length, notes=notes)
+    assert notes == []
+    loaded = tf.saved_model.load(path)
+    _exported.keep = getattr(_exported, "keep", []) + [loaded]  # signatures need it alive
+    return model, dict(loaded.signatures), path
+
+
+def _numpy(outputs):
+    return {name: value.numpy() for name, value in outputs.items()}
+
+
+def _run_stream(signature, x, chunk):
+    """The stream signature fed `x` chunk by chunk from zero states: per-chunk answers."""
+    import tensorflow as tf
+
+    inputs = signature.structured_input_signature[1]
+    states = {
+        name: tf.zeros([len(x), spec.shape[1]])
+        for name, spec in inputs.items()
+        if name != "sequence"
+    }
+    answers = []
+    for start in range(0, x.shape[1], chunk):
+        out = signature(sequence=tf.constant(x[:, start : start + chunk]), **states)
+        states = {name: out[name] for name in states}
+        answers.append(_numpy({k: v for k, v in out.items() if k not in states}))
+    return answers
+
+
+def _assert_close(got, expected, names):
+    assert sorted(got) == names
+    for name in names:
+        if name in ("class_id", "class_ids"):
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name], expected[name], atol=1e-5, rtol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_chunked_equals_whole_and_padded_equals_unpadded(kind):
+    import tensorflow as tf
+
+    _, signatures, _ = _exported(kind)
+    assert sorted(signatures) == ["padded", "serving_default", "stream"]
+    head = CASES[kind][1]
+    names = HEAD_NAMES[head]
+    x = np.random.default_rng(0).normal(size=(3, T, M)).astype("float32")
+    whole = _numpy(signatures["serving_default"](sequence=tf.constant(x)))
+    for chunk in (1, 7, T):
+        answers = _run_stream(signatures["stream"], x, chunk)
+        if head == "per_step_classification":  # one answer per step of each chunk
+            got = {name: np.concatenate([a[name] for a in answers], 1) for name in names}
+        else:
+            got = answers[-1]
+        _assert_close(got, whole, names)
+    # Padded (fixed T): each example as the stream signature answers its unpadded steps.
+    lengths = np.array([T, 1, 9], "int32")
+    garbage = x.copy()
+    for i, length in enumerate(lengths):
+        garbage[i, length:] = np.random.default_rng(i).uniform(-1e4, 1e4, (T - length, M))
+    padded = _numpy(signatures["padded"](sequence=tf.constant(garbage), length=lengths))
+    for i, length in enumerate(lengths):
+        (alone,) = _run_stream(signatures["stream"], x[i : i + 1, :length], T)
+        got = {name: value[i : i + 1] for name, value in padded.items()}
+        if head == "per_step_classification":
+            got, rest = (
+                {k: v[:, :length] for k, v in got.items()},
+                {k: v[:, length:] for k, v in got.items()},
+            )
+            assert (rest["class_ids"] == -1).all()
+            assert not rest["probabilities"].any() and not rest["logits"].any()
+        _assert_close(got, alone, names)
+
+
+@pytest.mark.parametrize("kind", ["stacked_per_step", "lstm"])
+def test_padded_equals_unpadded_with_random_lengths(kind):
+    """`--variable-length` exports: `padded` with garbage against `serving_default` unpadded."""
+    import tensorflow as tf
+
+    _, signatures, _ = _exported(kind, variable_length=True)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6, 20, M)).astype("float32")
+    lengths = rng.integers(1, 21, size=6).astype("int32")
+    garbage = x.copy()
+    for i, length in enumerate(lengths):
+        garbage[i, length:] = rng.choice([0.0, 1e3, -7.5]) + rng.normal(size=(20 - length, M))
+    padded = _numpy(signatures["padded"](sequence=tf.constant(garbage), length=lengths))
+    for i, length in enumerate(lengths):
+        alone = _numpy(signatures["serving_default"](sequence=tf.constant(x[i : i + 1, :length])))
+        got = {name: value[i : i + 1] for name, value in padded.items()}
+        if CASES[kind][1] == "per_step_classification":
+            got = {k: v[:, :length] for k, v in got.items()}
+        _assert_close(got, alone, sorted(alone))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="length"):
+        signatures["padded"](sequence=tf.constant(x), length=np.array([0, 1, 1, 1, 1, 21], "int32"))
+
+
+# Loads the export where Keras cannot be imported and runs its three signatures.
+_THREE_WITHOUT_KERAS = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+try:
+    import keras  # noqa
+    sys.exit("keras is importable: the blocker does not work")
+except ImportError:
+    pass
+loaded = tf.saved_model.load(sys.argv[1])
+x = np.load(sys.argv[2])
+sigs = loaded.signatures
+inputs = sigs["stream"].structured_input_signature[1]
+states = {n: tf.zeros([len(x), s.shape[1]]) for n, s in inputs.items() if n != "sequence"}
+for start in range(0, x.shape[1], 5):
+    out = sigs["stream"](sequence=tf.constant(x[:, start:start + 5]), **states)
+    states = {n: out[n] for n in states}
+padded = sigs["padded"](sequence=tf.constant(x), length=tf.fill([len(x)], x.shape[1]))
+whole = sigs["serving_default"](sequence=tf.constant(x))
+json.dump({"stream": out["logits"].numpy().tolist(), "padded": padded["logits"].numpy().tolist(),
+           "whole": whole["logits"].numpy().tolist(), "states": sorted(states)}, sys.stdout)
+assert not [m for m in sys.modules if m.split(".")[0] in ("keras", "keras_antisym")]
+"""
+
+
+def test_three_signatures_load_and_run_without_keras():
+    model, _, path = _exported("stacked")
+    x = np.random.default_rng(5).normal(size=(2, T, M)).astype("float32")
+    x_path = work_dir("stream-x.npy")
+    np.save(x_path, x)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_KERAS_PRELUDE + _THREE_WITHOUT_KERAS, path, x_path],
+        cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    expected = model.predict(x, verbose=0)
+    for name in ("stream", "padded", "whole"):
+        np.testing.assert_allclose(answer[name], expected, atol=1e-5, rtol=0, err_msg=name)
+    patterns = [r"state_antisymmetric_rnn\w*_0", r"state_gated_antisymmetric_rnn\w*_0",
+                r"state_lstm\w*_0", r"state_lstm\w*_1"]  # fmt: skip
+    assert len(answer["states"]) == 4
+    for pattern in patterns:
+        assert any(re.fullmatch(pattern, name) for name in answer["states"]), answer["states"]
+
+
+@pytest.fixture(scope="module")
+def lstm_server():
+    """The LSTM export (two states) served in this process."""
+    _, signatures, path = _exported("lstm")
+    server = ThreadServer(os.path.dirname(path), "lstm")
+    try:
+        yield server, signatures
+    finally:
+        server.stop()
+
+
+def test_metadata_lists_the_three_signatures(lstm_server):
+    server, _ = lstm_server
+    status, body = http_call(f"{server.url}/v1/models/lstm/metadata")
+    assert status == 200
+    signatures = body["metadata"]["signature_def"]["signature_def"]
+
+    def shapes(part, name):
+        return {
+            key: [int(d["size"]) for d in value["tensor_shape"]["dim"]]
+            for key, value in signatures[name][part].items()
+        }
+
+    assert {"serving_default", "stream", "padded"} <= set(signatures)
+    assert shapes("inputs", "stream") == {
+        "sequence": [-1, -1, M], "state_lstm_0": [-1, UNITS], "state_lstm_1": [-1, UNITS]
+    }  # fmt: skip
+    assert shapes("outputs", "stream") == {
+        "value": [-1], "state_lstm_0": [-1, UNITS], "state_lstm_1": [-1, UNITS]
+    }  # fmt: skip
+    assert shapes("inputs", "padded") == {"sequence": [-1, T, M], "length": [-1]}
+    assert signatures["padded"]["inputs"]["length"]["dtype"] == "DT_INT32"
+
+
+def test_server_answers_stream_in_both_formats_and_refuses_bad_states(lstm_server):
+    import tensorflow as tf
+
+    server, signatures = lstm_server
+    url = f"{server.url}/v1/models/lstm:predict"
+    x = np.random.default_rng(2).normal(size=(2, 4, M)).astype("float32")
+    h = np.random.default_rng(3).normal(size=(2, UNITS)).astype("float32")
+    inputs = {"sequence": x, "state_lstm_0": h, "state_lstm_1": -h}
+    expected = _numpy(signatures["stream"](**{k: tf.constant(v) for k, v in inputs.items()}))
+    lists = {k: v.tolist() for k, v in inputs.items()}
+    status, columns = http_call(url, "POST", {"signature_name": "stream", "inputs": lists})
+    assert status == 200, columns
+    rows = [{k: v[i] for k, v in lists.items()} for i in range(2)]
+    status, answer = http_call(url, "POST", {"signature_name": "stream", "instances": rows})
+    assert status == 200, answer
+    for name, value in expected.items():
+        np.testing.assert_allclose(columns["outputs"][name], value, atol=1e-6)
+        np.testing.assert_allclose([p[name] for p in answer["predictions"]], value, atol=1e-6)
+    padded = {"sequence": np.zeros((1, T, M)).tolist(), "length": [3]}
+    status, answer = http_call(url, "POST", {"signature_name": "padded", "inputs": padded})
+    assert status == 200 and len(answer["outputs"]) == 1, answer
+    narrow = {**lists, "state_lstm_1": h[:, :-1].tolist()}
+    missing = {k: v for k, v in lists.items() if k != "state_lstm_1"}
+    bad = [
+        ("wrong state width", {"inputs": narrow}, "state_lstm_1"),
+        ("wrong state width, rows", {"instances": _rows(narrow)}, "state_lstm_1"),
+        ("wrong state rank", {"inputs": {**lists, "state_lstm_0": h[0].tolist()}}, "state_lstm_0"),
+        ("wrong state rank, rows",
+         {"instances": [{**row, "state_lstm_0": [row["state_lstm_0"]]} for row in rows]},
+         "state_lstm_0"),
+        ("wrong state batch", {"inputs": {**lists, "state_lstm_0": h[:1].tolist()}}, "batch"),
+        ("missing state", {"inputs": missing}, "Missing but required: {state_lstm_1}"),
+        ("missing state, rows", {"instances": _rows(missing)},
+         "Missing but required: {state_lstm_1}"),
+    ]  # fmt: skip
+    for case, body, message in bad:
+        status, answer = http_call(url, "POST", {"signature_name": "stream", **body})
+        assert status == 400 and message in answer["error"], (case, answer)
+    for request in (
+        {"signature_name": "streaming", "inputs": lists},
+        {"signature_name": "padded", "inputs": {"sequence": padded["sequence"]}},
+        {"signature_name": "padded", "inputs": {**padded, "length": [T + 1]}},
+    ):
+        status, answer = http_call(url, "POST", request)
+        assert status == 400 and answer["error"].strip(), (request, answer)
+    status, answer = http_call(url, "POST", {"instances": x[:, :1].repeat(T, 1).tolist()})
+    assert status == 200 and len(answer["predictions"]) == 2  # serving_default as before
+
+
+def _rows(columns):
+    """Columnar inputs as instances (one object per example)."""
+    size = len(columns["sequence"])
+    return [{name: value[i] for name, value in columns.items()} for i in range(size)]
+
+
+def test_client_stream_equals_whole_sequence(lstm_server, capsys):
+    server, signatures = lstm_server
+    import tensorflow as tf
+
+    x = np.random.default_rng(4).normal(size=(2, T, M)).astype("float32")
+    whole = signatures["serving_default"](sequence=tf.constant(x))["value"].numpy()
+    chunks = [x[:, start : start + 5] for start in range(0, T, 5)]
+    answers = list(stream(server.url, chunks, "lstm", timeout=30))
+    assert len(answers) == 3 and sorted(answers[-1]) == ["value"]
+    np.testing.assert_allclose(answers[-1]["value"], whole, atol=1e-5)
+    one = list(ServingClient(server.url, "lstm").stream(x[1, start : start + 4] for start in
+                                                        range(0, T, 4)))  # fmt: skip
+    np.testing.assert_allclose(one[-1]["value"], whole[1], atol=1e-5)
+    # The CLI: a .npy sequence in chunks of --chunk steps, one JSON line per answer.
+    from serving.client import main
+
+    path = work_dir("stream-sequence.npy")
+    np.save(path, x[0])
+    assert main(["--url", server.url, "--model", "lstm", "stream", "--sequence-file", path,
+                 "--chunk", "6"]) == 0  # fmt: skip
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["steps"] for line in lines] == [6, 12, T]
+    np.testing.assert_allclose(lines[-1]["value"], whole[0], atol=1e-5)
+    assert main(["--model", "m", "stream", "--sequence-file", path, "--chunk", "0"]) == 2
+    assert "`--chunk`" in capsys.readouterr().err
+
+
+def test_a_model_that_cannot_stream_is_exported_with_a_note_and_served(capsys):
+    import tensorflow as tf
+
+    from serving.export import main
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((T, M)), keras.layers.Bidirectional(keras.layers.GRU(3)),
+         keras.layers.Dense(3, name="classification_head")]
+    )  # fmt: skip
+    keras_path = work_dir("bidirectional.keras")
+    model.save(keras_path)
+    base = work_dir("stream", "bidirectional")
+    assert main(["--model", keras_path, "--export-base", base, "--version", "1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "note: no `stream` signature: layer 'bidirectional'" in err[0], err
+    signatures = tf.saved_model.load(os.path.join(base, "1")).signatures
+    assert sorted(signatures) == ["padded", "serving_default"]
+    assert main(["--model", keras_path, "--export-base", base, "--version", "2",
+                 "--no-stream", "--no-padded"]) == 0  # fmt: skip
+    assert list(tf.saved_model.load(os.path.join(base, "2")).signatures) == ["serving_default"]
+    x = np.random.default_rng(0).normal(size=(2, T, M)).astype("float32")
+    server = ThreadServer(base, "bidi")
+    try:
+        client = ServingClient(server.url, "bidi")
+        answer = client.predict(inputs=x)["outputs"]
+        np.testing.assert_allclose(answer["logits"], model.predict(x, verbose=0), atol=1e-5)
+        with pytest.raises(NoStreamSignatureError, match="no 'stream' signature"):
+            list(client.stream([x]))
+    finally:
+        server.stop()
