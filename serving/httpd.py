@@ -8,8 +8,14 @@ each whole request before the app sees it. On top, this module:
   and turns its 501 for an unknown Transfer-Encoding into a 400;
 - refuses ambiguous framing that waitress tolerates (Transfer-Encoding with
   Content-Length, or on HTTP/1.0) with a 400 and closes the connection;
-- closes connections that take longer than `request_timeout` to send one
-  request (slow headers or body), which waitress's idle timeout misses;
+- closes connections that take longer than `header_timeout` to send a request's
+  line and headers (counted from the connection's start for its first request) or
+  `request_timeout` to send one whole request, which waitress's idle timeout misses;
+- never invites a refused request's body: `Expect: 100-continue` with a
+  Content-Length over the cap (or any other error in the head) gets the error at
+  once, not "100 Continue";
+- drains on request (`ServerThread.drain`, for SIGTERM): stops accepting, answers
+  what is in flight with `Connection: close`, then stops;
 - reads and drops what a refused client still sends for a few seconds before
   closing ("lingering close"), so that it reads the error instead of a reset.
 """
@@ -17,6 +23,7 @@ each whole request before the app sees it. On top, this module:
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -31,6 +38,8 @@ from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher
 from waitress.utilities import BadRequest
 
+log = logging.getLogger("serving.server")
+
 LINGER_SECONDS = 5.0
 LINGER_FACTOR = 4  # drop at most this many times the body cap while lingering
 
@@ -43,6 +52,14 @@ class StrictParser(HTTPRequestParser):
         self.started = time.monotonic()  # the request timeout counts from the first byte
 
     def received(self, data):
+        consumed = self._received(data)
+        if self.error is not None:
+            # waitress would still send "100 Continue" (and read the whole body) for a
+            # request it has refused from its head, e.g. a Content-Length over the cap.
+            self.expect_continue = False
+        return consumed
+
+    def _received(self, data):
         if self.body_rcv is None and not self.completed:
             # waitress waits for CRLF CRLF; a request ended by bare LFs would hang until
             # the request timeout, so refuse it now.
@@ -91,6 +108,30 @@ class LingeringChannel(HTTPChannel):
     parser_class = StrictParser
     linger = False  # set by JsonErrorTask: the client may still be sending
     linger_until = None
+    seen_request = False  # a request arrived whole: later silence is keep-alive idling
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.opened = time.monotonic()  # the first request's header deadline counts from here
+
+    def received(self, data):
+        result = super().received(data)
+        if self.requests:
+            self.seen_request = True
+            if self.server.draining:
+                _close_after(self.requests)
+        return result
+
+    def busy(self) -> bool:
+        """Whether a request is in progress here (partly received, queued, running, or
+        its answer unsent or lingering); an idle keep-alive connection is not."""
+        partial = self.request is not None and (
+            self.request.header_plus or self.request.headers_finished
+        )
+        return (
+            bool(self.requests or partial or self.total_outbufs_len or self.linger_until)
+            and self.connected
+        )
 
     def handle_close(self):
         if self.linger and self.linger_until is None and self.connected:
@@ -125,11 +166,30 @@ class LingeringChannel(HTTPChannel):
             super().handle_close()
 
 
+def _close_after(requests) -> None:
+    """Answer these requests with `Connection: close` (waitress reads the header)."""
+    for request in requests:
+        request.headers["CONNECTION"] = "close"
+
+
+def _has_input(sock: socket.socket) -> bool:
+    """Whether bytes (or the client's FIN) wait unread on `sock`."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # b"" (a FIN) counts too
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # let the channel's own read find the error
+    return True
+
+
 class LocalWSGIServer(TcpWSGIServer):
-    """waitress's TCP server with `request_timeout` and the channel above."""
+    """waitress's TCP server with header and request deadlines and the channel above."""
 
     channel_class = LingeringChannel
     request_timeout = 30.0
+    header_timeout = 10.0
+    draining = False
 
     def maintenance(self, now):
         super().maintenance(now)
@@ -139,27 +199,60 @@ class LocalWSGIServer(TcpWSGIServer):
             if channel.linger_until and mono > channel.linger_until:
                 channel.linger_until = 0.0
                 HTTPChannel.handle_close(channel)
-            elif (
-                request is not None
-                and not channel.requests
-                and mono - request.started > self.request_timeout
+            elif channel.requests:
+                continue  # complete: a worker answers it
+            elif request is None:
+                # Nothing sent yet on a new connection: it holds a slot like a slow
+                # header. Idle keep-alive connections are waitress's channel_timeout's.
+                if not channel.seen_request and mono - channel.opened > self.header_timeout:
+                    channel.will_close = True
+            elif mono - request.started > self.request_timeout or (
+                not request.headers_finished
+                and mono - (request.started if channel.seen_request else channel.opened)
+                > self.header_timeout
             ):
                 channel.will_close = True  # too slow: close without an answer
 
+    def accept_pending(self) -> int:
+        """Accept every connection waiting in the listen backlog; returns how many."""
+        accepted = 0
+        while True:
+            try:
+                pair = self.socket.accept()
+            except OSError:  # EAGAIN: the backlog is empty
+                return accepted
+            conn, addr = pair
+            conn.setblocking(False)
+            try:
+                self.set_socket_options(conn)
+            except OSError:  # the client is gone already
+                conn.close()
+                continue
+            self.channel_class(self, conn, self.fix_addr(addr), self.adj, map=self._map)
+            accepted += 1
+
 
 class ServerThread:
-    """A `LocalWSGIServer` with `serve_forever`/`shutdown`/`server_close`.
+    """A `LocalWSGIServer` with `serve_forever`/`drain`/`shutdown`/`server_close`.
 
     Args:
         app: The WSGI app.
         host: Interface to bind.
         port: TCP port (0: any free one).
         request_timeout: Seconds to receive one request's headers and body.
+        header_timeout: Seconds to receive a request's line and headers (for a
+            connection's first request, from when it was accepted).
         **adjustments: waitress adjustments (threads, connection_limit, ...).
     """
 
     def __init__(
-        self, app: Callable, host: str, port: int, request_timeout: float, **adjustments: Any
+        self,
+        app: Callable,
+        host: str,
+        port: int,
+        request_timeout: float,
+        header_timeout: float = 10.0,
+        **adjustments: Any,
     ):
         self.adj = Adjustments(host=host, port=port, **adjustments)
         self._map = {}
@@ -169,26 +262,86 @@ class ServerThread:
             app, self._map, dispatcher=self.dispatcher, adj=self.adj, sockinfo=self.adj.listen[0]
         )
         self.server.request_timeout = request_timeout
+        self.server.header_timeout = header_timeout
         self.server_address = (self.server.effective_host, int(self.server.effective_port))
         self._stop = threading.Event()
         self._stopped = threading.Event()
+        # Plain attributes, not locks: `drain` is called from signal handlers.
+        self._drain_deadline: float | None = None
+        self._force = False
+        self.dropped = 0  # requests cut off when a drain ran out of time or was forced
 
     def queued(self) -> int:
         """Requests waiting for a worker thread."""
         return len(self.dispatcher.queue)
 
+    def drain(self, seconds: float) -> None:
+        """Stop accepting, finish the requests in progress within `seconds`, then stop.
+
+        Safe to call from a signal handler. A second call stops at once. After
+        `serve_forever` returns, `dropped` counts the requests left unanswered.
+        """
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + seconds
+        else:
+            self._force = True
+        self.server.pull_trigger()  # a write to a pipe: wakes the event loop
+
     def serve_forever(self) -> None:
-        """Run the event loop until `shutdown()`."""
+        """Run the event loop until `shutdown()`, or until a `drain` is done."""
+        timeout = self.adj.asyncore_loop_timeout
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not self._force:
+                if self._drain_deadline is not None:
+                    if not self.server.draining:
+                        self._begin_drain()
+                        timeout = min(timeout, 0.1)  # check progress often
+                    busy = self._close_idle()
+                    if not busy:
+                        log.info("drained: every request in progress was answered")
+                        return
+                    if time.monotonic() > self._drain_deadline:
+                        break
+                    self.server.maintenance(time.time())  # the listener ran it before
                 wasyncore.loop(
-                    timeout=self.adj.asyncore_loop_timeout,
-                    map=self._map,
-                    use_poll=self.adj.asyncore_use_poll,
-                    count=1,
+                    timeout=timeout, map=self._map, use_poll=self.adj.asyncore_use_poll, count=1
                 )
+            if self.server.draining:
+                self.dropped = self._close_idle()
+                log.warning("stopped draining with %d requests unanswered", self.dropped)
         finally:
             self._stopped.set()
+
+    def _begin_drain(self) -> None:
+        server = self.server
+        server.draining = True
+        # Connections the kernel completed are clients that sent (or will send) a
+        # request believing they were accepted: take them before closing the socket,
+        # which would reset them.
+        accepted = server.accept_pending()
+        server.accepting = False
+        server.del_channel()
+        server.socket.close()
+        for channel in list(server.active_channels.values()):
+            _close_after(channel.requests)
+        left = self._drain_deadline - time.monotonic()
+        log.info(
+            "draining: not accepting connections (%d taken from the backlog), answering "
+            "the requests in progress within %.1f s",
+            accepted,
+            max(left, 0.0),
+        )
+
+    def _close_idle(self) -> int:
+        """Close connections with no request in progress; returns how many have one."""
+        busy = 0
+        for channel in list(self.server.active_channels.values()):
+            if channel.busy() or (channel.connected and _has_input(channel.socket)):
+                busy += 1
+            else:
+                channel.linger = False
+                channel.handle_close()
+        return busy
 
     def shutdown(self) -> None:
         """Stop the event loop (from another thread) and wait for it."""

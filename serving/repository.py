@@ -1,6 +1,7 @@
 """The versions of one exported model on disk, loaded with TensorFlow Serving's `latest` policy.
 
-`ModelRepository` serves the highest version under its base path that loads,
+`ModelRepository` serves the highest version under its base path that loads
+(version folder names follow `serving.names`),
 retries versions that failed to load (with back-off, at once when their files
 change), falls back to the next lower version when the served one is deleted,
 and keeps watching through any error.
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -18,12 +18,11 @@ from http import HTTPStatus
 from typing import Any
 
 from apputil.quiet import import_tensorflow
+from serving.names import parse_version
 from serving.payload import RestError
 
 log = logging.getLogger("serving.server")
 
-# ASCII digits only: str.isdigit() accepts "²" and other digits int() may reject.
-VERSION_NAME = re.compile(r"[0-9]{1,18}")
 MAX_RETRY_SECONDS = 30.0
 
 
@@ -78,13 +77,40 @@ def _specs(function):
     return function.structured_input_signature[1].values()
 
 
-class _Failure:
-    """A version that failed to load: when to try again, and the files it had."""
+# TensorFlow's error codes (tf.errors.OpError.error_code) by number, as TF Serving names them.
+_CODE_NAMES = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+)  # fmt: skip
+_MAX_MESSAGE = 500
 
-    def __init__(self, fingerprint, delay):
+
+def error_status(error: BaseException) -> tuple[str, str]:
+    """`(error_code, error_message)` of a load failure, as TF Serving reports one."""
+    code = getattr(error, "error_code", None)  # tf.errors.OpError, without importing TensorFlow
+    if isinstance(code, int) and 0 < code < len(_CODE_NAMES):
+        name, text = _CODE_NAMES[code], str(getattr(error, "message", error))
+    else:
+        name = (
+            "NOT_FOUND" if isinstance(error, FileNotFoundError)
+            else "PERMISSION_DENIED" if isinstance(error, PermissionError)
+            else "UNKNOWN"
+        )  # fmt: skip
+        text = f"{type(error).__name__}: {error}"
+    first = (text.strip().splitlines() or [""])[0]  # TensorFlow appends pages of context
+    return name, first[:_MAX_MESSAGE]
+
+
+class _Failure:
+    """A version that failed to load: when to try again, the files it had, why it failed."""
+
+    def __init__(self, fingerprint, delay, code, message):
         self.fingerprint = fingerprint
         self.delay = delay
         self.retry_at = time.monotonic() + delay
+        self.code, self.message = code, message
 
 
 def _fingerprint(path):
@@ -100,11 +126,31 @@ def _fingerprint(path):
     return tuple(sorted(found))
 
 
+def base_path_problem(base_path: str) -> str | None:
+    """Why `base_path` cannot hold versions (it is a version folder itself), or None."""
+    if os.path.isfile(os.path.join(base_path, "saved_model.pb")):
+        return (
+            f"{base_path!r} holds a saved_model.pb itself: it is a version folder, the base "
+            "path is its parent (versions are numbered sub-folders)"
+        )
+    return None
+
+
+def no_versions_message(name: str, base_path: str) -> str:
+    """TF Serving's words for a base path without versions."""
+    message = f"No versions of servable {name} found under base path {base_path}"
+    return f"{message} ({base_path_problem(base_path) or 'version folders are numbered: 1/, 2/'})"
+
+
 class ModelRepository:
     """The versions of one model under a base path; the highest loadable one is served.
 
+    Every version folder is reported by `status` with its state: AVAILABLE (served),
+    END with an error (failed to load, no saved_model.pb, two folders naming one
+    version) or END (an older version, not loaded).
+
     Args:
-        base_path: Folder with one sub-folder of ASCII digits per version.
+        base_path: Folder with one numbered sub-folder per version (`serving.names`).
         name: The model name in URLs.
         poll_seconds: Seconds between scans of `base_path`.
         loader: `loader(path, version)` returns a servable (tests swap it).
@@ -123,40 +169,79 @@ class ModelRepository:
         self._loader = loader
         self._current = None
         self._failed = {}  # version -> _Failure
+        self._listing = {}  # version -> (error_code, error_message) of folders not loadable
+        self._scanned = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
         self._last_error = None
 
-    def versions_on_disk(self) -> list[int]:
-        """Version numbers with a `saved_model.pb`, highest first; OSError if unreadable."""
-        found = []
+    def scan(self) -> tuple[dict[int, str], dict[int, tuple[str, str]]]:
+        """`({version: folder} loadable, highest first; {version: (code, message)} broken)`.
+
+        A folder is a version when `serving.names.parse_version` reads its name.
+        Broken: no saved_model.pb, or two folders naming one version. OSError if
+        the base path is unreadable.
+        """
+        folders: dict[int, list[str]] = {}
         with os.scandir(self.base_path) as entries:
             for entry in entries:
-                if VERSION_NAME.fullmatch(entry.name) and os.path.isfile(
-                    os.path.join(entry.path, "saved_model.pb")
-                ):
-                    found.append(int(entry.name))
-        return sorted(found, reverse=True)
+                version = parse_version(entry.name)
+                if version is not None and entry.is_dir():
+                    folders.setdefault(version, []).append(entry.name)
+        loadable, broken = {}, {}
+        for version in sorted(folders, reverse=True):
+            names = sorted(folders[version])
+            path = os.path.join(self.base_path, names[0])
+            if len(names) > 1:
+                broken[version] = (
+                    "FAILED_PRECONDITION",
+                    f"Folders {' and '.join(map(repr, names))} both name version {version}; "
+                    "remove or rename one",
+                )
+            elif not os.path.isfile(os.path.join(path, "saved_model.pb")):
+                broken[version] = ("NOT_FOUND", f"No saved_model.pb in {path}")
+            else:
+                loadable[version] = names[0]
+        return loadable, broken
+
+    def versions_on_disk(self) -> list[int]:
+        """Loadable version numbers, highest first; OSError if unreadable."""
+        return list(self.scan()[0])
 
     def refresh(self) -> None:
         """One scan: serve the highest version that loads, as TF Serving's `latest` does."""
-        versions = self.versions_on_disk()
-        self._failed = {v: f for v, f in self._failed.items() if v in versions}
+        loadable, broken = self.scan()
+        self._failed = {v: f for v, f in self._failed.items() if v in loadable}
         current = self._current
-        for version in versions:
+        if not loadable and not broken and (self._listing or not self._scanned):
+            log.warning(no_versions_message(self.name, self.base_path))
+        for version, (_, message) in broken.items():
+            if self._listing.get(version) != broken[version]:  # logged once, not every scan
+                log.error("Version %s of %s is not loaded: %s", version, self.name, message)
+        servable = None
+        for version, folder in loadable.items():
             if current is not None and version == current.version:
-                return  # nothing higher loaded: keep serving it
-            servable = self._try_load(version)
+                servable = current  # nothing higher loaded: keep serving it
+                break
+            servable = self._try_load(version, folder)
             if servable is not None:
-                self._set_current(servable)
-                return
-        if current is not None:
-            log.warning("Version %s of %s is gone and no other loads", current.version, self.name)
-            self._set_current(None)
+                break
+        listing = dict(broken)
+        for version in loadable:
+            failure = self._failed.get(version)
+            listing[version] = (failure.code, failure.message) if failure else ("OK", "")
+        with self._lock:
+            self._listing = dict(sorted(listing.items(), reverse=True))
+            self._scanned = True
+        if servable is not current:
+            if servable is None:
+                gone = current.version
+                log.warning("Version %s of %s is gone and no other loads", gone, self.name)
+            self._set_current(servable)
 
-    def _try_load(self, version):
-        path = os.path.join(self.base_path, str(version))
+    def _try_load(self, version, folder):
+        path = os.path.join(self.base_path, folder)
         failure = self._failed.get(version)
         fingerprint = _fingerprint(path)
         if failure and failure.fingerprint == fingerprint and time.monotonic() < failure.retry_at:
@@ -165,7 +250,8 @@ class ModelRepository:
             servable = self._loader(path, version)
         except Exception as error:  # a broken or half-copied export must not stop serving
             delay = min(2 * failure.delay, MAX_RETRY_SECONDS) if failure else self.poll_seconds
-            self._failed[version] = _Failure(fingerprint, delay)
+            code, message = error_status(error)
+            self._failed[version] = _Failure(fingerprint, delay, code, message)
             log.error("Could not load version %s of %s (retried): %s", version, self.name, error)
             return None
         self._failed.pop(version, None)
@@ -208,19 +294,78 @@ class ModelRepository:
         """Whether the watcher thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
+    def _check_name(self, name: str, request: str) -> None:
+        if name != self.name:
+            raise RestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: {request}")
+
+    def _why_unavailable(self, version: int | None = None) -> str:
+        """Why nothing (or not `version`) is served: for 404 messages."""
+        with self._lock:
+            listing, current = self._listing, self._current
+        if self._last_error and not listing:
+            return f"cannot read base path {self.base_path}: {self._last_error}"
+        if not listing:
+            return no_versions_message(self.name, self.base_path)
+        if version is not None:
+            if version not in listing:
+                return f"no version folder {version} under {self.base_path}"
+            code, message = listing[version]
+            if code != "OK":
+                return f"version {version} is not loaded: {code}: {message}"
+            return f"version {version} is not loaded: version {current.version} is served"
+        code, message = next(iter(listing.values()))
+        return f"no version loads; the highest: {code}: {message}"
+
+    def status_entries(self) -> dict[int, tuple[str, str]]:
+        """`{version: (error_code, error_message)}` of every version folder seen last scan."""
+        with self._lock:
+            return dict(self._listing)
+
+    def status(self, name: str, version: str | None = None) -> dict:
+        """The `GET /v1/models/NAME[/versions/V]` body: every version folder, highest first.
+
+        Raises:
+            RestError: 404 for another model, an unknown version or no version folders.
+        """
+        request = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        self._check_name(name, request)
+        number = None if version is None else parse_version(version)
+        with self._lock:
+            listing, current = self._listing, self._current
+        if version is not None and number not in listing:
+            raise RestError(
+                HTTPStatus.NOT_FOUND, f"Could not find version {version} of model {name}"
+            )
+        if not listing:
+            raise RestError(HTTPStatus.NOT_FOUND, self._why_unavailable())
+        entries = []
+        for each, (code, message) in listing.items():
+            if version is not None and each != number:
+                continue
+            served = current is not None and each == current.version
+            entries.append({
+                "version": str(each),
+                "state": "AVAILABLE" if served else "END",
+                "status": {"error_code": code, "error_message": message},
+            })  # fmt: skip
+        return {"model_version_status": entries}
+
     def get(self, name: str, version: str | None = None) -> Any:
         """The servable for `name` and optional `version` string, or a 404 `RestError`."""
-        if name != self.name:
-            raise RestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: Latest({name})")
+        self._check_name(name, f"Latest({name})")
         with self._lock:
             current = self._current
         if current is None:
-            raise RestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: Latest({name})")
-        if version is not None and (
-            not VERSION_NAME.fullmatch(version) or int(version) != current.version
-        ):
             raise RestError(
                 HTTPStatus.NOT_FOUND,
-                f"Servable not found for request: Specific({name}, {version})",
+                f"Servable not found for request: Latest({name}): {self._why_unavailable()}",
             )
+        if version is not None:
+            number = parse_version(version)
+            if number != current.version:
+                why = self._why_unavailable(number) if number is not None else "not a version"
+                raise RestError(
+                    HTTPStatus.NOT_FOUND,
+                    f"Servable not found for request: Specific({name}, {version}): {why}",
+                )
         return current

@@ -19,7 +19,6 @@ from serving.payload import (
     DEFAULT_MAX_INPUT_ELEMENTS,
     RestError,
     model_metadata,
-    model_status,
     parse_predict_request,
     predict,
 )
@@ -96,11 +95,11 @@ class RestApp:
                 HTTPStatus.METHOD_NOT_ALLOWED,
                 f"Method {method} not allowed for {path[:200]}, use {allowed}",
             )
+        if not match["verb"] and not match["metadata"]:  # every version folder, loaded or not
+            return self.repository.status(match["name"], match["version"])
         servable = self.repository.get(match["name"], match["version"])
         if not match["verb"]:
-            if match["metadata"]:
-                return model_metadata(servable, match["name"])
-            return model_status(servable)
+            return model_metadata(servable, match["name"])
         if self.overloaded():
             raise RestError(
                 HTTPStatus.SERVICE_UNAVAILABLE, "Server overloaded: too many queued requests"

@@ -13,8 +13,13 @@ and a fixed pool of worker threads. It imports TensorFlow only (no Keras),
 binds 127.0.0.1, has no authentication and does no batching: it is for
 laptops, demos and tests; production uses the container.
 
-Errors at start-up are one line on stderr: status 2 for invalid arguments, 1
-when the address cannot be bound.
+SIGTERM or SIGINT drains: the server stops accepting connections, answers the
+requests in progress (`--drain-seconds`, 10 s at most) and exits. Exit statuses:
+0 after a drain that answered every request in progress; 1 when the address
+cannot be bound, or when the drain ran out of time or a second signal cut it
+short (the log says how many requests went unanswered); 2 for invalid arguments
+(a model name `/v1/models/NAME` cannot reach, a base path that is not a folder
+or is a version folder itself). Errors at start-up are one line on stderr.
 """
 
 from __future__ import annotations
@@ -25,13 +30,17 @@ import logging
 import math
 import os
 import resource
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
-from apputil.errors import invalid
+from apputil.errors import Literal, invalid
 from serving.httpd import ServerThread
+from serving.names import check_model_name
 from serving.payload import DEFAULT_MAX_INPUT_ELEMENTS
-from serving.repository import ModelRepository
+from serving.repository import ModelRepository, base_path_problem
 from serving.rest import RestApp
 
 log = logging.getLogger("serving.server")
@@ -43,10 +52,12 @@ LIMITS = {
     "max_input_elements": (DEFAULT_MAX_INPUT_ELEMENTS, "more input numbers per request: 400"),
     "max_header_bytes": (64 * 1024, "larger request line + headers get 431"),
     "threads": (4, "worker threads running predictions"),
-    "connection_limit": (100, "open connections; more wait in the listen backlog"),
+    "connection_limit": (1000, "open connections; more wait in the listen backlog"),
     "max_queued_requests": (32, "more requests waiting for a worker get 503"),
-    "channel_timeout": (30, "seconds a connection may sit idle"),
+    "channel_timeout": (30, "seconds a keep-alive connection may sit idle"),
+    "header_timeout": (10.0, "seconds to send a request's line and headers"),
     "request_timeout": (30.0, "seconds to send one request's headers and body"),
+    "drain_seconds": (10.0, "seconds to answer requests in progress after SIGTERM/SIGINT"),
 }
 FD_RESERVE = 64  # descriptors kept for TensorFlow, model files and logs
 
@@ -57,8 +68,22 @@ def _check_positive(name: str, value: object) -> None:
 
 
 def _connection_limit(wanted: int) -> int:
-    """`wanted`, lowered to fit the open-file limit (else accept() fails with EMFILE)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    """`wanted`, within the open-file limit (else accept() fails with EMFILE).
+
+    The soft limit is raised toward the hard one first (shells often start at
+    1,024 of a far higher hard limit): connections are what stalled clients
+    exhaust, so the server should have as many as it is allowed.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = wanted + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        if raised > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (OSError, ValueError):
+                pass
     if soft == resource.RLIM_INFINITY or wanted <= soft - FD_RESERVE:
         return wanted
     fitted = max(1, soft - FD_RESERVE)
@@ -86,8 +111,8 @@ def make_server(
     """Load the highest version and bind a server; call `serve_forever()` on it.
 
     Args:
-        model_base_path: Folder with one sub-folder of ASCII digits per version.
-        model_name: The model name in URLs.
+        model_base_path: Folder with one numbered sub-folder per version (`serving.names`).
+        model_name: The model name in URLs (`serving.names.check_model_name`).
         host: Interface to bind; 127.0.0.1 keeps it local (there is no authentication).
         port: TCP port, 0 for any free one (see `server.server_address`).
         poll_seconds: Seconds between scans for new versions.
@@ -98,7 +123,8 @@ def make_server(
         `server_close()` stop it.
 
     Raises:
-        apputil.errors.UsageError: a limit or `poll_seconds` is not a positive number.
+        apputil.errors.UsageError: a limit or `poll_seconds` is not a positive number,
+            the model name is not reachable in URLs, or the base path is a version folder.
         OSError: the address cannot be bound.
     """
     unknown = set(limits) - set(LIMITS)
@@ -107,17 +133,24 @@ def make_server(
     limits = {**{name: default for name, (default, _) in LIMITS.items()}, **limits}
     for name, value in {"poll_seconds": poll_seconds, **limits}.items():
         _check_positive(name, value)
+    check_model_name(model_name)
+    problem = base_path_problem(model_base_path)
+    if problem:
+        raise invalid("model_base_path", "a folder of numbered version folders", Literal(problem))
+    if not 0 <= port <= 65535:
+        raise invalid("port", "0 to 65535", port)
     if not _is_loopback(host):
         log.warning("Binding %s: this server has no authentication, anyone who can reach it "
                     "can query the model", host)  # fmt: skip
     repository = ModelRepository(model_base_path, model_name, poll_seconds)
-    repository.start()
+    repository.start()  # logs a warning when there is no version (404s until one appears)
     app = RestApp(repository, int(limits["max_input_elements"]))
     server = ServerThread(
         app,
         host,
         port,
         limits["request_timeout"],
+        limits["header_timeout"],
         threads=int(limits["threads"]),
         connection_limit=_connection_limit(int(limits["connection_limit"])),
         channel_timeout=math.ceil(limits["channel_timeout"]),
@@ -126,25 +159,42 @@ def make_server(
         max_request_body_size=int(limits["max_body_bytes"]) + 1,  # waitress refuses >= cap
         ident="keras-antisym-local-serving",
         expose_tracebacks=False,
+        asyncore_use_poll=True,  # select() fails on descriptors above 1,023
     )
     max_queued = limits["max_queued_requests"]
     app.overloaded = lambda: server.queued() > max_queued
     server.repository = repository
+    server.drain_seconds = limits["drain_seconds"]
     return server
 
 
-def _serve(server: ServerThread, name: str) -> None:
-    """Print the URL line, serve until interrupted, then stop."""
-    host, port = server.server_address
-    # One parseable line: tests and scripts started with --port 0 read the port from it.
-    print(f"Serving {name} on http://{host}:{port}", flush=True)
+@contextmanager
+def _draining_on_signals(server: ServerThread) -> Iterator[None]:
+    """SIGTERM and SIGINT drain `server` (a second one stops it at once) while inside."""
+
+    def handler(signum, frame):
+        server.drain(server.drain_seconds)  # signal-safe: flags and a pipe write
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _serve(server: ServerThread, name: str) -> int:
+    """Print the URL line, serve until SIGTERM/SIGINT, drain; the exit status."""
+    host, port = server.server_address
+    try:
+        with _draining_on_signals(server):
+            # One parseable line: tests and scripts started with --port 0 read the port from it.
+            print(f"Serving {name} on http://{host}:{port}", flush=True)
+            server.serve_forever()
     finally:
         server.repository.stop()
         server.server_close()
+    return EXIT_FAILURE if server.dropped else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model-base-path", required=True, help="e.g. models/antisym")
-    parser.add_argument("--model-name", required=True, help="name in /v1/models/NAME")
+    parser.add_argument(
+        "--model-name", required=True, help="name in /v1/models/NAME (no '/' or ':')"
+    )
     parser.add_argument("--port", type=int, default=8501, help="REST port (0: any free port)")
     parser.add_argument(
         "--host", default="127.0.0.1", help="interface to bind (no authentication: keep local)"
@@ -173,21 +225,29 @@ def main(argv: list[str] | None = None) -> int:
     return run(parser.prog, lambda: _start(args), {OSError: EXIT_FAILURE})
 
 
-def _start(args: argparse.Namespace) -> None:
-    """Checks the arguments, binds the server and serves until interrupted."""
+def _start(args: argparse.Namespace) -> int:
+    """Checks the arguments, binds the server, serves until SIGTERM/SIGINT; the status."""
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     if not args.verbose:  # waitress warns on every queued request; the 503s tell overload
         logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+    check_model_name(args.model_name, "--model-name")  # before the slow model load
     if not os.path.isdir(args.model_base_path):
         raise invalid("--model-base-path", "an existing folder", args.model_base_path)
+    problem = base_path_problem(args.model_base_path)
+    if problem:
+        raise invalid("--model-base-path", "a folder of numbered version folders", Literal(problem))
     limits = {name: getattr(args, name) for name in LIMITS}
+    for name, value in {"poll_seconds": args.poll_seconds, **limits}.items():
+        _check_positive("--" + name.replace("_", "-"), value)
+    if not 0 <= args.port <= 65535:
+        raise invalid("--port", "0 to 65535", args.port)
     server = make_server(
         args.model_base_path, args.model_name, args.host, args.port, args.poll_seconds, **limits
     )
-    _serve(server, args.model_name)
+    return _serve(server, args.model_name)
 
 
 if __name__ == "__main__":

@@ -349,7 +349,9 @@ def test_new_version_is_served_without_restart():
 
 
 def _served_version(client):
-    return client.status()["model_version_status"][0]["version"]
+    """The AVAILABLE version: the status lists every version folder, highest first."""
+    entries = client.status()["model_version_status"]
+    return next((e["version"] for e in entries if e["state"] == "AVAILABLE"), None)
 
 
 def _wait_for_version(client, version, seconds=30):
