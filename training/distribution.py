@@ -8,18 +8,16 @@ device. TensorFlow is imported only on its backend.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import ipaddress
 import json
 import os
-import re
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
-from apputil.cli import EXIT_FAILURE
 from apputil.errors import invalid
 from apputil.quiet import native_stderr_silenced
 from training.errors import ProcessLostError, StrategyError
@@ -147,8 +145,6 @@ def _int_variable(name):
 # Set once the processes have connected: what a lost process's report needs.
 _STARTED: dict[str, Any] = {}
 _ATTEMPTED = threading.Event()
-_REPORTED = threading.Event()
-_PROG = "python -m training.train"
 
 
 def initialize_processes(
@@ -193,13 +189,16 @@ def initialize_processes(
         )
         if _is_loopback(host):  # one machine: nothing outside it can reach the coordinator
             kwargs["coordinator_bind_address"] = f"{host}:{port}"
+        if processes.index:
+            _wait_for_coordinator(host, int(port), processes, connect_timeout)
     _ATTEMPTED.set()
     try:
-        with _reporting_lost_processes():
-            jax.distributed.initialize(**kwargs)
+        jax.distributed.initialize(**kwargs)
     except Exception as error:  # JAX's own classes, without a public base
         raise StrategyError(_connect_failure(processes, connect_timeout, error)) from None
-    _STARTED.update(processes=processes, count=jax.process_count())
+    # The count this process was given, not jax.process_count(): that builds the devices,
+    # which wait for as many processes as this one was told of.
+    _STARTED.update(processes=processes, count=processes.count or jax.process_count())
     _check_agreement(processes, connect_timeout)
     return jax.process_count() > 1
 
@@ -234,6 +233,25 @@ def _check_processes(processes):
             ) from None
 
 
+def _wait_for_coordinator(host, port, processes, timeout):
+    """Waits until the coordinator accepts connections, or raises `StrategyError`.
+
+    JAX's client aborts the process when it cannot register in time; checking
+    first turns a wrong address into one line.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), port), timeout=2):
+                return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise StrategyError(
+                    _connect_failure(processes, timeout, f"no coordinator answers: {error}")
+                ) from None
+        time.sleep(0.25)
+
+
 def _family(host):
     return socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
 
@@ -255,37 +273,43 @@ def _connect_failure(processes, timeout, error):
 
 
 def _check_agreement(processes, timeout):
-    """Refuses to train when the processes disagree on their count.
+    """Refuses to train when the processes disagree on their count; keeps who is where.
 
     A process that names fewer processes than the coordinator expects would
-    otherwise wait for ones that never come; each one publishes its count and
-    compares it with every other's before JAX builds its devices.
+    otherwise wait for ones that never come: each one publishes its count (and
+    its host and pid, to tell later which one was lost) and compares it with
+    every other's before JAX builds its devices.
     """
-    if processes.coordinator == "auto":
-        return
-    from jax._src import distributed  # the client JAX connected: its key-value store
+    roster = {}
+    if processes.coordinator != "auto":
+        from jax._src import distributed  # the client JAX connected: its key-value store
 
-    client = distributed.global_state.client
-    client.key_value_set(f"keras_antisym/processes/{processes.index}", str(processes.count))
-    for index in range(_STARTED["count"]):
-        try:
-            theirs = client.blocking_key_value_get(
-                f"keras_antisym/processes/{index}", timeout * 1000
-            )
-        except Exception:  # JAX's own classes: the other process left, or never published
-            continue
-        if int(theirs) != processes.count:
+        client = distributed.global_state.client
+        mine = {"count": processes.count, "host": socket.gethostname(), "pid": os.getpid()}
+        client.key_value_set(f"keras_antisym/processes/{processes.index}", json.dumps(mine))
+        for index in range(_STARTED["count"]):
+            try:
+                theirs = json.loads(
+                    client.blocking_key_value_get(
+                        f"keras_antisym/processes/{index}", timeout * 1000
+                    )
+                )
+            except Exception:  # JAX's own classes: the other process left, or never published
+                continue
+            roster[index] = theirs
+            if theirs["count"] != processes.count:
+                raise StrategyError(
+                    f"process {processes.index} was started with --num-processes "
+                    f"{processes.count}, process {index} with {theirs['count']}: give every "
+                    f"process the same count"
+                )
+        if _STARTED["count"] != processes.count:
             raise StrategyError(
-                f"process {processes.index} was started with --num-processes "
-                f"{processes.count}, process {index} with {theirs}: give every process the "
-                f"same count"
+                f"--num-processes {processes.count}, but the coordinator at "
+                f"{processes.coordinator} counts {_STARTED['count']} processes: give every "
+                f"process the same count"
             )
-    if _STARTED["count"] != processes.count:
-        raise StrategyError(
-            f"--num-processes {processes.count}, but the coordinator at "
-            f"{processes.coordinator} counts {_STARTED['count']} processes: give every process "
-            f"the same count"
-        )
+    _STARTED["roster"] = roster
 
 
 def multi_process() -> bool:
@@ -296,97 +320,61 @@ def multi_process() -> bool:
 def lost_processes_error(error: BaseException) -> ProcessLostError | None:
     """The `ProcessLostError` behind a failed collective, or None if no process was lost.
 
-    A collective fails at once when a peer's connection closes; which peer is
-    known to the coordinator once its heartbeats stop (within the heartbeat
-    timeout), so this waits for the coordinator's list of live processes.
+    A collective fails at once when a peer's connection closes. A peer on this
+    host is looked up by its pid at once; otherwise the coordinator knows once
+    the peer's heartbeats stop (the heartbeat timeout).
     """
     if not multi_process():
         return None
-    from jax._src import distributed
-
-    client = distributed.global_state.client
     everyone = list(range(_STARTED["count"]))
-    try:
-        live = set(client.get_live_nodes(everyone))
-    except Exception:  # JAX's own classes: the coordinator itself is gone
-        live = set(everyone) - {0}
-    lost = [index for index in everyone if index not in live]
+    host = socket.gethostname()
+    lost = [
+        index
+        for index, entry in _STARTED.get("roster", {}).items()
+        if entry["host"] == host and not _alive(entry["pid"])
+    ]
+    if not lost:
+        from jax._src import distributed
+
+        try:
+            live = set(distributed.global_state.client.get_live_nodes(everyone))
+        except Exception:  # JAX's own classes: the coordinator itself is gone
+            live = set(everyone) - {0}
+        lost = [index for index in everyone if index not in live]
     if not lost:
         return None
-    _REPORTED.set()  # the command reports it: the client's callback stays silent
-    return ProcessLostError(_lost_message(lost, f"{type(error).__name__}"))
+    _STARTED["lost"] = lost
+    return ProcessLostError(_lost_message(sorted(lost)))
 
 
-def _lost_message(lost, cause):
+def _alive(pid):
+    """Whether process `pid` of this host runs (a killed child not yet reaped does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _lost_message(lost):
     processes = _STARTED["processes"]
     names = ", ".join(str(index) for index in lost)
     which = f"process {names}" if len(lost) == 1 else f"processes {names}"
     if lost == [0]:
         which += f" (the coordinator at {processes.coordinator})"
     return (
-        f"lost {which} of {_STARTED['count']} (killed, crashed or unreachable: {cause}); "
-        f"the others stopped. Start all processes again to resume from the last checkpoint"
+        f"lost {which} of {_STARTED['count']} (killed, crashed or unreachable); the others "
+        f"stopped: start all {_STARTED['count']} processes again to resume from the last "
+        f"checkpoint"
     )
-
-
-def _lost_from_status(text):
-    """The process ids a coordination-service error names as dead."""
-    unhealthy = re.search(r"stopped sending heartbeats\):\s*([\d,\s]+)", text)
-    if unhealthy:
-        return sorted({int(i) for i in re.findall(r"\d+", unhealthy.group(1))})
-    tasks = re.findall(r"Task (\d+) heartbeat timeout|task:(\d+)", text)
-    found = sorted({int(a or b) for a, b in tasks})
-    if found:
-        return found
-    if "coordination service" in text or "Socket closed" in text:
-        return [0]  # the service itself, on process 0, no longer answers
-    return []
-
-
-@contextlib.contextmanager
-def _reporting_lost_processes():
-    """Makes JAX's client report a lost process as one line and exit, not abort.
-
-    Without a callback, JAX's client aborts the process with a stack trace when
-    the coordinator reports a dead process or stops answering. JAX offers the
-    callback only on the client it makes inside `jax.distributed.initialize`,
-    so its factory is wrapped for that call.
-    """
-    from jax._src import distributed
-
-    make_client = distributed._jax.get_distributed_runtime_client
-
-    def with_callback(*args, **kwargs):
-        kwargs.setdefault("missed_heartbeat_callback", _on_fatal_status)
-        return make_client(*args, **kwargs)
-
-    distributed._jax.get_distributed_runtime_client = with_callback
-    try:
-        yield
-    finally:
-        distributed._jax.get_distributed_runtime_client = make_client
-
-
-def _on_fatal_status(status: Any) -> None:
-    """JAX's client thread: a process is gone; say which (once) and exit."""
-    text = str(status)
-    if not _REPORTED.is_set():
-        lost = _lost_from_status(text) if _STARTED else []
-        message = (
-            _lost_message(lost, "no heartbeat")
-            if lost
-            else f"the processes lost each other ({text.strip().splitlines()[0][:200]})"
-        )
-        report_and_exit(f"{_PROG}: error: {message}", EXIT_FAILURE)
-    _exit(EXIT_FAILURE)
-
-
-def report_and_exit(line: str, status: int) -> None:
-    """Prints `line` once (the first report wins) and ends the process at once."""
-    if not _REPORTED.is_set():
-        _REPORTED.set()
-        print(line, file=sys.stderr, flush=True)
-    _exit(status)
 
 
 def finish(status: int) -> int:
@@ -396,9 +384,33 @@ def finish(status: int) -> int:
     trace when one is gone; a failed run has nothing left to wait for.
     """
     if status and _ATTEMPTED.is_set():
-        _REPORTED.set()  # the command printed its line: the client's callback stays silent
+        _leave_together(status)
         _exit(status)
     return status
+
+
+def _leave_together(status, wait_seconds=5):
+    """Process 0, which serves the coordinator, leaves after the others have said why.
+
+    When the coordinator goes, JAX's client aborts the processes still running
+    with a stack trace: each one first writes that it is leaving, and process 0
+    waits (briefly) for those of the others that are not lost.
+    """
+    processes = _STARTED.get("processes")
+    if processes is None or processes.coordinator == "auto":
+        return
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    try:
+        client.key_value_set(f"keras_antisym/leaving/{processes.index}", str(status))
+        if processes.index != 0:
+            return
+        for index in range(1, _STARTED["count"]):
+            if index not in _STARTED.get("lost", ()):
+                client.blocking_key_value_get(f"keras_antisym/leaving/{index}", wait_seconds * 1000)
+    except Exception:  # JAX's own classes: a process that is gone cannot answer
+        pass
 
 
 def _exit(status):
