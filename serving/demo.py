@@ -1,12 +1,20 @@
 """The main job end to end, offline: train, export, serve, predict over REST, stop.
 
     python -m serving.demo [--output-dir runs/demo] [--export-base models/antisym]
+    python -m serving.demo --stream [--timesteps 256] [--chunk 8]
 
 1. `python -m training.train` on the embedded `digits` task (resumes if run before),
 2. `python -m serving.export` to the next free version under `--export-base`,
 3. `python -m serving.server` on a free 127.0.0.1 port,
 4. a REST prediction of test digits through `serving.client`, printed,
 5. the server stopped (also on errors).
+
+`--stream` trains on digits padded with Gaussian noise to `--timesteps` steps
+(its own folders: runs/demo-stream, models/antisym-stream) and, in step 4,
+sends one test digit's noise-padded sequence to the `stream` signature
+`--chunk` steps at a time (8: one image row), printing the prediction after
+each chunk: it settles while the informative rows arrive and holds through
+the noise.
 
 A failed step prints one line and exits with status 1.
 """
@@ -25,6 +33,7 @@ import time
 import numpy as np
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
+from apputil.errors import check
 from serving.client import ServingClient, ServingError
 
 MODEL_NAME = "antisym"
@@ -69,11 +78,11 @@ def _wait_until_serving(
     raise DemoError(f"the server did not answer within {deadline_seconds} s")
 
 
-def _test_digits(count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first `count` test digits, as the `digits` task feeds them."""
+def _test_digits(count: int, timesteps: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The first `count` test digits, as the `digits` task feeds them (noise-padded to T)."""
     from training.tasks import get_task  # heavy (Keras, TensorFlow): not before training ran
 
-    task = get_task("digits")
+    task = get_task("digits", timesteps=timesteps)
     images, labels = task.examples("test")
     x, y = task.make_batch(images[:count], labels[:count], np.zeros(2, "int32"))
     return np.asarray(x), np.asarray(y)
@@ -82,6 +91,8 @@ def _test_digits(count: int) -> tuple[np.ndarray, np.ndarray]:
 def _train_and_export(args: argparse.Namespace) -> int:
     """Train (or resume) on `digits`, export the next free version; returns the version."""
     train = ["-m", "training.train", "--task", "digits", "--steps", str(args.steps)]
+    if args.stream:
+        train += ["--timesteps", str(args.timesteps)]
     _run([*train, "--output-dir", args.output_dir], "train")
     version = _next_version(args.export_base)
     model = os.path.join(args.output_dir, "model.keras")
@@ -102,6 +113,30 @@ def _predict_and_print(client: ServingClient, count: int, version: int) -> None:
     print(f"[predict] {correct}/{len(labels)} correct (model version {version})")
 
 
+def _stream_and_print(client: ServingClient, args: argparse.Namespace, version: int) -> None:
+    """Streams one noise-padded test digit chunk by chunk; prints how the prediction settles."""
+    x, labels = _test_digits(args.examples, args.timesteps)
+    sequence, label = x[-1], int(labels[-1])
+    steps = len(sequence)
+    print(f"[stream] a test digit ({label}): 64 informative steps (8 rows of 8 pixels), "
+          f"then {steps - 64} steps of noise, {args.chunk} steps per request")  # fmt: skip
+    chunks = (sequence[start : start + args.chunk] for start in range(0, steps, args.chunk))
+    history = []
+    for index, answer in enumerate(client.stream(chunks)):
+        seen = min((index + 1) * args.chunk, steps)
+        confidence = max(answer["probabilities"])
+        history.append((seen, answer["class_id"]))
+        part = "digit" if seen <= 64 else "noise"
+        bar = "#" * round(20 * confidence)
+        print(f"  steps {seen:4d}/{steps} ({part})  predicted {answer['class_id']}  "
+              f"p={confidence:.3f}  {bar}")  # fmt: skip
+    final = history[-1][1]
+    settled = next(seen for i, (seen, _) in enumerate(history)
+                   if all(c == final for _, c in history[i:]))  # fmt: skip
+    print(f"[stream] true {label}  predicted {final}, unchanged from step {settled} on "
+          f"(model version {version})")  # fmt: skip
+
+
 def _stop(server: subprocess.Popen) -> None:
     server.terminate()
     try:
@@ -115,11 +150,17 @@ def _stop(server: subprocess.Popen) -> None:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     parser = OneLineParser(prog="python -m serving.demo", description=__doc__)
-    parser.add_argument("--output-dir", default="runs/demo")
-    parser.add_argument("--export-base", default=os.path.join("models", MODEL_NAME))
+    parser.add_argument("--output-dir", help="default runs/demo (runs/demo-stream)")
+    parser.add_argument("--export-base", help="default models/antisym (models/antisym-stream)")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--examples", type=int, default=8, help="test digits to predict")
+    parser.add_argument("--stream", action="store_true", help="stream a noise-padded digit")
+    parser.add_argument("--timesteps", type=int, default=256, help="--stream: padded length")
+    parser.add_argument("--chunk", type=int, default=8, help="--stream: steps per request")
     args = parser.parse_args(argv)
+    suffix = "-stream" if args.stream else ""
+    args.output_dir = args.output_dir or f"runs/demo{suffix}"
+    args.export_base = args.export_base or os.path.join("models", MODEL_NAME + suffix)
     return run(
         parser.prog, lambda: _demo(args), {DemoError: EXIT_FAILURE, ServingError: EXIT_FAILURE}
     )
@@ -127,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _demo(args: argparse.Namespace) -> None:
     """Trains, exports, serves, predicts, and stops the server whatever happens."""
+    if args.stream:
+        check(args.chunk >= 1, "--chunk", "a positive number of steps", args.chunk)
+        check(args.timesteps >= 64, "--timesteps", "at least 64 (a digit's own steps)",
+              args.timesteps)  # fmt: skip
     version = _train_and_export(args)
     port = _free_port()
     command = ["-m", "serving.server", "--model-base-path", args.export_base]
@@ -137,7 +182,10 @@ def _demo(args: argparse.Namespace) -> None:
         client = ServingClient(f"http://127.0.0.1:{port}", MODEL_NAME, timeout=30)
         status = _wait_until_serving(client, server, deadline_seconds=120)
         print(f"[serve] {json.dumps(status)}")
-        _predict_and_print(client, args.examples, version)
+        if args.stream:
+            _stream_and_print(client, args, version)
+        else:
+            _predict_and_print(client, args.examples, version)
     finally:
         _stop(server)
 

@@ -1,0 +1,214 @@
+"""Per-update latency through the local server: the whole sequence resent, or one chunk streamed.
+
+    python -m benchmarks.serving_stream [--quick] [--output runs/benchmarks]
+
+A client following a growing sequence can resend the whole window with every
+new chunk (`serving_default`, T steps each time) or send only the new chunk
+with the recurrent states of the previous answer (`stream`). This exports a
+`T = 1,000` AntisymmetricRNN classifier (batch 1), serves it with
+`python -m serving.server` in its own process and times, interleaved in one
+run, both kinds of update from one keep-alive connection: JSON encoding of the
+request, the HTTP round trip, the prediction and the decoding of the answer.
+Prints p50 and p99 of each and the ratio of the medians; writes
+`serving_stream.json` and `serving_stream.md` under `--output` (default
+`runs/benchmarks`).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from benchmarks import common
+
+FULL = {"steps": 1000, "chunk": 28, "units": 128, "features": 1, "repeats": 300, "warmup": 20}
+QUICK = {"steps": 100, "chunk": 28, "units": 16, "features": 1, "repeats": 20, "warmup": 3}
+SERVER_START_SECONDS = 120
+
+
+def _export(shape: dict, folder: str) -> str:
+    """Exports a seeded `AntisymmetricRNN` + `Dense(10)` classifier; returns the base path."""
+    import keras
+
+    from keras_antisym import AntisymmetricRNN
+    from serving.export import export_model
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((shape["steps"], shape["features"])),
+            AntisymmetricRNN(shape["units"], epsilon=0.01, gamma=0.01),
+            keras.layers.Dense(10, name="classification_head"),
+        ]
+    )
+    base = os.path.join(folder, "model")
+    export_model(model, base, 1)
+    return base
+
+
+class _Server:
+    """`python -m serving.server` on a free port, in its own process (its own GIL)."""
+
+    def __init__(self, base: str):
+        command = [sys.executable, "-m", "serving.server", "--model-base-path", base]
+        command += ["--model-name", "bench", "--port", "0"]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            command, cwd=common.ROOT, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        found = threading.Event()
+        threading.Thread(target=self._read, args=(found,), daemon=True).start()
+        if not found.wait(SERVER_START_SECONDS):
+            self.stop()
+            raise common.ChildError("serving.server did not start:\n" + "".join(self.lines[-20:]))
+        self.host, self.port = self.address
+
+    def _read(self, found: threading.Event) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+            match = re.match(r"Serving \S+ on http://([^:]+):(\d+)", line)
+            if match and not found.is_set():
+                self.address = match[1], int(match[2])
+                found.set()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _poster(connection: http.client.HTTPConnection, path: str):
+    """One `:predict` on the keep-alive connection: encode, send, read, decode."""
+
+    def post(body: dict) -> dict:
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        if response.status != 200:
+            raise common.ChildError(f"HTTP {response.status}: {answer}")
+        return answer
+
+    return post
+
+
+def measure(shape: dict, connection: http.client.HTTPConnection) -> dict:
+    """Raw seconds of each update kind, interleaved: `{"whole": [...], "stream": [...]}`."""
+    post = _poster(connection, "/v1/models/bench:predict")
+    rng = np.random.default_rng(0)
+    steps, chunk, features = shape["steps"], shape["chunk"], shape["features"]
+    window = rng.random((1, steps, features)).astype("float32")
+    metadata_path = "/v1/models/bench/metadata"
+    connection.request("GET", metadata_path)
+    metadata = json.loads(connection.getresponse().read())
+    inputs = metadata["metadata"]["signature_def"]["signature_def"]["stream"]["inputs"]
+    sizes = {
+        name: int(info["tensor_shape"]["dim"][-1]["size"])
+        for name, info in inputs.items()
+        if name != "sequence"
+    }
+    state = {name: [[0.0] * size] for name, size in sizes.items()}
+
+    def whole():
+        # The window slides by one chunk: the client resends all T steps.
+        window[:, :-chunk] = window[:, chunk:]
+        window[:, -chunk:] = rng.random((1, chunk, features))
+        post({"instances": window.tolist()})
+
+    def streamed():
+        new = rng.random((1, chunk, features)).astype("float32")
+        body = {"signature_name": "stream", "inputs": {"sequence": new.tolist(), **state}}
+        outputs = post(body)["outputs"]
+        state.update((name, outputs[name]) for name in sizes)
+
+    calls = {"whole": whole, "stream": streamed}
+    for call in calls.values():
+        for _ in range(shape["warmup"]):
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(shape["repeats"]):
+        for name, call in calls.items():  # interleaved: drift affects both alike
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux), else what `platform` knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _stats(seconds: list[float]) -> dict:
+    p50, p99 = np.percentile(seconds, [50, 99])
+    return {**common.summary(seconds), "p50": float(p50), "p99": float(p99)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    parser = common.parser("python -m benchmarks.serving_stream", __doc__)
+    args = parser.parse_args(argv)
+    shape = QUICK if args.quick else FULL
+    os.makedirs(args.output, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="serving-stream-") as folder:
+        base = _export(shape, folder)
+        server = _Server(base)
+        connection = http.client.HTTPConnection(server.host, server.port, timeout=60)
+        try:
+            times = measure(shape, connection)
+        finally:
+            connection.close()
+            server.stop()
+    stats = {name: _stats(values) for name, values in times.items()}
+    ratio = stats["whole"]["median"] / stats["stream"]["median"]
+    results = {
+        "environment": {**common.environment(), "cpu": _cpu_name()},
+        "shape": shape,
+        "latency": stats,
+        "ratio_of_medians": ratio,
+    }
+    rows = [
+        (f"whole sequence resent ({shape['steps']} steps)", stats["whole"]),
+        (f"one {shape['chunk']}-step chunk streamed", stats["stream"]),
+    ]
+    lines = common.table(
+        ["update (batch 1)", "p50", "p99", "repeats"],
+        [
+            (label, f"{s['p50'] * 1e3:.2f} ms", f"{s['p99'] * 1e3:.2f} ms", s["repeats"])
+            for label, s in rows
+        ],
+    )
+    lines.append("")
+    lines.append(f"streaming is {ratio:.1f}x cheaper per update (ratio of the medians)")
+    env = results["environment"]
+    lines.append(f"CPU: {env['cpu']}, {env['cpus']} cores")
+    common.write_json(os.path.join(args.output, "serving_stream.json"), results)
+    common.write_text(os.path.join(args.output, "serving_stream.md"), "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
