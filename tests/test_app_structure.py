@@ -109,7 +109,10 @@ def test_resume_refuses_each_identity_field_and_allows_the_others(tmp_path):
             experiment.check_resumable(str(path), {**record, name: value})
     free = {"steps": 9, "checkpoint_every": 3, "log_every": 1, "eval_every": 2,
             "eval_batch_size": 8, "diagnostics": 4, "strategy": "default", "cpu_devices": 2,
-            "jit_compile": True, "data_dir": "elsewhere", "download": True, "tpu": "t"}  # fmt: skip
+            "jit_compile": True, "data_dir": "elsewhere", "download": True, "tpu": "t",
+            "change_on_resume": "learning_rate", "coordinator": "127.0.0.1:1",
+            "num_processes": 2, "process_id": 1, "connect_timeout": 5,
+            "heartbeat_timeout": 5}  # fmt: skip
     assert set(free) | set(IDENTITY) == {f.name for f in dataclasses.fields(RunConfig)}
     experiment.check_resumable(str(path), {**record, **free})
 

@@ -6,7 +6,9 @@
 
 `KERAS_BACKEND` picks the backend: TensorFlow trains under `tf.distribute`,
 JAX under `keras.distribution` (`--strategy data_parallel`), PyTorch on one
-device (`training.trainers`); all see the same batches. The output directory
+device (`training.trainers`); all see the same batches. On JAX one run spans several
+processes or hosts with `--coordinator HOST:PORT --num-processes N --process-id I` (or
+`training.launch` on one machine; see docs/training.md). The output directory
 receives `config.yaml`, `checkpoints/`, `logs/` (TensorBoard), `curve.json`
 (with `--eval-every`), `metrics.json` and `model.keras` (see
 `training.experiment`). Running the same command again resumes from the last
