@@ -21,6 +21,7 @@ import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator
 from http import HTTPStatus
@@ -28,6 +29,7 @@ from typing import Any
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import Literal, invalid
+from serving.names import check_model_name
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 STREAM_SIGNATURE = "stream"  # as serving.signatures (not imported: it is the export's)
@@ -48,6 +50,19 @@ class ServingError(Exception):
         self.status = status
         self.message = message
         self.url = url
+
+
+def _check_url(url: object) -> str:
+    """`url` if it is an http(s) URL with a host and a valid port, else a `UsageError`."""
+    expected = "an http:// or https:// URL with a host, e.g. http://127.0.0.1:8501"
+    try:
+        parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+        valid = parts and parts.scheme in ("http", "https") and parts.hostname and parts.port != 0
+    except ValueError:  # a port out of range or not a number
+        valid = False
+    if not valid:
+        raise invalid("url", expected, url)
+    return url
 
 
 class ServingClient:
@@ -73,8 +88,8 @@ class ServingClient:
             raise invalid("retries", "a non-negative integer", retries)
         if not timeout or timeout <= 0:
             raise invalid("timeout", "a positive number of seconds", timeout)
-        self.url = url.rstrip("/")
-        self.model = model
+        self.url = _check_url(url).rstrip("/")
+        self.model = check_model_name(model, "model")
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff

@@ -505,3 +505,20 @@ def test_export_errors_are_one_line(monkeypatch, capsys):
     status, line = main("--export-base", base, "--version", "1")
     assert status == 1 and "No space left on device" in line, line
     assert not [n for n in os.listdir(base) if n != "007"]  # no staging folder left
+
+
+@pytest.mark.parametrize(
+    "args, argument",
+    [
+        (["--url", "nonsense", "--model", "m", "status"], "`url`"),
+        (["--url", "http://127.0.0.1:99999", "--model", "m", "status"], "`url`"),
+        (["--url", "http://127.0.0.1:1", "--model", "my/model", "status"], "`model`"),
+        (["--url", "http://127.0.0.1:1", "--model", "m", "--timeout", "-1", "status"], "`timeout`"),
+    ],
+)
+def test_client_refuses_bad_flags_in_one_line(args, argument, capsys):
+    from serving import client
+
+    assert client.main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and argument in lines[0], lines
