@@ -270,6 +270,8 @@ class ServerThread:
         self._drain_deadline: float | None = None
         self._force = False
         self.dropped = 0  # requests cut off when a drain ran out of time or was forced
+        self.drain_seconds = 10.0  # what `serving.server`'s signal handlers pass to `drain`
+        self.repository: Any = None  # set by `serving.server.make_server`
 
     def queued(self) -> int:
         """Requests waiting for a worker thread."""

@@ -312,7 +312,8 @@ class ModelRepository:
             code, message = listing[version]
             if code != "OK":
                 return f"version {version} is not loaded: {code}: {message}"
-            return f"version {version} is not loaded: version {current.version} is served"
+            served = "none" if current is None else current.version
+            return f"version {version} is not loaded: the served version is {served}"
         code, message = next(iter(listing.values()))
         return f"no version loads; the highest: {code}: {message}"
 
