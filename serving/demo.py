@@ -13,8 +13,10 @@
 (its own folders: runs/demo-stream, models/antisym-stream) and, in step 4,
 sends one test digit's noise-padded sequence to the `stream` signature
 `--chunk` steps at a time (8: one image row), printing the prediction after
-each chunk: it settles while the informative rows arrive and holds through
-the noise.
+each chunk: the model's answer for the steps received so far. Training scores
+only the answer after all T steps, so the answer wanders while the digit's
+rows and the noise arrive and settles as the sequence nears T; each update
+costs one chunk, not the whole sequence again.
 
 A failed step prints one line and exits with status 1.
 """
