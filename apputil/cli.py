@@ -12,12 +12,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from apputil.errors import UsageError
 
 #: Exit statuses: 0 success, 1 an environment failure (files, disk, network),
 #: 2 a usage error (bad option or input).
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+#: An exit status, or a function of the exception that gives it.
+Status = int | Callable[[Any], int]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -36,19 +40,20 @@ def fail(prog: str, error: object, status: int = EXIT_USAGE) -> int:
 def run(
     prog: str,
     body: Callable[[], object],
-    expected: Mapping[type[BaseException], int] | None = None,
+    expected: Mapping[type[BaseException], Status] | None = None,
 ) -> int:
     """Runs `body()`; an exception of an `expected` class (or `UsageError`) is one line.
 
-    `expected` maps exception classes to exit statuses (the first matching class
-    in order wins). Returns `body`'s integer result, or 0.
+    `expected` maps exception classes to exit statuses, or to functions of the
+    exception that return one (the first matching class in order wins).
+    Returns `body`'s integer result, or 0.
     """
     classes = {UsageError: EXIT_USAGE, **(expected or {})}
     try:
         result = body()
     except tuple(classes) as error:
         status = next(s for cls, s in classes.items() if isinstance(error, cls))
-        return fail(prog, error, status)
+        return fail(prog, error, status if isinstance(status, int) else status(error))
     except KeyboardInterrupt:
         return fail(prog, "interrupted", 130)
     return result if isinstance(result, int) else EXIT_OK

@@ -12,6 +12,11 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, and FolderLock is a no-op
+    fcntl = None  # type: ignore[assignment]
+
 PARTIAL = ".partial"
 
 
@@ -83,3 +88,47 @@ def remove_partials(directory: str | os.PathLike) -> None:
         if PARTIAL + "." in name or name.endswith(PARTIAL):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(directory, name))
+
+
+class FolderLock:
+    """An exclusive lock on a folder, held by one process at a time.
+
+    Taken with `flock` on `FOLDER/.lock`, so the kernel releases it when the
+    holder exits, however it exits: a lock left by a dead process never blocks.
+    The file records the holder's pid for the message of whoever is refused.
+    Where `flock` does not exist (Windows), the lock is a no-op.
+    """
+
+    NAME = ".lock"
+
+    def __init__(self, folder: str | os.PathLike):
+        self.path = os.path.join(os.fspath(folder), self.NAME)
+        self._handle: int | None = None
+
+    def acquire(self) -> bool:
+        """Takes the lock; False (and nothing held) when another process holds it."""
+        if fcntl is None:
+            return True
+        handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(handle)
+            return False
+        os.ftruncate(handle, 0)
+        os.write(handle, f"{os.getpid()}\n".encode())
+        self._handle = handle
+        return True
+
+    def holder(self) -> str:
+        """The pid recorded by the holder, or "unknown"."""
+        try:
+            with open(self.path) as handle:
+                return handle.read().strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def release(self) -> None:
+        if self._handle is not None:
+            os.close(self._handle)  # closing the descriptor releases the flock
+            self._handle = None

@@ -93,7 +93,7 @@ IDENTITY = {
     "task": "adding", "dataset": "fashion_mnist", "timesteps": 77, "seed": 5,
     "model": "gated", "units": 17, "epsilon": 0.5, "gamma": 0.5, "sigma_w": 3.0,
     "optimizer": "sgd", "learning_rate": 0.5, "momentum": 0.5, "clipnorm": 2.0,
-    "batch_size": 7, "validation_fraction": 0.5,
+    "batch_size": 7, "validation_fraction": 0.5, "dtype_policy": "mixed_bfloat16",
 }  # fmt: skip
 
 

@@ -86,12 +86,12 @@ def test_small_random_search_stays_in_the_space_and_names_the_best_trial(tmp_pat
         for name, value in values.items():
             assert value in PAPER_GRID[name] and space.contains(name, value), (name, value)
 
-    with open(directory / "trials.csv") as handle:
+    with open(directory / "p" / "trials.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [row["trial_id"] for row in rows] != [] and len(rows) == 3
     scores = [float(row["score"]) for row in rows]
     assert scores == sorted(scores, reverse=True)
-    best = json.loads((directory / "best.json").read_text())
+    best = json.loads((directory / "p" / "best.json").read_text())
     assert best["objective"] == "val_accuracy"
     assert best["best_trial_id"] == rows[0]["trial_id"]
     assert best["score"] == pytest.approx(max(t["score"] for t in trials.values()))
@@ -132,15 +132,15 @@ def test_grid_and_hyperband_search_then_retrain_the_best(tmp_path, tuner, model)
         values = trial["hyperparameters"]["values"]
         assert values["sigma_w"] in (1, 2) and values["learning_rate"] == 0.1
         assert ("epsilon" in values) == (model != "lstm")
-    best = json.loads((directory / "best.json").read_text())
+    best = json.loads((directory / f"digits-{model}" / "best.json").read_text())
     assert best["score"] == pytest.approx(
         max(t["score"] for t in trials.values() if t["status"] == "COMPLETED")
     )
     assert best["retrained"]["steps"] == 8
     assert best["retrained"]["model"] == model and "val_accuracy" in best["retrained"]
-    config = (directory / "best" / "config.yaml").read_text()
+    config = (directory / f"digits-{model}" / "best" / "config.yaml").read_text()
     assert f"sigma_w: {float(best['hyperparameters']['sigma_w'])}" in config
-    assert (directory / "best" / "model.keras").exists()
+    assert (directory / f"digits-{model}" / "best" / "model.keras").exists()
 
 
 @pytest.mark.parametrize(
@@ -169,7 +169,7 @@ def test_invalid_values_fail_with_one_line(tmp_path, capsys, extra, message):
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert not (tmp_path / "best.json").exists()
+    assert not list(tmp_path.rglob("best.json"))
 
 
 def test_invalid_space_file_value_fails_with_one_line(tmp_path, capsys):
@@ -243,7 +243,7 @@ def test_chief_and_two_workers_run_every_trial_once(tmp_path):
     ]
     assert sorted(runs) == sorted(found)
     assert "] trial " not in logs["chief"]
-    best = json.loads((directory / "best.json").read_text())
+    best = json.loads((directory / "p" / "best.json").read_text())
     assert best["completed_trials"] == trials
     assert best["score"] == pytest.approx(max(t["score"] for t in found.values()))
 
@@ -275,7 +275,7 @@ def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):
         _stop([first])
     before = _trials(project)
     assert before["0"]["status"] == "COMPLETED"
-    assert not (directory / "best.json").exists()
+    assert not (directory / "p" / "best.json").exists()
 
     second = _start(argv, tmp_path / "second.log")
     try:
@@ -290,5 +290,5 @@ def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):
     assert after["0"]["score"] == before["0"]["score"]
     assert after["0"]["hyperparameters"] == before["0"]["hyperparameters"]
     assert "[tuner0] trial 0 " not in log  # not redone
-    best = json.loads((directory / "best.json").read_text())
+    best = json.loads((directory / "p" / "best.json").read_text())
     assert best["completed_trials"] == 3

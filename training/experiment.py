@@ -21,10 +21,11 @@ import yaml
 
 import keras_antisym
 from apputil.errors import UsageError, check, invalid
-from apputil.files import atomic_path, write_atomically
+from apputil.files import FolderLock, atomic_path, write_atomically
 from apputil.quiet import native_stderr_silenced
 from training import distribution, loop, tasks
 from training.config import RunConfig, identity_fields
+from training.errors import RunLockedError
 from training.models import build_model
 from training.optimizers import make_optimizer
 from training.summaries import ScalarWriter
@@ -39,14 +40,18 @@ def weights_fingerprint(model: keras.Model) -> str:
     return digest.hexdigest()
 
 
-def check_resumable(path: str, config: dict) -> None:
+def check_resumable(path: str, config: dict, allowed: tuple[str, ...] = ()) -> dict:
     """Refuses (one line, nothing rewritten) to resume a run with other settings.
 
     Called before any checkpoint is read, so that a model of another shape or
     another backend's checkpoint format fails here, not in the restore.
+    `allowed` names the identity settings that may change (`--change-on-resume`).
+
+    Returns:
+        The allowed settings that changed: name -> (before, now).
     """
     if not os.path.isfile(path):
-        return
+        return {}
     with open(path) as handle:
         before = yaml.safe_load(handle) or {}
     if before.get("backend", config["backend"]) != config["backend"]:
@@ -55,13 +60,18 @@ def check_resumable(path: str, config: dict) -> None:
             f"{before['backend']!r} as in {path} (checkpoints resume on the backend that wrote "
             f"them; start a new run with another --output-dir), got {config['backend']!r}."
         )
+    changed = {}
     for key in identity_fields():
         if key in before and before[key] != config.get(key):
+            if key in allowed:
+                changed[key] = (before[key], config.get(key))
+                continue
             expected = (
                 f"{before[key]!r} as in {path} (a resumed run keeps its settings; start a new "
                 f"one with another --output-dir)"
             )
             raise invalid(f"--{key.replace('_', '-')}", expected, config.get(key))
+    return changed
 
 
 def _describe_device():
@@ -132,6 +142,19 @@ def train_and_evaluate(
         device = _describe_device()
     workdir = workdir or default_workdir(config)
     os.makedirs(workdir, exist_ok=True)
+    lock = FolderLock(workdir)
+    if distribution.chief_process(strategy) and not lock.acquire():
+        raise RunLockedError(
+            f"{workdir} is in use by process {lock.holder()}: another run trains there "
+            f"(wait for it to end, or give another --output-dir)"
+        )
+    try:
+        return _train_locked(config, task, strategy, device, workdir, log)
+    finally:
+        lock.release()
+
+
+def _train_locked(config, task, strategy, device, workdir, log):
     log(f"training on {device}")
     splits = Splits.load(task, config)
     trainer = _make_trainer(task, config, splits, strategy, workdir)
@@ -172,10 +195,12 @@ def _make_trainer(task, config, splits, strategy, workdir):
         model = build_model(
             task.spec, config.model, units=config.units, epsilon=config.epsilon,
             gamma=config.gamma, sigma_w=config.sigma_w, seed=config.seed,
+            dtype_policy=config.dtype_policy,
         )  # fmt: skip
         optimizer = make_optimizer(
-            config.optimizer, config.learning_rate, config.momentum, config.clipnorm
-        )
+            config.optimizer, config.learning_rate, config.momentum, config.clipnorm,
+            config.dtype_policy,
+        )  # fmt: skip
         return model, optimizer
 
     return make_trainer(
@@ -211,9 +236,24 @@ def _run_record(config, task, trainer, splits, workdir, device):
 def _restore(trainer, config, record, workdir, log):
     """Restores the last checkpoint (checking it may resume), writes `config.yaml`."""
     checkpoints = os.path.join(workdir, "checkpoints")
+    changed = {}
     if os.path.isdir(checkpoints) and os.listdir(checkpoints):
-        check_resumable(os.path.join(workdir, "config.yaml"), record)
+        path = os.path.join(workdir, "config.yaml")
+        changed = check_resumable(path, record, config.resume_changes())
     start_step, restored = trainer.restore()
+    if restored and changed:
+        # The checkpoint restored the optimizer's old values: the new ones apply from here.
+        if "learning_rate" in changed:
+            trainer.optimizer.learning_rate = config.learning_rate
+        if "clipnorm" in changed:
+            trainer.optimizer.clipnorm = config.clipnorm
+        for name, (before, now) in changed.items():
+            log(f"resuming with {name} {now} (was {before})")
+    changes = _previous_record(workdir).get("resume_changes", []) if restored else []
+    if restored and changed:
+        changes.append({"step": start_step, **{name: now for name, (_, now) in changed.items()}})
+    if changes:
+        record["resume_changes"] = changes
     if restored:
         check(
             config.steps >= start_step,
@@ -227,6 +267,14 @@ def _restore(trainer, config, record, workdir, log):
             os.path.join(workdir, "config.yaml"), yaml.safe_dump(record, sort_keys=True)
         )
     return start_step
+
+
+def _previous_record(workdir):
+    path = os.path.join(workdir, "config.yaml")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as handle:
+        return yaml.safe_load(handle) or {}
 
 
 def _learning_curve(config, task, splits, workdir, start_step):

@@ -104,17 +104,25 @@ def _diverged(step, what, saved):
 def save_checked(trainer: Any, step: int, saved: int = 0) -> None:
     """Checkpoints `trainer` at `step` only if its state is one to resume from.
 
-    The weights and the optimizer's variables must be finite, and the model's
-    loss on the next training batch too: weights that have grown to ~1e37 are
-    finite but overflow the next step. Raises `DivergenceError` otherwise,
-    leaving the previous checkpoint (`saved`) the newest.
+    The model's weights must be finite and small enough that their squares
+    are (|w| ≤ √max of their dtype, 1.8e19 in float32: beyond it any product of
+    two weights overflows, as after a step with a huge learning rate); the
+    optimizer's variables finite; and the model's mean loss on the next
+    training batch finite. Raises `DivergenceError` otherwise, leaving the
+    previous checkpoint (`saved`) the newest.
     """
-    for variable in [*trainer.model.weights, *trainer.optimizer.variables]:
+    for variable in trainer.model.weights:
+        value = np.asarray(variable)
+        limit = np.sqrt(np.finfo(value.dtype).max) if value.dtype.kind == "f" else np.inf
+        if not np.all(np.abs(value) <= limit):  # NaN fails too
+            raise _diverged(step, f"the weight {variable.path} is not finite or beyond {limit:.2g}",
+                            saved)  # fmt: skip
+    for variable in trainer.optimizer.variables:
         if not np.all(np.isfinite(np.asarray(variable))):
-            raise _diverged(step, f"the variable {variable.path} is not finite", saved)
+            raise _diverged(step, f"the optimizer variable {variable.path} is not finite", saved)
     x, y = trainer.batches(step)
-    loss = per_example_loss(trainer.task.spec, y, trainer.predict(x))
-    if not np.all(np.isfinite(np.asarray(loss))):
+    loss = np.asarray(per_example_loss(trainer.task.spec, y, trainer.predict(x)))
+    if not np.isfinite(np.mean(loss)):
         raise _diverged(step, "its weights give a non-finite loss on the next batch", saved)
     trainer.save(step)
 

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         args.runs_dir,
         args.report_dir or os.path.join(args.runs_dir, "report"),
         targets=TARGETS if args.suite == "paper" else (),
-        search_csv=os.path.join(args.runs_dir, "search", "trials.csv"),
+        search_csv=os.path.join(args.runs_dir, "search", SEARCH["name"], "trials.csv"),
         data_dir=args.data_dir,
     )
     print(f"report -> {path}")

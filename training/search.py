@@ -17,14 +17,14 @@ from typing import Any
 import keras
 import keras_tuner
 
-from apputil.errors import invalid
+from apputil.errors import invalid, shown
 from apputil.files import write_atomically
 from training import distribution, tasks
 from training.config import check_batch_size
 from training.errors import SearchError
 from training.experiment import train_and_evaluate
 from training.hypermodels import RNNHyperModel
-from training.space import MODEL_HYPERPARAMETERS, OBJECTIVE
+from training.space import MODEL_HYPERPARAMETERS, OBJECTIVE, flag_name
 
 
 def is_worker() -> bool:
@@ -84,9 +84,10 @@ def make_tuner(config, strategy, log=print):
     common = dict(
         hypermodel=hypermodel,
         objective=keras_tuner.Objective(OBJECTIVE, direction="max"),
-        seed=run.seed,
-        directory=config.directory,
-        project_name=config.project_name or f"{run.task}-{run.model}",
+        # keras-tuner takes a seed of 0 for "none" and draws a random one: shift it by one.
+        seed=run.seed + 1,
+        directory=os.path.dirname(config.project_dir),
+        project_name=os.path.basename(config.project_dir),
         overwrite=False,  # the same command continues an interrupted search
         distribution_strategy=strategy if keras.backend.backend() == "tensorflow" else None,
     )
@@ -157,7 +158,7 @@ def retrain(config, hyperparameters, log=print):
         checkpoint_every=max(1, min(200, steps)),
         log_every=max(1, min(50, steps)),
     ).validate()
-    workdir = config.retrain_dir or os.path.join(config.directory, "best")
+    workdir = config.retrain_dir or os.path.join(config.project_dir, "best")
     return train_and_evaluate(best, workdir, log=log)
 
 
@@ -194,26 +195,73 @@ def run(config: Any, log: Callable[[str], object] = print) -> dict | None:
     strategy, name, replicas = trial_distribution(config.run)
     check_batch_size(config.run.batch_size, replicas)
     log(f"trials run on {name} ({replicas} replicas)")
-    os.makedirs(config.directory, exist_ok=True)
+    check_same_search(config)
     tuner = make_tuner(config, strategy, log=log)
     tuner.search(verbose=0)  # each trial logs its own lines
     if is_worker():
         log(f"[{tuner.tuner_id}] no trials left; the chief writes best.json")
         return None
     rows = trial_rows(tuner.oracle, config.run.model)
-    write_trials(rows, os.path.join(config.directory, "trials.csv"))
+    write_trials(rows, os.path.join(config.project_dir, "trials.csv"))
     log(format_table(rows))
     summary = best_summary(config, tuner, rows)
     if config.retrain_steps:
         log(f"retraining trial {summary['best_trial_id']} for {config.retrain_steps} steps")
         summary["retrained"] = retrain(config, summary["hyperparameters"], log=log)
-    path = os.path.join(config.directory, "best.json")
+    path = os.path.join(config.project_dir, "best.json")
     write_atomically(path, json.dumps(summary, indent=2) + "\n")
     log(
         f"best trial {summary['best_trial_id']} {OBJECTIVE} {summary['score']:.4f} "
         f"{_describe(summary['hyperparameters'])} -> {path}"
     )
     return summary
+
+
+SEARCH_RECORD = "search.json"
+
+
+def check_same_search(config: Any) -> None:
+    """Records what a new search is, and refuses to continue another one in its project.
+
+    A rerun in the same project continues the search (its finished trials are
+    kept) only if the trials would be the same ones: the same run settings,
+    search space, tuner and trial budget. More `--max-trials` extend it.
+    """
+    path = os.path.join(config.project_dir, SEARCH_RECORD)
+    identity = json.loads(json.dumps(config.identity()))  # as read back: tuples are lists
+    if os.path.isfile(path):
+        with open(path) as handle:
+            before = json.load(handle)
+        for key, value in _flatten(identity).items():
+            previous = _flatten(before).get(key)
+            if previous != value:
+                raise invalid(
+                    _search_flag(key),
+                    f"{shown(previous)} as in {path} (a rerun continues the search of its "
+                    f"project; start another with another --project-name or --directory)",
+                    value,
+                )
+        return
+    os.makedirs(config.project_dir, exist_ok=True)
+    if not is_worker():
+        write_atomically(path, json.dumps(identity, indent=2, sort_keys=True) + "\n")
+
+
+def _search_flag(key):
+    """The flag behind a key of `search.json` ("run.units" -> "--units")."""
+    group, _, name = key.partition(".")
+    if group == "space":
+        return "--log-scale" if name == "log_scale" else flag_name(name)
+    return "--" + (name or group).replace("_", "-")
+
+
+def _flatten(tree, prefix=""):
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else key))
+    return flat
 
 
 def best_summary(config, tuner, rows):

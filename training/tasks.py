@@ -12,6 +12,7 @@ every backend (TensorFlow wraps them in `tf.data`), so no task needs TensorFlow.
 import dataclasses
 import logging
 import os
+import zipfile
 
 import numpy as np
 
@@ -71,9 +72,54 @@ def _load_images(name, split, data_dir):
         expected = "an existing TFDS data directory or a folder of .npz files"
         raise invalid("--data-dir", expected, data_dir, DataError)
     if data_dir is not None and os.path.isfile(npz_path(data_dir, name)):
-        with np.load(npz_path(data_dir, name)) as arrays:
-            return arrays[f"x_{split}"].astype("uint8"), arrays[f"y_{split}"].astype("int32")
-    return _load_tfds(name, split, data_dir)
+        path = npz_path(data_dir, name)
+        try:
+            with np.load(path, allow_pickle=False) as arrays:
+                images, labels = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        except KeyError:
+            raise DataError(
+                f"{path} has no array 'x_{split}' and 'y_{split}' (keras.datasets' layout: "
+                f"x_train, y_train, x_test, y_test)"
+            ) from None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+            raise DataError(f"{path} is not a readable .npz file ({error})") from None
+        return _checked_images(name, split, images, labels, path)
+    try:
+        images, labels = _load_tfds(name, split, data_dir)
+    except DataError:
+        raise
+    except Exception as error:  # a damaged TFDS folder fails in many ways, none of them a bug here
+        where = data_dir or "~/tensorflow_datasets"
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise DataError(f"TFDS data set {name!r} in {where} cannot be read: {reason}") from None
+    return _checked_images(name, split, images, labels, f"TFDS {name!r}")
+
+
+# (height, width, channels) of each image data set.
+IMAGE_SHAPES = {"mnist": (28, 28, 1), "fashion_mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
+
+
+def _checked_images(name, split, images, labels, source):
+    """`(images uint8, labels int32)`, or `DataError` if they are not the data set's."""
+    shape = IMAGE_SHAPES.get(name)
+    images, labels = np.asarray(images), np.asarray(labels)
+    if shape is not None and images.shape[1:] not in (shape, shape[:2] if shape[2] == 1 else shape):
+        raise DataError(
+            f"{source}: the {split} images have shape {images.shape}, expected (N, "
+            f"{', '.join(map(str, shape))}) for {name}"
+        )
+    if labels.shape != images.shape[:1]:
+        raise DataError(
+            f"{source}: {labels.shape} {split} labels for {len(images)} images, expected "
+            f"({len(images)},)"
+        )
+    numeric = np.issubdtype(images.dtype, np.number) and np.issubdtype(labels.dtype, np.integer)
+    if not numeric or (labels.size and (labels.min() < 0 or labels.max() >= 10)):
+        raise DataError(
+            f"{source}: expected numeric images and integer labels 0-9, got {images.dtype} "
+            f"images and {labels.dtype} labels"
+        )
+    return images.astype("uint8"), labels.astype("int32")
 
 
 def _import_tfds(name):

@@ -27,7 +27,7 @@ from apputil import cli, quiet
 from apputil.cli import OneLineParser
 from apputil.errors import check, invalid
 from training import options
-from training.config import RunConfig, check_types, flag
+from training.config import RunConfig, check_types, flag, identity_fields
 from training.errors import EXPECTED
 from training.space import PAPER_GRID, SearchSpace, flag_name
 
@@ -134,6 +134,24 @@ class SearchConfig:
         names = {field.name for field in dataclasses.fields(cls)} - {"run", "space"}
         values = {name: getattr(args, name) for name in names}
         return cls(run=RunConfig.from_namespace(args), space=make_space(args), **values)
+
+    @property
+    def project_dir(self) -> str:
+        """keras-tuner's project folder: trials, `search.json`, `trials.csv`, `best.json`."""
+        return os.path.join(
+            self.directory, self.project_name or f"{self.run.task}-{self.run.model}"
+        )
+
+    def identity(self) -> dict:
+        """What a search's trials depend on: a rerun continues only a search of the same."""
+        run = self.run.to_dict()
+        return {
+            "run": {name: run[name] for name in identity_fields()},
+            "space": self.space.to_dict(),
+            "tuner": self.tuner,
+            "steps_per_trial": self.steps_per_trial,
+            "hyperband_max_epochs": self.hyperband_max_epochs,
+        }
 
     def validate(self):
         """Checks the flags' types and ranges; returns `self` or raises `UsageError`."""

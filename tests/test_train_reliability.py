@@ -1,0 +1,234 @@
+"""Training under hostile or careless use: signals, divergence, shared folders, bad data, reruns."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import yaml
+
+from apputil.files import FolderLock
+from training import loop, train, tune
+from training.errors import DivergenceError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--task", "digits", "--units", "8", "--batch-size", "32", "--strategy", "default"]
+
+
+def _env(backend="jax"):
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
+            "KERAS_BACKEND": backend}  # fmt: skip
+
+
+@pytest.mark.parametrize("number, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_checkpoints_the_step_in_progress_and_the_rerun_resumes_there(
+    tmp_path, number, status
+):
+    out = tmp_path / "run"
+    argv = [*TINY, "--steps", "100000", "--checkpoint-every", "100000", "--log-every", "5",
+            "--output-dir", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.train", *argv], cwd=ROOT, env=_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:  # wait until it trains
+            if line.startswith("step 10/") or time.monotonic() > deadline:
+                break
+        proc.send_signal(number)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == status, err[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    name = signal.Signals(number).name
+    assert f"python -m training.train: error: stopped by {name} at step " in lines[0]
+    step = int(lines[0].split(" at step ")[1].split(",")[0])
+    index = json.loads((out / "checkpoints" / "checkpoint.json").read_text())
+    assert index["latest"] == f"ckpt-{step}.npz"  # the only checkpoint: the interrupted step
+    rerun = subprocess.run(
+        [sys.executable, "-m", "training.train", *argv[:-4], "--steps", str(step + 2),
+         "--output-dir", str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"at step {step}" in rerun.stdout
+    assert json.loads((out / "metrics.json").read_text())["steps"] == step + 2
+
+
+class _Trainer:
+    """The pieces of a trainer `save_checked` reads, around a real model."""
+
+    def __init__(self, scale):
+        self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        self.model.set_weights([w * 0 + scale for w in self.model.get_weights()])
+        self.optimizer = keras.optimizers.SGD()
+        self.optimizer.build(self.model.trainable_variables)
+        self.task = type("Task", (), {"spec": _Spec()})()
+        self.saved = []
+
+    def batches(self, step):
+        return np.full((4, 3), 1e30, "float32"), np.zeros(4, "int32")
+
+    def predict(self, x):
+        return self.model(x)
+
+    def save(self, step):
+        self.saved.append(step)
+
+
+class _Spec:
+    head, num_outputs, scored_steps, tolerance = "last", 2, None, None
+
+
+@pytest.mark.parametrize(
+    "scale, reason",
+    [(np.inf, "is not finite or beyond 1.8e"), (np.nan, "is not finite"),
+     (1e20, "beyond 1.8e+19"), (1e18, "non-finite loss")],
+)  # fmt: skip
+def test_nothing_non_finite_or_overflowing_is_checkpointed(scale, reason):
+    trainer = _Trainer(scale)
+    pattern = f"diverged at step 7: .*{re.escape(reason)}.* \\(step 5\\)"
+    with pytest.raises(DivergenceError, match=pattern):
+        loop.save_checked(trainer, 7, saved=5)
+    assert trainer.saved == []
+    healthy = _Trainer(0.5)
+    loop.save_checked(healthy, 7, saved=5)
+    assert healthy.saved == [7]
+
+
+def test_a_diverged_run_resumes_from_its_last_good_checkpoint_with_a_new_learning_rate(tmp_path):
+    out = tmp_path / "run"
+    common = [*TINY, "--optimizer", "sgd", "--checkpoint-every", "1", "--output-dir", str(out)]
+    first = subprocess.run(
+        [sys.executable, "-m", "training.train", *common, "--steps", "3"], cwd=ROOT, env=_env(),
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-2000:]
+    blown = subprocess.run(
+        [sys.executable, "-m", "training.train", *common, "--steps", "40",
+         "--learning-rate", "1e38", "--change-on-resume", "learning_rate"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert blown.returncode == 2, blown.stderr[-2000:]
+    assert "training diverged at step" in blown.stderr and "Traceback" not in blown.stderr
+    # Every checkpoint left is finite.
+    for path in (out / "checkpoints").glob("ckpt-*.npz"):
+        with np.load(path) as arrays:
+            assert all(np.isfinite(arrays[k]).all() for k in arrays.files), path
+    refused = subprocess.run(
+        [sys.executable, "-m", "training.train", *common, "--steps", "6",
+         "--learning-rate", "0.05"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "argument `--learning-rate`" in refused.stderr
+    resumed = subprocess.run(
+        [sys.executable, "-m", "training.train", *common, "--steps", "6",
+         "--learning-rate", "0.05", "--change-on-resume", "learning_rate"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming with learning_rate 0.05 (was 1e+38)" in resumed.stdout
+    record = yaml.safe_load((out / "config.yaml").read_text())
+    assert record["learning_rate"] == 0.05
+    assert record["resume_changes"][-1]["learning_rate"] == 0.05
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 6 and np.isfinite(metrics["test_loss"])
+
+
+def test_a_second_run_in_the_same_folder_is_refused_and_a_dead_holder_never_blocks(
+    tmp_path, capsys
+):
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = FolderLock(out)
+    assert lock.acquire()
+    try:
+        argv = [*TINY, "--steps", "2", "--output-dir", str(out)]
+        assert train.main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and f"{out} is in use by process {os.getpid()}" in err[0]
+    finally:
+        lock.release()
+    # A lock file left by a process that died holds no lock.
+    (out / ".lock").write_text("999999\n")
+    assert train.main([*TINY, "--steps", "2", "--output-dir", str(out)]) == 0
+
+
+def _npz(path, **arrays):
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+GOOD = {
+    "x_train": np.zeros((4, 28, 28), "uint8"), "y_train": np.zeros(4, "int64"),
+    "x_test": np.zeros((2, 28, 28), "uint8"), "y_test": np.zeros(2, "int64"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\x00garbage" * 100, "is not a readable .npz file"),
+        ({**GOOD, "x_train": None}, "has no array 'x_train' and 'y_train'"),
+        ({**GOOD, "x_train": np.zeros((4, 27, 28), "uint8")}, "have shape (4, 27, 28)"),
+        ({**GOOD, "y_train": np.zeros(3, "int64")}, "(3,) train labels for 4 images"),
+        ({**GOOD, "y_train": np.full(4, 12)}, "integer labels 0-9"),
+        ({**GOOD, "x_train": np.array(["a"] * 4)}, "have shape (4,)"),
+    ],
+)
+def test_garbage_data_files_are_one_line_errors(tmp_path, capsys, content, message):
+    path = tmp_path / "mnist.npz"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        _npz(path, **{k: v for k, v in content.items() if v is not None})
+    argv = ["--task", "pixel_mnist", "--data-dir", str(tmp_path), "--steps", "1",
+            "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+SEARCH = [*TINY[:-2], "--model", "antisymmetric", "--tuner", "random", "--max-trials", "2",
+          "--steps-per-trial", "2", "--validation-fraction", "0.2", "--seed", "0"]  # fmt: skip
+
+
+def test_a_search_is_continued_only_with_its_own_settings(tmp_path, capsys):
+    argv = [*SEARCH, "--directory", str(tmp_path), "--project-name", "p"]
+    assert tune.main(argv) == 0
+    record = json.loads((tmp_path / "p" / "search.json").read_text())
+    assert record["run"]["units"] == 8 and record["steps_per_trial"] == 2
+    capsys.readouterr()
+    for change, flag in (
+        (["--units", "9"], "--units"),
+        (["--steps-per-trial", "3"], "--steps-per-trial"),
+        (["--epsilon-values", "0.1"], "--epsilon-values"),
+        (["--tuner", "bayesian"], "--tuner"),
+    ):
+        assert tune.main([*argv, *change]) == 2, change
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and f"argument `{flag}`, expected" in err[0], err
+        assert "as in" in err[0] and "search.json" in err[0]
+    # More trials extend the same search; another project in the same folder is apart.
+    assert tune.main([*argv[:-2], "--project-name", "q"]) == 0
+    assert (tmp_path / "p" / "trials.csv").exists() and (tmp_path / "q" / "trials.csv").exists()
+    assert json.loads((tmp_path / "q" / "best.json").read_text())["project_dir"].endswith("q")
+
+
+def test_seed_zero_gives_the_same_search_twice(tmp_path):
+    values = []
+    for name in ("a", "b"):
+        assert tune.main([*SEARCH, "--directory", str(tmp_path / name), "--project-name", "p"]) == 0
+        trials = sorted((tmp_path / name / "p").glob("trial_*/trial.json"))
+        values.append([json.loads(t.read_text())["hyperparameters"]["values"] for t in trials])
+    assert values[0] == values[1] and len(values[0]) == 2
