@@ -232,3 +232,30 @@ def test_seed_zero_gives_the_same_search_twice(tmp_path):
         trials = sorted((tmp_path / name / "p").glob("trial_*/trial.json"))
         values.append([json.loads(t.read_text())["hyperparameters"]["values"] for t in trials])
     assert values[0] == values[1] and len(values[0]) == 2
+
+
+def _shared_tfds():
+    path = os.environ.get("KERAS_ANTISYM_TFDS_DIR") or ROOT.parent / "shared" / "data" / "tfds"
+    return Path(path) if (Path(path) / "mnist").is_dir() else None
+
+
+@pytest.mark.parametrize("damage", ["metadata", "records"])
+def test_a_damaged_tfds_folder_is_a_one_line_error(tmp_path, capsys, damage):
+    version = tmp_path / "tfds" / "mnist" / "3.0.1"
+    if damage == "metadata":
+        version.mkdir(parents=True)
+        (version / "dataset_info.json").write_bytes(os.urandom(2000))
+    else:
+        shared = _shared_tfds()
+        if shared is None:
+            pytest.skip("needs the prepared MNIST subset (shared/data/tfds) to damage a copy")
+        import shutil
+
+        shutil.copytree(shared / "mnist", tmp_path / "tfds" / "mnist")
+        for record in (tmp_path / "tfds" / "mnist").rglob("*.tfrecord*"):
+            record.write_bytes(os.urandom(3000))
+    argv = ["--task", "pixel_mnist", "--data-dir", str(tmp_path / "tfds"), "--steps", "1",
+            "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "TFDS data set 'mnist' in" in err[0] and "cannot be read" in err[0]
