@@ -11,6 +11,7 @@ import keras
 
 from keras_antisym._equations import fan_in_stddev
 from keras_antisym._typing import DType, Tensor
+from keras_antisym._validation import invalid
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
@@ -43,20 +44,14 @@ class FanInNormal(keras.initializers.RandomNormal):
             or not math.isfinite(sigma)
             or sigma < 0
         ):
-            raise ValueError(
-                "Received an invalid value for argument `sigma`, expected a "
-                f"non-negative float, got {sigma!r}."
-            )
+            raise invalid("sigma", "a non-negative float", sigma)
         super().__init__(mean=0.0, stddev=1.0, seed=seed)
         self.sigma: float = float(sigma)
 
     def __call__(self, shape: Sequence[int], dtype: DType = None) -> Tensor:
         shape = tuple(shape)
         if not shape:
-            raise ValueError(
-                "Received an invalid value for argument `shape`, expected at "
-                f"least one dimension, got {shape}."
-            )
+            raise invalid("shape", "at least one dimension", shape)
         if self.sigma == 0.0:
             return keras.ops.zeros(shape, dtype=dtype)
         stddev = fan_in_stddev(self.sigma, shape)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
+import os
 import signal
 import threading
 import time
@@ -22,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+import keras_antisym
+from apputil.files import write_atomically
 from training.config import RunConfig
 from training.errors import DivergenceError, Interrupted
 from training.objectives import per_example_correct, per_example_loss
@@ -260,9 +264,6 @@ class LearningCurve:
 
     def resume(self, start_step):
         """Keeps the points up to `start_step` (the restored checkpoint)."""
-        import json
-        import os
-
         if os.path.isfile(self.path):
             with open(self.path) as handle:
                 points = json.load(handle).get("points", [])
@@ -285,10 +286,6 @@ class LearningCurve:
         log(f"step {step} {self.split}_accuracy {accuracy:.4f} {self.split}_loss {loss:.4f}")
 
     def save(self):
-        import json
-
-        from apputil.files import write_atomically
-
         body = {"split": self.split, "every": self.every, "points": self.points}
         write_atomically(self.path, json.dumps(body, indent=1) + "\n")
 
@@ -303,8 +300,6 @@ class Diagnostics:
     """
 
     def __init__(self, model, task, inputs, targets, every, probe_size=4):
-        import keras_antisym
-
         self.every = every
         count = min(probe_size, len(targets))
         x, y = task.make_batch(inputs[:count], targets[:count], (0, 0))
