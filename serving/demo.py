@@ -37,6 +37,7 @@ import numpy as np
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import check
 from serving.client import ServingClient, ServingError
+from training.tasks import get_task
 
 MODEL_NAME = "antisym"
 
@@ -82,8 +83,6 @@ def _wait_until_serving(
 
 def _test_digits(count: int, timesteps: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The first `count` test digits, as the `digits` task feeds them (noise-padded to T)."""
-    from training.tasks import get_task  # heavy (Keras, TensorFlow): not before training ran
-
     task = get_task("digits", timesteps=timesteps)
     images, labels = task.examples("test")
     x, y = task.make_batch(images[:count], labels[:count], np.zeros(2, "int32"))
