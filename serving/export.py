@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 from apputil.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, run
 from apputil.errors import Literal, UsageError, invalid
 from apputil.files import fsync_directory, fsync_tree
+from apputil.processes import pid_alive
 from apputil.quiet import import_keras, import_tensorflow
 from serving.names import check_version, parse_version, version_folder
 from serving.signatures import (
@@ -265,13 +266,7 @@ def load_keras_model(path: str | os.PathLike) -> keras.Model:
 def _owner_alive(pid: int, host: str) -> bool:
     if host != _host():
         return True  # another machine's exporter: cannot tell, keep it
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _host() -> str:

@@ -109,3 +109,20 @@ def test_one_line_parser_errors_are_one_line():
     )
     assert proc.returncode == 2
     assert proc.stderr == "prog: error: argument --n: invalid int value: 'x'\n"
+
+
+def test_pid_alive_tells_running_from_ended_and_unreaped():
+    from apputil.processes import pid_alive
+
+    assert pid_alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = 0
+    while child.poll() is None and deadline < 600:  # ended, not yet reaped: a zombie
+        deadline += 1
+        subprocess.run(["sleep", "0.05"])
+    # poll() reaps it; a fresh child left unreaped shows the zombie case.
+    assert not pid_alive(child.pid)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # ended, still unreaped
+    assert not pid_alive(zombie.pid)
+    zombie.wait()

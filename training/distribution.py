@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from apputil.errors import invalid
+from apputil.processes import pid_alive
 from apputil.quiet import native_stderr_silenced
 from training.errors import ProcessLostError, StrategyError
 
@@ -331,7 +332,7 @@ def lost_processes_error(error: BaseException) -> ProcessLostError | None:
     lost = [
         index
         for index, entry in _STARTED.get("roster", {}).items()
-        if entry["host"] == host and not _alive(entry["pid"])
+        if entry["host"] == host and not pid_alive(entry["pid"])
     ]
     if not lost:
         from jax._src import distributed
@@ -345,23 +346,6 @@ def lost_processes_error(error: BaseException) -> ProcessLostError | None:
         return None
     _STARTED["lost"] = lost
     return ProcessLostError(_lost_message(sorted(lost)))
-
-
-def _alive(pid):
-    """Whether process `pid` of this host runs (a killed child not yet reaped does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 def _lost_message(lost):
