@@ -122,7 +122,8 @@ class AntisymmetricRNN(keras.layers.RNN):
             kernel (`keras_antisym.kernels`: Pallas on JAX, Triton on
             PyTorch) instead of the time loop; the same numbers either way.
             The kernel needs JAX or PyTorch (with Triton), a CUDA GPU, tanh
-            (and a sigmoid gate), a float32 compute dtype, at most
+            (and a sigmoid gate), a float32 or bfloat16 compute dtype
+            (`mixed_bfloat16`: bfloat16 inputs, float32 state), at most
             `kernels.MAX_UNITS` units, no recurrent dropout in training, no
             mask, and a static length. `"auto"` uses it where these hold and
             takes the loop elsewhere. `True` means the kernel or an error,
@@ -234,13 +235,41 @@ class AntisymmetricRNN(keras.layers.RNN):
         fused_kernel: bool | Literal["auto"],
         **kwargs: Any,
     ) -> None:
-        """`keras.layers.RNN.__init__`, the 3D input spec, `hoist_inputs`, `fused_kernel`."""
+        """`keras.layers.RNN.__init__`, the 3D input spec, `hoist_inputs`, `fused_kernel`.
+
+        The layer casts for itself (`autocast=False`): under a mixed policy
+        Keras' autocasting would read the `stateful` state variables, and
+        any variable, in the compute dtype. The weights and the inputs are
+        cast to the products' dtype where they are used (`sequence_constants`,
+        `project_inputs`), the state is read and carried in float32.
+        """
+        kwargs["autocast"] = False
         super().__init__(cell, **kwargs)
         self._hoist_inputs = check_auto_or_bool("hoist_inputs", hoist_inputs)
         self._fused_kernel = check_auto_or_bool("fused_kernel", fused_kernel)
         if self._fused_kernel is True:
             kernels.check_layer(cell)
         self.input_spec = keras.layers.InputSpec(ndim=3)
+
+    def build(self, sequences_shape: Any, initial_state_shape: Any = None) -> None:
+        super().build(sequences_shape, initial_state_shape)
+        if self.stateful and self.states is not getattr(self, "_float32_states", None):
+            # Keras' state variables autocast: under a mixed policy a read inside
+            # the call gives the compute dtype, rounding the carried state (and
+            # on PyTorch an assignment there is lost). These are float32 and
+            # never autocast; like Keras' own, they are not among the weights.
+            with keras.name_scope(self.name, caller=self):
+                states = [
+                    keras.Variable(
+                        ops.zeros(v.shape, self.variable_dtype),
+                        trainable=False,
+                        autocast=False,
+                        name="rnn_state",
+                    )
+                    for v in self.states
+                ]
+            object.__setattr__(self, "states", states)
+            object.__setattr__(self, "_float32_states", states)
 
     def _cell_keywords(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The cell's name, dtype and trainability, and its own arguments (popped)."""
@@ -260,8 +289,23 @@ class AntisymmetricRNN(keras.layers.RNN):
         training: bool = False,
     ) -> tuple[Tensor, Tensor, list[Tensor]]:
         # Called by RNN.call (keras_antisym/_keras_private.py, assumption 3).
+        result = self._fused_loop(sequences, initial_state, mask, training)
+        # The float32 state for `call` (not tracked: a tensor of this call only).
+        object.__setattr__(self, "_carried_states", result[2])
+        return result
+
+    def _fused_loop(
+        self,
+        sequences: Tensor,
+        initial_state: Tensor | list[Tensor],
+        mask: Tensor | None,
+        training: bool,
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
         cell = self.cell
         h0 = initial_state[0] if isinstance(initial_state, (list, tuple)) else initial_state
+        # RNN.call has cast `h0` to the cell's compute dtype, the state dtype
+        # (float32 under the mixed policies); the inputs run in the products' dtype.
+        sequences = ops.cast(sequences, cell.product_dtype)
         if self.fused_kernel is True:  # the kernel or an error (no recurrent dropout)
             kernels.check_call(cell, sequences, mask)
             sequences, _ = self._apply_dropout(sequences, h0, training)
@@ -297,6 +341,29 @@ class AntisymmetricRNN(keras.layers.RNN):
                 outputs = ops.reshape(outputs, (-1, steps, cell.units))
         return last_output, outputs, states
 
+    def call(
+        self,
+        sequences: Tensor,
+        initial_state: Tensor | list[Tensor] | None = None,
+        mask: Tensor | None = None,
+        training: bool = False,
+    ) -> Tensor | list[Tensor]:
+        """`keras.layers.RNN.call`; a `stateful` layer carries its state over in float32.
+
+        RNN.call casts the states it returns to the layer's compute dtype and
+        assigns those; a bfloat16 carry-over would round the state at every
+        batch. The state variables are float32 (the variable dtype): they
+        receive the loop's float32 state instead.
+        """
+        object.__setattr__(self, "_carried_states", None)
+        result = super().call(sequences, initial_state=initial_state, mask=mask, training=training)
+        carried = self._carried_states
+        object.__setattr__(self, "_carried_states", None)
+        if self.stateful and carried is not None:
+            for variable, state in zip(self.states, carried, strict=True):
+                variable.assign(ops.cast(state, self.variable_dtype))
+        return result
+
     def _apply_dropout(
         self, sequences: Tensor, h0: Tensor, training: bool
     ) -> tuple[Tensor, Tensor | None]:
@@ -309,7 +376,7 @@ class AntisymmetricRNN(keras.layers.RNN):
             return sequences, None
         dropout_mask = self.cell.get_dropout_mask(sequences[:, 0])
         if dropout_mask is not None:
-            sequences = sequences * ops.expand_dims(dropout_mask, 1)
+            sequences = sequences * ops.expand_dims(ops.cast(dropout_mask, sequences.dtype), 1)
         return sequences, self.cell.step_recurrent_dropout_mask(h0)
 
     def _step_function(

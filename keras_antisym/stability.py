@@ -144,7 +144,7 @@ def _step_factors(
     dtype = cell.kernel.dtype
     h, squeeze = _as_batch("state", state, cell.units, dtype)
     x, _ = _as_batch("inputs", inputs, cell.kernel.shape[0], dtype)
-    operand, weights = cell.sequence_constants()
+    operand, weights = cell.sequence_constants(cell.variable_dtype)
     _, d = cell.step(h, cell.project_blocks(x, weights), operand, return_slope=True)
     return cell, ops.convert_to_numpy(d).astype("float64"), squeeze
 
@@ -316,7 +316,7 @@ def end_to_end_jacobian(
     x, h, squeeze = _sequences_and_state(cell, sequences, initial_state)
     if reads_backwards(layer):
         x = ops.flip(x, axis=1)
-    operand, weights = cell.sequence_constants()
+    operand, weights = cell.sequence_constants(cell.variable_dtype)
     m = ops.transpose(operand)
     projected = cell.project_blocks(x, weights)
     batch, units = x.shape[0], cell.units

@@ -435,11 +435,14 @@ def test_cell_called_directly_applies_dropout_only_when_training(cell_class):
 @pytest.mark.parametrize("cell_class", [AntisymmetricCell, GatedAntisymmetricCell])
 @pytest.mark.parametrize("dtype", ["float64", "mixed_float16"])
 def test_initial_state_is_zeros_in_the_compute_dtype(cell_class, dtype):
-    """As Keras' own cells (`GRUCell`): `[zeros (batch, units)]` in the cell's compute dtype."""
-    (state,) = cell_class(5, dtype=dtype).get_initial_state(batch_size=3)
-    (gru_state,) = keras.layers.GRUCell(5, dtype=dtype).get_initial_state(batch_size=3)
-    assert keras.backend.standardize_dtype(state.dtype) == dtype.split("_")[-1]
-    assert state.dtype == gru_state.dtype
+    """As Keras' own cells: `[zeros (batch, units)]` in the cell's compute dtype, which is
+    the state's dtype: the variable dtype (float32 under a mixed policy, where the
+    products run in `product_dtype`; `GRUCell` would give float16)."""
+    cell = cell_class(5, dtype=dtype)
+    (state,) = cell.get_initial_state(batch_size=3)
+    assert keras.backend.standardize_dtype(state.dtype) == cell.compute_dtype
+    assert cell.compute_dtype == ("float64" if dtype == "float64" else "float32")
+    assert cell.product_dtype == dtype.split("_")[-1]
     np.testing.assert_array_equal(np.asarray(state), np.zeros((3, 5)))
 
 

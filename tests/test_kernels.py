@@ -104,6 +104,45 @@ def test_pallas_recurrence_matches_reference_and_scan_gradients(gated, batch, un
         np.testing.assert_allclose(g, w, atol=ATOL, err_msg=name)
 
 
+# bfloat16 `u` and `mt` (a layer under mixed_bfloat16), float32 state: against the
+# float64 reference of the unrounded operands the error is that of rounding `u`
+# and `M` to bfloat16 once (2⁻⁹ relative), not one rounding per step.
+BFLOAT16_ATOL = 1e-2
+
+
+@pytest.mark.parametrize("batch,units", [(3, 5), (16, 16)])
+@pytest.mark.parametrize("gated", [False, True])
+def test_pallas_recurrence_takes_bfloat16_inputs_with_a_float32_state(gated, batch, units):
+    import jax
+    import jax.numpy as jnp
+
+    from keras_antisym.kernels import pallas_recurrence
+
+    weights, x, (u, mt, h0), probe = problem(gated, batch=batch, units=units)
+    u16, mt16 = jnp.asarray(u, jnp.bfloat16), jnp.asarray(mt, jnp.bfloat16)
+    states = pallas_recurrence.recurrence(u16, mt16, h0, EPSILON, gated, interpret=True)
+    assert states.dtype == jnp.float32
+    # Exactly the float32 recurrence of the rounded operands: float32 accumulation.
+    rounded = [np.asarray(a, "float32") for a in (u16, mt16)]
+    np.testing.assert_allclose(states, scan_recurrence(*rounded, h0, gated), atol=ATOL)
+    reference_states = expected_states(gated, weights, x, h0)
+    np.testing.assert_allclose(states, reference_states, atol=BFLOAT16_ATOL)
+
+    def loss(u, mt, h0):
+        return (
+            pallas_recurrence.recurrence(u, mt, h0, EPSILON, gated, interpret=True) * probe
+        ).sum()
+
+    got = jax.grad(loss, argnums=(0, 1, 2))(u16, mt16, h0)
+    assert [g.dtype for g in got] == [jnp.bfloat16, jnp.bfloat16, jnp.float32]
+    want = jax.grad(lambda *a: (scan_recurrence(*a, gated) * probe).sum(), argnums=(0, 1, 2))(
+        *rounded, h0
+    )
+    for name, g, w in zip(("u", "mt", "h0"), got, want, strict=True):
+        # The bfloat16 gradients are rounded once (2⁻⁹ relative).
+        np.testing.assert_allclose(np.asarray(g, "float32"), w, rtol=1e-2, atol=1e-2, err_msg=name)
+
+
 def test_pallas_recurrence_checks_precision():
     from keras_antisym.kernels import pallas_recurrence
 
@@ -328,14 +367,14 @@ CONSTRUCTION_CONDITIONS = {
     "dtype": (
         {"dtype": "float64"},
         "dtype",
-        "a dtype policy that computes in float32",
+        "a dtype policy that computes in float32 or bfloat16",
         "'float64'",
     ),
     "mixed-precision": (
-        {"dtype": "mixed_bfloat16"},
+        {"dtype": "mixed_float16"},
         "dtype",
-        "a dtype policy that computes in float32",
-        "'mixed_bfloat16'",
+        "a dtype policy that computes in float32 or bfloat16",
+        "'mixed_float16'",
     ),
 }
 
@@ -373,7 +412,9 @@ def test_global_dtype_policy_counts_as_the_layers(monkeypatch):
     keras.config.set_dtype_policy("mixed_float16")  # reset by conftest
     with pytest.raises(ValueError) as info:
         AntisymmetricRNN(4, fused_kernel=True)
-    expected = unmet("dtype", "a dtype policy that computes in float32", "'mixed_float16'")
+    expected = unmet(
+        "dtype", "a dtype policy that computes in float32 or bfloat16", "'mixed_float16'"
+    )
     assert str(info.value) == expected
 
 
@@ -409,7 +450,7 @@ def test_fused_kernel_true_raises_for_a_mask_at_the_call(monkeypatch):
             "at least one timestep and one feature",
             "sequences of shape (3, 6, 0)",
         ),
-        ((3, 6, 2), "float64", "float32 sequences", "float64 sequences"),
+        ((3, 6, 2), "float64", "float32 or bfloat16 sequences", "float64 sequences"),
         (
             (2**14, 2**10, 2),
             "float32",

@@ -35,7 +35,7 @@ class RNNHyperModel(keras_tuner.HyperModel):
         config: The `training.config.RunConfig` every trial shares: `model`,
             `units`, `batch_size`, `seed` (the same in every trial, so trials
             differ only in their hyperparameters), `validation_fraction`,
-            `momentum`, `clipnorm`, `data_dir` and `eval_batch_size`.
+            `momentum`, `clipnorm`, `dtype_policy`, `data_dir` and `eval_batch_size`.
         space: A `SearchSpace`.
         steps_per_trial: Training steps of a full trial.
         rounds: Hyperband's `max_epochs`: an epoch it asks for is
@@ -77,6 +77,7 @@ class RNNHyperModel(keras_tuner.HyperModel):
             gamma=values.get("gamma", 0.01),
             sigma_w=values["sigma_w"],
             seed=self.config.seed,
+            dtype_policy=self.config.dtype_policy,
         )
 
     def fit(self, hp, model, *args, epochs=None, initial_epoch=0, callbacks=(), **kwargs):
@@ -94,8 +95,9 @@ class RNNHyperModel(keras_tuner.HyperModel):
 
         def build():
             optimizer = make_optimizer(
-                hp["optimizer"], hp["learning_rate"], config.momentum, config.clipnorm
-            )
+                hp["optimizer"], hp["learning_rate"], config.momentum, config.clipnorm,
+                config.dtype_policy,
+            )  # fmt: skip
             return model, optimizer
 
         trainer = make_trainer(self.task, build, train_x, train_y, batch_size=config.batch_size,

@@ -31,6 +31,7 @@ def build_model(
     gamma: float = 0.01,
     sigma_w: float = 1.0,
     seed: int | None = None,
+    dtype_policy: str | None = None,
 ) -> keras.Model:
     """The model `model` for the task `spec` (a `training.tasks.TaskSpec`).
 
@@ -43,6 +44,10 @@ def build_model(
         sigma_w: Scale of the hidden-to-hidden initialization `N(0, σ_w²/n)`
             (the input-to-hidden one is `N(0, 1/m)`, as in the paper).
         seed: Seed of the initializers.
+        dtype_policy: The recurrent layer's Keras dtype policy (None: the
+            global one). The head always computes in float32: under a mixed
+            policy the logits and the loss stay in float32, as Keras'
+            mixed-precision guide recommends.
 
     Returns:
         An uncompiled `keras.Model` from `(batch, T, m)` float32 to logits
@@ -63,11 +68,13 @@ def build_model(
         recurrent_initializer=keras_antisym.FanInNormal(sigma_w, seed=seeds[1]),
         epsilon=epsilon,
         gamma=gamma,
+        dtype=dtype_policy,
     )
     head = keras.layers.Dense(
         spec.num_outputs,
         name=HEAD_LAYER_NAMES[spec.head],
         kernel_initializer=keras.initializers.GlorotUniform(seed=seed),
+        dtype=None if dtype_policy is None else "float32",
     )
     return keras.Sequential(
         [keras.Input((spec.timesteps, spec.features), name="sequence"), rnn, head],

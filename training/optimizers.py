@@ -10,16 +10,30 @@ OPTIMIZERS = ("sgd", "adagrad", "adam")
 
 
 def make_optimizer(
-    name: str, learning_rate: float, momentum: float = 0.9, clipnorm: float | None = None
+    name: str,
+    learning_rate: float,
+    momentum: float = 0.9,
+    clipnorm: float | None = None,
+    dtype_policy: str = "float32",
 ) -> Any:
-    """The Keras optimizer `name` (one of `OPTIMIZERS`); `momentum` is SGD's."""
+    """The Keras optimizer `name` (one of `OPTIMIZERS`); `momentum` is SGD's.
+
+    Under `dtype_policy="mixed_float16"` it is wrapped in
+    `keras.optimizers.LossScaleOptimizer` (dynamic loss scaling, as
+    `Model.compile` does for a float16 model): float16 gradients underflow
+    without it. Both trainers scale the loss through `optimizer.scale_loss`.
+    """
     import keras
 
     clip = {"clipnorm": clipnorm} if clipnorm else {}
     if name == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=momentum, **clip)
-    if name == "adagrad":
-        return keras.optimizers.Adagrad(learning_rate, **clip)
-    if name == "adam":
-        return keras.optimizers.Adam(learning_rate, **clip)
-    raise invalid("--optimizer", f"one of {', '.join(OPTIMIZERS)}", name)
+        optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum, **clip)
+    elif name == "adagrad":
+        optimizer = keras.optimizers.Adagrad(learning_rate, **clip)
+    elif name == "adam":
+        optimizer = keras.optimizers.Adam(learning_rate, **clip)
+    else:
+        raise invalid("--optimizer", f"one of {', '.join(OPTIMIZERS)}", name)
+    if dtype_policy == "mixed_float16":
+        return keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer

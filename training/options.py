@@ -21,7 +21,7 @@ import yaml
 
 from apputil.cli import OneLineParser
 from apputil.errors import shown
-from training.config import GROUPS, MODEL_NAMES, RunConfig, flag
+from training.config import DTYPE_POLICIES, GROUPS, MODEL_NAMES, RunConfig, flag
 from training.distribution import STRATEGIES
 from training.errors import ConfigFileError
 from training.optimizers import OPTIMIZERS
@@ -31,6 +31,7 @@ CHOICES = {
     "task": TASK_NAMES,
     "dataset": MNIST_DATASETS,
     "model": MODEL_NAMES,
+    "dtype_policy": DTYPE_POLICIES,
     "optimizer": OPTIMIZERS,
     "strategy": STRATEGIES,
 }

@@ -185,8 +185,11 @@ class TFTrainer:
                 loss = tf.nn.compute_average_loss(losses, global_batch_size=batch_size)
                 if model.losses:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+                # The identity but for a LossScaleOptimizer (mixed_float16), whose
+                # apply_gradients unscales and skips a step with non-finite gradients.
+                scaled = optimizer.scale_loss(loss)
             variables = model.trainable_variables
-            gradients = tape.gradient(loss, variables)
+            gradients = tape.gradient(scaled, variables)
             optimizer.apply_gradients(zip(gradients, variables, strict=True))
             return tf.reduce_sum(losses), tf.reduce_sum(per_example_correct(spec, y, outputs))
 

@@ -26,8 +26,12 @@ from keras_antisym._validation import invalid, invalid_described
 KERNEL_BACKENDS = ("jax", "torch")
 #: The widest state of the kernels (wider layers take the loop).
 MAX_UNITS = 128
-#: The one dtype of the kernels.
+#: The dtype of the kernels' state, accumulation and outputs.
 KERNEL_DTYPE = "float32"
+#: The compute dtypes whose inputs the kernels take: a layer under
+#: `mixed_bfloat16` gives them bfloat16 projected inputs and operand, which
+#: they widen to float32 on chip (float16 takes the loop).
+KERNEL_INPUT_DTYPES = ("float32", "bfloat16")
 #: The product precision of the kernels' steps, read at each call: `"float32"`
 #: (full float32 products, the default), `"tf32x3"` (three TF32 tensor-core
 #: products, about float32's accuracy) or `"tf32"` (one; ~1e-3 relative per
@@ -81,7 +85,7 @@ def kernel_applies(cell: Any, sequences: Any, fused_kernel: bool | str) -> bool:
     `fused_kernel=False` never; `"auto"` on a CUDA device; `True` on a CUDA
     device, or elsewhere where `INTERPRET` allows (Pallas interpret mode or
     Triton's interpreter, for tests). In every case: a kernel backend, tanh
-    (and a sigmoid gate), float32, a static positive length and input
+    (and a sigmoid gate), a float32 or bfloat16 compute dtype, a static positive length and input
     width, and a size the kernels take (`fits`). A layer with
     `fused_kernel=True` raises instead of taking the loop (`check_layer`,
     `check_call`).
@@ -116,8 +120,10 @@ def _static_problem(cell: Any) -> ValueError | None:
             True,
         )
     policy = cell.dtype_policy
-    if policy.compute_dtype != KERNEL_DTYPE:
-        return _unmet("dtype", "a dtype policy that computes in float32", repr(policy.name))
+    if policy.compute_dtype not in KERNEL_INPUT_DTYPES:
+        return _unmet(
+            "dtype", "a dtype policy that computes in float32 or bfloat16", repr(policy.name)
+        )
     activation = _activation_name(cell.activation)
     if activation != "tanh":
         return _unmet("activation", "'tanh'", repr(activation or cell.activation))
@@ -138,8 +144,8 @@ def _sequences_problem(cell: Any, sequences: Any) -> ValueError | None:
     if not steps or not width:
         return _unmet("sequences", "at least one timestep and one feature", shape)
     dtype = keras.backend.standardize_dtype(sequences.dtype)
-    if dtype != KERNEL_DTYPE:
-        return _unmet("sequences", "float32 sequences", f"{dtype} sequences")
+    if dtype not in KERNEL_INPUT_DTYPES:
+        return _unmet("sequences", "float32 or bfloat16 sequences", f"{dtype} sequences")
     if not fits(batch, steps, cell.units, cell.num_blocks):
         return _unmet(
             "sequences",
@@ -178,8 +184,8 @@ def _triton_interpreted() -> bool:
 def check_layer(cell: Any) -> None:
     """Raise the `ValueError` of a layer built with `fused_kernel=True` that never runs it.
 
-    Conditions fixed at construction: a kernel backend, a float32 compute
-    dtype, tanh (and a sigmoid gate), at most `MAX_UNITS` units, and no
+    Conditions fixed at construction: a kernel backend, a float32 or
+    bfloat16 compute dtype, tanh (and a sigmoid gate), at most `MAX_UNITS` units, and no
     recurrent dropout (the kernel has none).
     """
     problem = _static_problem(cell)
@@ -192,7 +198,7 @@ def check_layer(cell: Any) -> None:
 def check_call(cell: Any, sequences: Any, mask: Any) -> None:
     """Raise the `ValueError` of a `fused_kernel=True` call that the kernel cannot run.
 
-    Conditions known at the call: no mask, float32 sequences of a static
+    Conditions known at the call: no mask, float32 or bfloat16 sequences of a static
     positive length and width that the kernels take (`fits`), and a CUDA
     GPU (or `INTERPRET`); and again those of `check_layer`.
     """
@@ -235,7 +241,9 @@ def run_layer(cell: Any, sequences: Any, h0: Any, go_backwards: bool) -> tuple[A
     `sequences` already carry their input dropout; the inputs of all steps
     are projected by one product (as `hoist_inputs`), the operand is the
     one `recurrent_operand()` of this call, and `go_backwards` reverses the
-    steps (the outputs are in processing order, as the loop's).
+    steps (the outputs are in processing order, as the loop's). Under
+    `mixed_bfloat16` the projection and the operand are bfloat16 and `h0`
+    float32 (the cell's state dtype); the states come back in float32.
     """
     operand, _ = cell.cached_sequence_constants()
     projected = cell.project_inputs(sequences)

@@ -18,6 +18,12 @@ recurrence for `δ_t = ∂L/∂a_t` (which is `∂L/∂u_t`) and `∂L/∂h0`, a
 
 On a CUDA device the kernels lower through Pallas' Triton backend; anywhere
 else they run with `interpret=True` (slow: for tests on tiny shapes).
+
+`u` and `mt` may be bfloat16 (a fused layer under `mixed_bfloat16`): they are
+read as bfloat16, half the memory traffic of `u`, and widened to float32 on
+chip; the state, the products' accumulation, the activations and the Euler
+update run in float32, and `H` is float32. Their gradients come back in their
+own dtypes. `h0` and `H` are float32 in every case.
 """
 
 from __future__ import annotations
@@ -69,8 +75,8 @@ def _dot(a, b, precision, transpose_b=False):
 
 
 def _blocks_at(ref, t, blocks, n):
-    """The `blocks` `n`-wide column blocks of `ref[:, t]`, each `(rows, n)`."""
-    return tuple(ref[:, t, pl.ds(j * n, n)] for j in range(blocks))
+    """The `blocks` `n`-wide column blocks of `ref[:, t]`, each `(rows, n)`, as float32."""
+    return tuple(ref[:, t, pl.ds(j * n, n)].astype(jnp.float32) for j in range(blocks))
 
 
 def _forward_kernel(u_ref, mt_ref, h0_ref, h_ref, *slope_refs, eps, gated, precision):
@@ -80,7 +86,7 @@ def _forward_kernel(u_ref, mt_ref, h0_ref, h_ref, *slope_refs, eps, gated, preci
     """
     steps, n = u_ref.shape[1], mt_ref.shape[0]
     blocks = 2 if gated else 1
-    mt = mt_ref[...]
+    mt = mt_ref[...].astype(jnp.float32)
 
     def step(t, carry):
         h, u_t = carry
@@ -109,7 +115,7 @@ def _backward_kernel(dh_ref, slope_ref, mt_ref, du_ref, dh0_ref, *, gated, preci
     """The reverse recurrence of one batch tile: `δ_t` for all steps, then `∂L/∂h0`."""
     steps, n = dh_ref.shape[1], mt_ref.shape[0]
     blocks = 2 if gated else 1
-    mt = mt_ref[...]
+    mt = mt_ref[...].astype(jnp.float32)
 
     def load(t):
         return dh_ref[:, t, :], _blocks_at(slope_ref, t, blocks, n)
@@ -180,7 +186,7 @@ def _forward(u, mt, h0, eps, gated, precision, interpret, with_slopes):
     kernel = functools.partial(
         _forward_kernel, eps=eps, gated=gated, precision=_precision(precision, interpret)
     )
-    outs = [((*u.shape[:2], mt.shape[0]), u.dtype)]
+    outs = [((*u.shape[:2], mt.shape[0]), jnp.float32)]
     if with_slopes:
         outs.append((u.shape, jnp.float32))
     specs = [_tile, _whole, _tile]
@@ -194,11 +200,11 @@ def _padded_recurrence(u, mt, h0, eps, gated, precision, interpret):
 
 def _padded_fwd(u, mt, h0, eps, gated, precision, interpret):
     states, slopes = _forward(u, mt, h0, eps, gated, precision, interpret, True)
-    return states, (mt, h0, states, slopes)
+    return states, (mt, h0, states, slopes, jnp.zeros((0,), u.dtype))
 
 
 def _padded_bwd(eps, gated, precision, interpret, residuals, d_states):
-    mt, h0, states, slopes = residuals
+    mt, h0, states, slopes, u_like = residuals
     kernel = functools.partial(
         _backward_kernel, gated=gated, precision=_precision(precision, interpret)
     )
@@ -212,7 +218,7 @@ def _padded_bwd(eps, gated, precision, interpret, residuals, d_states):
     d_mt = jnp.einsum("btn,btm->nm", previous, delta, precision=lax.Precision.HIGHEST).astype(
         mt.dtype
     )
-    return d_u.astype(slopes.dtype), d_mt, d_h0.astype(h0.dtype)
+    return d_u.astype(u_like.dtype), d_mt, d_h0.astype(h0.dtype)
 
 
 _padded_recurrence.defvjp(_padded_fwd, _padded_bwd)
@@ -231,9 +237,11 @@ def recurrence(u, mt, h0, epsilon, gated=False, precision="float32", interpret=N
 
     Args:
         u: `(B, T, k·n)`, the projected inputs `x_t·V + b` of all steps,
-            blocks `[gate z | candidate c]` side by side when `gated`.
-        mt: `(n, n)`, the operand that multiplies `h` from the right.
-        h0: `(B, n)`, the initial state.
+            blocks `[gate z | candidate c]` side by side when `gated`;
+            float32 or bfloat16.
+        mt: `(n, n)`, the operand that multiplies `h` from the right;
+            float32 or bfloat16.
+        h0: `(B, n)`, the initial state, float32.
         epsilon: Python float, the Euler step.
         gated: Python bool, whether `u` has a gate block.
         precision: `"float32"` (full float32 products), `"tf32x3"` or `"tf32"`.

@@ -74,16 +74,16 @@ def _forward_kernel(
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     cols = tl.arange(0, N)
     width = 2 * N if GATED else N
-    mt = tl.load(mt_ptr + cols[:, None] * N + cols[None, :])
+    mt = tl.load(mt_ptr + cols[:, None] * N + cols[None, :]).to(tl.float32)
     h = tl.load(h0_ptr + rows[:, None] * N + cols[None, :]).to(tl.float32)
     u_row = rows[:, None] * (steps * width) + cols[None, :]
     h_row = rows[:, None] * (steps * N) + cols[None, :]
-    u_a = tl.load(u_ptr + u_row)
-    u_c = tl.load(u_ptr + u_row + N) if GATED else u_a
+    u_a = tl.load(u_ptr + u_row).to(tl.float32)
+    u_c = tl.load(u_ptr + u_row + N).to(tl.float32) if GATED else u_a
     for t in range(steps):
         ahead = u_row + tl.minimum(t + 1, steps - 1) * width
-        next_a = tl.load(u_ptr + ahead)
-        next_c = tl.load(u_ptr + ahead + N) if GATED else next_a
+        next_a = tl.load(u_ptr + ahead).to(tl.float32)
+        next_c = tl.load(u_ptr + ahead + N).to(tl.float32) if GATED else next_a
         shared = _product(h, mt, PRECISION, BB)
         at = u_row + t * width
         if GATED:
@@ -119,7 +119,7 @@ def _backward_kernel(
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     cols = tl.arange(0, N)
     width = 2 * N if GATED else N
-    mt_t = tl.load(mt_ptr + cols[None, :] * N + cols[:, None])  # Mtᵀ
+    mt_t = tl.load(mt_ptr + cols[None, :] * N + cols[:, None]).to(tl.float32)  # Mtᵀ
     g = tl.zeros((BB, N), dtype=tl.float32)
     u_row = rows[:, None] * (steps * width) + cols[None, :]
     h_row = rows[:, None] * (steps * N) + cols[None, :]
@@ -156,7 +156,9 @@ def _forward(u, mt, h0, eps, gated, precision, with_slopes):
     batch, steps, _ = u.shape
     n = mt.shape[0]
     states = torch.empty((batch, steps, n), dtype=torch.float32, device=u.device)
-    slopes = torch.empty_like(u) if with_slopes else states  # unused when no slopes
+    slopes = (
+        torch.empty(u.shape, dtype=torch.float32, device=u.device) if with_slopes else states
+    )  # unused when no slopes
     _, rows, warps = _tiles(batch)
     _forward_kernel[(batch // rows,)](
         u,
@@ -198,13 +200,13 @@ def _backward(d_states, slopes, mt, gated, precision):
 
 
 class _Recurrence(torch.autograd.Function):
-    """`H = recurrence(u, mt, h0)` on padded, contiguous float32 tensors."""
+    """`H = recurrence(u, mt, h0)` on padded, contiguous tensors (`u`, `mt` float32 or bfloat16)."""
 
     @staticmethod
     def forward(ctx, u, mt, h0, eps, gated, precision):
         states, slopes = _forward(u, mt, h0, eps, gated, precision, True)
         ctx.save_for_backward(mt, h0, states, slopes)
-        ctx.gated, ctx.precision = gated, precision
+        ctx.gated, ctx.precision, ctx.u_dtype = gated, precision, u.dtype
         return states
 
     @staticmethod
@@ -216,7 +218,7 @@ class _Recurrence(torch.autograd.Function):
         previous = torch.cat([h0[:, None], states[:, :-1]], dim=1)
         # ∂L/∂Mt = Σ_{b,t} h_{t-1}ᵀ δ_t: one product over all T·B rows.
         d_mt = previous.reshape(-1, n).transpose(0, 1) @ delta.reshape(-1, n)
-        return d_u, d_mt, d_h0, None, None, None
+        return d_u.to(ctx.u_dtype), d_mt.to(mt.dtype), d_h0, None, None, None
 
 
 def _pad(u, mt, h0, gated):
@@ -244,7 +246,9 @@ def _pad(u, mt, h0, gated):
 def recurrence(u, mt, h0, epsilon, gated=False, precision="float32"):
     """All states `H (B, T, n)`; see `pallas_recurrence.recurrence` for the arguments.
 
-    float32 tensors on a CUDA device, or on the CPU under `TRITON_INTERPRET=1`.
+    Tensors on a CUDA device, or on the CPU under `TRITON_INTERPRET=1`: `u`
+    and `mt` float32 or bfloat16 (read as stored, widened to float32 on
+    chip), `h0` float32; the state, the accumulation and `H` are float32.
     Differentiable (`torch.autograd`); without a gradient to record, the
     forward kernel stores no slopes.
     """

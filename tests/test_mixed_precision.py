@@ -1,0 +1,254 @@
+"""Mixed precision: products in the compute dtype, the state and Euler update in float32.
+
+Under `mixed_bfloat16` the increments `ε·f` (|ε·f| ≤ ε = 0.01) are below
+bfloat16's spacing near 1 (2⁻⁷); a bfloat16 state rounds them away and drifts
+from the float32 dynamics by several percent after 1000 steps. These tests
+hold the layers and cells to the float64 NumPy reference (`tests.reference`)
+at T=1000 under every policy.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_antisym import (
+    AntisymmetricCell,
+    AntisymmetricRNN,
+    GatedAntisymmetricCell,
+    GatedAntisymmetricRNN,
+    stability,
+)
+from tests import reference
+
+UNITS, FEATURES, BATCH, STEPS = 8, 3, 2, 1000
+EPSILON, GAMMA = 0.01, 0.01
+POLICIES = ["float32", "mixed_bfloat16", "mixed_float16"]
+#: Relative error `‖h − h_ref‖ / ‖h_ref‖` of the state after `STEPS` steps, against
+#: the float64 reference. The outputs leave the layer in the compute dtype, so the
+#: bound includes one rounding of the output (2⁻⁹ relative for bfloat16, 2⁻¹² float16).
+STATE_BOUND = {"float32": 1e-5, "mixed_bfloat16": 1e-2, "mixed_float16": 2e-3}
+#: Relative error of the gradients of the weights (T=200), against float32's.
+GRADIENT_BOUND = {"float32": 1e-5, "mixed_bfloat16": 5e-2, "mixed_float16": 1e-2}
+COMPUTE = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+KINDS = ["fused", "cell"]
+
+
+def make(kind, gated, policy, **kwargs):
+    """The fused layer, or `keras.layers.RNN` of the cell, under `policy`."""
+    arguments = dict(epsilon=EPSILON, gamma=GAMMA, dtype=policy)
+    if kind == "fused":
+        layer_class = GatedAntisymmetricRNN if gated else AntisymmetricRNN
+        return layer_class(UNITS, **arguments, **kwargs)
+    cell_class = GatedAntisymmetricCell if gated else AntisymmetricCell
+    return keras.layers.RNN(cell_class(UNITS, **arguments), dtype=policy, **kwargs)
+
+
+def inputs(steps=STEPS, seed=0):
+    return np.random.RandomState(seed).standard_normal((BATCH, steps, FEATURES)).astype("float32")
+
+
+def weights(gated, seed=1):
+    """Weights of the paper's initialization (`N(0, 1/m)`, `N(0, 1/n)`), and a bias."""
+    rng = np.random.RandomState(seed)
+    blocks = 2 if gated else 1
+    return [
+        (rng.standard_normal((FEATURES, blocks * UNITS)) / np.sqrt(FEATURES)).astype("float32"),
+        (rng.standard_normal(UNITS * (UNITS - 1) // 2) / np.sqrt(UNITS)).astype("float32"),
+        (0.1 * rng.standard_normal(blocks * UNITS)).astype("float32"),
+    ]
+
+
+def built(kind, gated, policy, steps=STEPS, **kwargs):
+    layer = make(kind, gated, policy, **kwargs)
+    layer.build((BATCH, steps, FEATURES))
+    layer.set_weights(weights(gated))
+    return layer
+
+
+def relative(got, want):
+    got = np.asarray(ops.convert_to_numpy(ops.cast(got, "float32")), "float64")
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def expected(gated, x, h0=None):
+    return reference.run(
+        weights(gated), x, units=UNITS, epsilon=EPSILON, gamma=GAMMA, gated=gated, h0=h0
+    )
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_state_after_1000_steps_matches_the_float64_reference(kind, gated, policy):
+    """The drift of a bfloat16 state (~4% here) is what this bounds: the state is float32."""
+    x = inputs()
+    layer = built(kind, gated, policy)
+    output = layer(x)
+    assert keras.backend.standardize_dtype(output.dtype) == COMPUTE[policy]
+    _, last = expected(gated, x)
+    assert relative(output, last) < STATE_BOUND[policy]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_outputs_and_states_leave_in_the_compute_dtype(kind, gated):
+    x = inputs(steps=20)
+    layer = built(kind, gated, "mixed_bfloat16", steps=20, return_sequences=True, return_state=True)
+    sequence, state = layer(x)
+    assert keras.backend.standardize_dtype(sequence.dtype) == "bfloat16"
+    assert keras.backend.standardize_dtype(state.dtype) == "bfloat16"
+    outputs, last = expected(gated, x)
+    assert relative(sequence, outputs) < STATE_BOUND["mixed_bfloat16"]
+    # A state handed to another layer as its initial state enters it in float32.
+    follow = built(kind, gated, "mixed_bfloat16", steps=20)
+    y = follow(x, initial_state=[state])
+    state64 = np.asarray(ops.convert_to_numpy(ops.cast(state, "float32")), "float64")
+    _, want = expected(gated, x, h0=state64)
+    assert relative(y, want) < STATE_BOUND["mixed_bfloat16"]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_cell_keeps_a_float32_state_and_runs_products_in_the_compute_dtype(gated):
+    cell = (GatedAntisymmetricCell if gated else AntisymmetricCell)(
+        UNITS, epsilon=EPSILON, gamma=GAMMA, dtype="mixed_bfloat16"
+    )
+    x = inputs(steps=1)[:, 0]
+    h = np.full((BATCH, UNITS), 0.5, "float32")
+    output, [state] = cell(x, [h])
+    assert cell.compute_dtype == "float32"
+    assert cell.product_dtype == "bfloat16"
+    assert cell.variable_dtype == "float32"
+    assert keras.backend.standardize_dtype(state.dtype) == "float32"
+    assert keras.backend.standardize_dtype(cell.get_initial_state(BATCH)[0].dtype) == "float32"
+    # The increment survives: 0.5 + ε·f is not rounded to bfloat16's spacing (2⁻⁸ at 0.5).
+    increment = ops.convert_to_numpy(state) - h
+    assert np.abs(increment).max() > 0
+    assert not np.allclose(increment / (2.0**-8), np.round(increment / (2.0**-8)))
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_stateful_layer_carries_its_state_over_in_float32(gated):
+    """Ten calls of 100 steps give the state of one call of 1000 steps."""
+    x = inputs()
+    layer = make("fused", gated, "mixed_bfloat16", stateful=True)
+    layer.build((BATCH, 100, FEATURES))
+    layer.set_weights(weights(gated))
+    for start in range(0, STEPS, 100):
+        layer(x[:, start : start + 100])
+    (variable,) = layer.states
+    assert keras.backend.standardize_dtype(variable.dtype) == "float32"
+    _, last = expected(gated, x)
+    carried = np.asarray(ops.convert_to_numpy(variable), "float64")
+    assert relative(carried, last) < STATE_BOUND["mixed_bfloat16"] / 2
+    # Not rounded to bfloat16 at each call: the state of one call of 1000 steps.
+    whole = make("fused", gated, "mixed_bfloat16", stateful=True)
+    whole.build((BATCH, STEPS, FEATURES))
+    whole.set_weights(weights(gated))
+    whole(x)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(variable), ops.convert_to_numpy(whole.states[0]), atol=1e-5
+    )
+
+
+def gradients(layer, x, probe):
+    """Gradients of `sum(layer(x) · probe)` with respect to the layer's weights, float64."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(layer(x), "float32") * probe)
+        grads = tape.gradient(loss, layer.trainable_variables)
+    elif backend == "jax":
+        import jax
+
+        values = [v.value for v in layer.trainable_variables]
+        others = [v.value for v in layer.non_trainable_variables]
+
+        def loss(values):
+            out, _ = layer.stateless_call(values, others, x)
+            return (out.astype("float32") * probe).sum()
+
+        grads = jax.grad(loss)(values)
+    else:
+        import torch
+
+        layer.zero_grad()
+        out = layer(torch.as_tensor(x))
+        (out.float() * torch.as_tensor(probe)).sum().backward()
+        grads = [v.value.grad for v in layer.trainable_variables]
+    return [np.asarray(ops.convert_to_numpy(ops.cast(g, "float32")), "float64") for g in grads]
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradients_match_float32(kind, gated, policy):
+    steps = 200
+    x = inputs(steps=steps)
+    probe = np.random.RandomState(2).standard_normal((BATCH, UNITS)).astype("float32")
+    want = gradients(built(kind, gated, "float32", steps=steps), x, probe)
+    got = gradients(built(kind, gated, policy, steps=steps), x, probe)
+    for g, w in zip(got, want, strict=True):
+        assert np.linalg.norm(g - w) / np.linalg.norm(w) < GRADIENT_BOUND[policy]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_serialization_keeps_the_policy(gated, tmp_path):
+    model = keras.Sequential(
+        [keras.Input((50, FEATURES)), make("fused", gated, "mixed_bfloat16"),
+         keras.layers.Dense(2, dtype="float32")]
+    )  # fmt: skip
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    layer = loaded.layers[0]
+    assert layer.dtype_policy.name == "mixed_bfloat16"
+    assert layer.cell.dtype_policy.name == "mixed_bfloat16"
+    assert layer.cell.compute_dtype == "float32"
+    x = inputs(steps=50)
+    np.testing.assert_array_equal(ops.convert_to_numpy(loaded(x)), ops.convert_to_numpy(model(x)))
+    cell_layer = make("cell", gated, "mixed_float16")
+    restored = keras.layers.deserialize(keras.layers.serialize(cell_layer))
+    assert restored.cell.dtype_policy.name == "mixed_float16"
+    assert restored.dtype_policy.name == "mixed_float16"
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_stability_analysis_reports_float64_under_a_mixed_policy(policy):
+    x = inputs(steps=30)
+    mixed = built("fused", True, policy, steps=30)
+    full = built("fused", True, "float32", steps=30)
+    mixed(x)
+    full(x)
+    got = stability.end_to_end_jacobian(mixed, x[0])
+    want = stability.end_to_end_jacobian(full, x[0])
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert stability.transition_matrix(mixed).dtype == np.float64
+    np.testing.assert_allclose(
+        stability.step_jacobian(mixed, np.zeros(UNITS), x[0, 0]),
+        stability.step_jacobian(full, np.zeros(UNITS), x[0, 0]),
+        atol=1e-6,
+    )
+
+
+def test_stability_diagnostics_run_under_a_mixed_policy():
+    from keras_antisym import StabilityDiagnostics
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((30, FEATURES)), make("fused", False, "mixed_bfloat16"),
+         keras.layers.Dense(2, dtype="float32")]
+    )  # fmt: skip
+    model.compile(optimizer="adam", loss="mse")
+    x = inputs(steps=30)
+    y = np.zeros((BATCH, 2), "float32")
+    diagnostics = StabilityDiagnostics(every_n_steps=1, probe_data=(x, y))
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[diagnostics])
+    (record,) = diagnostics.records
+    assert len(record) > 3
+    assert all(isinstance(v, (int, float)) and np.isfinite(v) for v in record.values())
