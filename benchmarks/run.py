@@ -10,8 +10,9 @@ and as multiples of the floor, the compiled time of `T` chained
 `jit_compile` True against False; the fused layers with the input projection
 hoisted out of the loop or not (wide inputs); inference in process and through
 the SavedModel; peak memory, in a fresh subprocess per layer (peak RSS
-growth over one training step); `training.train` end to end; the JAX backend
-in a subprocess. Writes `results.json` and `results.md` in `--output`
+growth over one training step); `training.train` end to end; the training
+step under each dtype policy (`mixed_bfloat16`, `mixed_float16`) beside
+float32; the JAX backend in a subprocess. Writes `results.json` and `results.md` in `--output`
 (default `runs/benchmarks`; `--output benchmarks/results` replaces the
 committed results).
 
@@ -65,6 +66,7 @@ FULL = {
     "hoist_shape": (128, 400, 96, 128),
     "e2e_shape": (128, 784, 1, 128),
     "e2e_steps": 40,
+    "precision_shape": (128, 784, 1, 128),
     "repeats": 5,
     "warmup": 2,
 }
@@ -76,6 +78,7 @@ QUICK = {
     "hoist_shape": (8, 20, 9, 8),
     "e2e_shape": (8, 70, 1, 8),
     "e2e_steps": 5,
+    "precision_shape": (8, 20, 1, 8),
     "repeats": 2,
     "warmup": 1,
 }
@@ -256,6 +259,74 @@ def bench_inference(config, layers=LAYERS):
     return results
 
 
+PRECISION_LAYERS = ("AntisymmetricRNN", "GatedAntisymmetricRNN", "RNN(AntisymmetricCell)")
+POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+def precision_model(name, policy, steps, features, units):
+    """`make_model`'s model with the recurrent layer under `policy` and a float32 head."""
+    import keras
+
+    import keras_antisym
+
+    if name == "RNN(AntisymmetricCell)":
+        layer = keras.layers.RNN(keras_antisym.AntisymmetricCell(units, dtype=policy), dtype=policy)
+    else:
+        layer = getattr(keras_antisym, name)(units, dtype=policy)
+    model = keras.Sequential(
+        [keras.Input((steps, features)), layer, keras.layers.Dense(10, dtype="float32")]
+    )
+    optimizer = keras.optimizers.SGD(0.01)
+    if policy == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def bench_precision(config, layers=PRECISION_LAYERS):
+    """Training step under each dtype policy beside float32: same run, interleaved.
+
+    The mixed policies keep the state and the Euler update in float32 and run
+    the products in the compute dtype; on a CPU without native bfloat16 or
+    float16 arithmetic they are expected to be slower, not faster.
+    """
+    batch, steps, features, units = config["precision_shape"]
+    x, y = random_batch(batch, steps, features)
+    calls = {}
+    for name in layers:
+        for policy in POLICIES:
+            model = precision_model(name, policy, steps, features, units)
+            calls[f"{name}|{policy}"] = lambda m=model: m.train_on_batch(x, y)
+    return {
+        "batch": batch,
+        "steps": steps,
+        "features": features,
+        "units": units,
+        "times": interleaved(calls, config["repeats"], config["warmup"]),
+    }
+
+
+def precision_ratios(precision):
+    t = {k: v["median"] for k, v in precision["times"].items()}
+    names = sorted({key.split("|")[0] for key in t}, key=PRECISION_LAYERS.index)
+    return {
+        f"{name} {policy}/float32": t[f"{name}|{policy}"] / t[f"{name}|float32"]
+        for name in names
+        for policy in POLICIES[1:]
+    }
+
+
+def precision_markdown(precision):
+    shape = (
+        f"B{precision['batch']} T{precision['steps']} m{precision['features']} "
+        f"n{precision['units']}"
+    )
+    t = precision["times"]
+    names = sorted({key.split("|")[0] for key in t}, key=PRECISION_LAYERS.index)
+    rows = [[name] + [f"{t[f'{name}|{p}']['median']:.4f}" for p in POLICIES] for name in names]
+    return ["", *table([f"training step by dtype policy, {shape} (s)", *POLICIES], rows)]
+
+
 def _proc_status_mib(field):
     """A `/proc/self/status` field (`VmRSS:`, `VmHWM:`) in MiB."""
     with open("/proc/self/status") as handle:
@@ -388,6 +459,9 @@ def ratios(results):
     hoist = results.get("hoist")
     if hoist:
         out.update(hoist_ratios(hoist))
+    precision = results.get("precision")
+    if precision:
+        out.update(precision_ratios(precision))
     e2e = results.get("end_to_end")
     if e2e:
         out["training.train examples/s / bare step examples/s"] = e2e["train_over_bare"]
@@ -435,6 +509,8 @@ def markdown(results):
     lines += training_markdown(results["training"])
     if results.get("hoist"):
         lines += hoist_markdown(results["hoist"])
+    if results.get("precision"):
+        lines += precision_markdown(results["precision"])
     for entry in results.get("inference", []):
         header = [f"inference B{entry['batch']} T{entry['steps']} (s)", "in process", "SavedModel"]
         t = entry["times"]
@@ -465,10 +541,12 @@ def main(argv=None):
     parser.add_argument("--shape", type=int, nargs=4, help=argparse.SUPPRESS)
     parser.add_argument(
         "--only",
-        choices=["e2e", "jit", "hoist", "inference", "memory"],
+        choices=["e2e", "jit", "hoist", "inference", "memory", "precision"],
         help="rerun one section into the existing results in --output",
     )
-    parser.add_argument("--skip", default="", help="comma list: jit,hoist,inference,memory,e2e,jax")
+    parser.add_argument(
+        "--skip", default="", help="comma list: jit,hoist,inference,memory,e2e,precision,jax"
+    )
     args = parser.parse_args(argv)
     if args.memory_of:  # the child of `bench_memory`: one layer in a fresh process
         print(json.dumps(rss_growth(args.memory_of, *args.shape)))
@@ -499,6 +577,7 @@ def main(argv=None):
             "hoist": ("hoist", bench_hoist),
             "inference": ("inference", bench_inference),
             "memory": ("memory", bench_memory),
+            "precision": ("precision", bench_precision),
         }
         key, bench = sections[args.only]
         results[key] = bench(config)
@@ -515,6 +594,8 @@ def main(argv=None):
         results["memory"] = bench_memory(config)
     if "e2e" not in skip:
         results["end_to_end"] = bench_end_to_end(config)
+    if "precision" not in skip:
+        results["precision"] = bench_precision(config)
     if "jax" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             results["backends"] = {"jax": run_backend("jax", args.quick, tmp)}

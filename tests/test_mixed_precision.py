@@ -252,3 +252,97 @@ def test_stability_diagnostics_run_under_a_mixed_policy():
     (record,) = diagnostics.records
     assert len(record) > 3
     assert all(isinstance(v, (int, float)) and np.isfinite(v) for v in record.values())
+
+
+# --- Training: --dtype-policy ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_dtype_policy_flag_reaches_the_model_and_float16_scales_the_loss(policy, tmp_path):
+    """`--dtype-policy` builds the recurrent layer under the policy (head in float32),
+    wraps the optimizer in a `LossScaleOptimizer` for float16 only, is recorded in
+    `config.yaml` as a setting a resumed run keeps, and the run checkpoints and resumes."""
+    from training import experiment, tasks, train
+    from training.config import RunConfig, identity_fields
+
+    args = ["--task", "digits", "--model", "gated", "--units", "4", "--batch-size", "8",
+            "--steps", "2", "--checkpoint-every", "1", "--log-every", "1",
+            "--strategy", "default", "--dtype-policy", policy,
+            "--output-dir", str(tmp_path)]  # fmt: skip
+    config = RunConfig.from_namespace(train.build_parser().parse_args(args)).validate()
+    assert config.dtype_policy == policy
+    assert "dtype_policy" in identity_fields()
+    task = tasks.get_task(config.task)
+    splits = experiment.Splits.load(task, config)
+    trainer = experiment._make_trainer(task, config, splits, "default", str(tmp_path / "t"))
+    recurrent, head = trainer.model.layers
+    assert recurrent.dtype_policy.name == policy
+    assert recurrent.cell.product_dtype == COMPUTE[policy]
+    assert head.dtype_policy.name == "float32"
+    scaled = isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert scaled == (policy == "mixed_float16")
+    assert np.isfinite(trainer.step()[0])
+
+    logs = []
+    metrics = experiment.train_and_evaluate(config, str(tmp_path), log=logs.append)
+    assert metrics["steps"] == 2 and np.isfinite(metrics["test_loss"])
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert loaded.layers[0].dtype_policy.name == policy
+    resumed = experiment.train_and_evaluate(config.replace(steps=3), str(tmp_path), log=logs.append)
+    assert resumed["steps"] == 3 and any("resumed" in line for line in logs)
+    with pytest.raises(Exception, match="--dtype-policy"):
+        experiment.train_and_evaluate(
+            config.replace(steps=4, dtype_policy="float32"), str(tmp_path), log=logs.append
+        )
+
+
+def test_dtype_policy_flag_refuses_other_policies():
+    from apputil.errors import UsageError
+    from training.config import RunConfig
+
+    with pytest.raises(UsageError, match="--dtype-policy"):
+        RunConfig(dtype_policy="float16").validate()
+
+
+# --- Serving: the exported mixed-precision model answers in float32 --------------------------
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="exports on TensorFlow")
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_export_of_a_mixed_precision_model_serves_float32_outputs(policy, tmp_path):
+    import tensorflow as tf
+
+    from serving.export import export_model
+    from training import models, tasks
+
+    spec = tasks.get_task("digits").spec
+    full = models.build_model(spec, "gated", units=8, epsilon=0.1, seed=3)
+    mixed = models.build_model(spec, "gated", units=8, epsilon=0.1, seed=3, dtype_policy=policy)
+    mixed.set_weights(full.get_weights())
+    path = str(tmp_path / "mixed.keras")
+    mixed.save(path)
+    version = export_model(path, str(tmp_path / "models"), 1)
+    served = tf.saved_model.load(version).signatures["serving_default"]
+    x = np.random.RandomState(0).rand(4, spec.timesteps, spec.features).astype("float32")
+    answer = served(sequence=tf.constant(x))
+    assert answer["logits"].dtype == tf.float32
+    want = np.asarray(full(x))
+    scale = np.abs(want).max()
+    bound = 5e-2 if policy == "mixed_bfloat16" else 1e-2  # logits: the products' rounding
+    np.testing.assert_allclose(answer["logits"].numpy(), want, atol=bound * scale)
+    np.testing.assert_array_equal(answer["class_id"].numpy(), want.argmax(-1))
+
+
+# --- Benchmark section ---------------------------------------------------------------------
+
+
+def test_benchmark_times_every_policy_beside_float32():
+    from benchmarks.run import QUICK, bench_precision, precision_markdown, precision_ratios
+
+    result = bench_precision({**QUICK, "repeats": 1, "warmup": 0}, layers=("AntisymmetricRNN",))
+    assert set(result["times"]) == {f"AntisymmetricRNN|{p}" for p in POLICIES}
+    assert set(precision_ratios(result)) == {
+        "AntisymmetricRNN mixed_bfloat16/float32",
+        "AntisymmetricRNN mixed_float16/float32",
+    }
+    assert "mixed_bfloat16" in "\n".join(precision_markdown(result))
