@@ -215,6 +215,28 @@ def test_triton_recurrence_matches_reference_and_torch_gradients(gated, batch, u
         np.testing.assert_allclose(out[f"d{name}"], out[f"want_d{name}"], atol=ATOL, err_msg=name)
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_triton_recurrence_takes_bfloat16_inputs_with_a_float32_state(gated, tmp_path):
+    """bfloat16 `u` and `mt` read by the kernel, widened to float32: the float32 recurrence
+    of the rounded operands (`ATOL`), the float64 reference within `BFLOAT16_ATOL`."""
+    needs_triton()
+    weights, x, (u, mt, h0), probe = problem(gated)
+    path = tmp_path / "io.npz"
+    np.savez(path, u=u, mt=mt, h0=h0, probe=probe, bfloat16=True)
+    run_subprocess(["triton", str(int(gated)), str(path)], "torch")
+    out = np.load(tmp_path / "io.out.npz")
+    # du, dmt bfloat16 as their inputs; dh0 and the states float32.
+    np.testing.assert_array_equal(out["dtypes"], [1, 1, 0, 0])
+    np.testing.assert_allclose(out["nograd"], out["states"], atol=0)
+    np.testing.assert_allclose(
+        out["states"], expected_states(gated, weights, x, h0), atol=BFLOAT16_ATOL
+    )
+    for name in ("u", "mt", "h0"):
+        np.testing.assert_allclose(
+            out[f"d{name}"], out[f"want_d{name}"], rtol=1e-2, atol=1e-2, err_msg=name
+        )
+
+
 def test_triton_kernels_compile_for_hopper():
     needs_triton()
     assert "compiled 8" in run_subprocess(["compile"], "torch", interpret=False)
@@ -228,10 +250,12 @@ def triton_probe(gated, path):
 
     data = {k: torch.tensor(v) for k, v in np.load(path).items()}
     probe, n = data.pop("probe"), data["mt"].shape[0]
+    if bool(data.pop("bfloat16", torch.tensor(False))):  # bfloat16 `u`, `mt`; float32 `h0`
+        data["u"], data["mt"] = data["u"].bfloat16(), data["mt"].bfloat16()
     leaves = {k: v.clone().requires_grad_() for k, v in data.items()}
     states = triton_recurrence.recurrence(*leaves.values(), EPSILON, gated)
     grads = torch.autograd.grad((states * probe).sum(), list(leaves.values()))
-    loop = {k: v.clone().requires_grad_() for k, v in data.items()}
+    loop = {k: v.float().clone().requires_grad_() for k, v in data.items()}
     h, outs = loop["h0"], []
     for t in range(loop["u"].shape[1]):
         shared, ut = h @ loop["mt"], loop["u"][:, t]
@@ -247,7 +271,10 @@ def triton_probe(gated, path):
     result = {"states": states.detach(), "nograd": nograd}
     result.update({f"d{k}": g for k, g in zip(leaves, grads, strict=True)})
     result.update({f"want_d{k}": g for k, g in zip(leaves, want, strict=True)})
-    np.savez(str(path)[: -len(".npz")] + ".out.npz", **{k: v.numpy() for k, v in result.items()})
+    result["dtypes"] = torch.tensor([g.dtype == torch.bfloat16 for g in (*grads, states)])
+    np.savez(
+        str(path)[: -len(".npz")] + ".out.npz", **{k: v.float().numpy() for k, v in result.items()}
+    )
 
 
 def triton_compile():

@@ -346,3 +346,36 @@ def test_benchmark_times_every_policy_beside_float32():
         "AntisymmetricRNN mixed_float16/float32",
     }
     assert "mixed_bfloat16" in "\n".join(precision_markdown(result))
+
+
+# --- The fused kernel's bfloat16 input path (interpreted) -----------------------------------
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the Pallas kernel runs on JAX")
+@pytest.mark.parametrize("gated", [False, True])
+def test_fused_kernel_under_mixed_bfloat16_keeps_a_float32_state(gated, monkeypatch):
+    """`fused_kernel=True` under mixed_bfloat16: bfloat16 projected inputs and operand,
+    float32 state (interpret mode; the GPU measurement needs a GPU)."""
+    from keras_antisym import kernels
+
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    steps = 40
+    x = inputs(steps=steps)
+    layer = built("fused", gated, "mixed_bfloat16", steps=steps, fused_kernel=True)
+    used = []
+    original = kernels.recurrence
+    monkeypatch.setattr(
+        kernels,
+        "recurrence",
+        lambda u, mt, *a, **k: used.append(u.dtype) or original(u, mt, *a, **k),
+    )
+    output = layer(x)
+    assert [keras.backend.standardize_dtype(d) for d in used] == ["bfloat16"]
+    assert keras.backend.standardize_dtype(output.dtype) == "bfloat16"
+    _, last = expected(gated, x)
+    assert relative(output, last) < STATE_BOUND["mixed_bfloat16"]
+    loop = built("fused", gated, "mixed_bfloat16", steps=steps)
+    assert (
+        relative(output, np.asarray(ops.convert_to_numpy(ops.cast(loop(x), "float32")), "float64"))
+        < 1e-2
+    )
