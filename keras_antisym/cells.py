@@ -274,6 +274,12 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
         `keras_antisym._keras_private`) and by the fused layers: `M` is
         formed from the stored weights and rounded once. The stability
         analysis asks for the variable dtype (float32).
+
+        Args:
+            dtype: The dtype of the products (None: `product_dtype`).
+
+        Returns:
+            `(operand, [(V_k, b_k)])` in `dtype`.
         """
         dtype = self.product_dtype if dtype is None else dtype
         operand = ops.cast(self.recurrent_operand(), dtype)
