@@ -4,9 +4,14 @@ from pathlib import Path
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+from apputil.quiet import import_keras  # noqa: E402
+
+# TensorFlow's native start-up lines (oneDNN, CUDA stubs, cuInit on a machine without a
+# GPU) would otherwise print outside pytest's capture, in every process that loads this.
+keras = import_keras()
 
 from keras_antisym import (  # noqa: E402
     AntisymmetricCell,

@@ -154,10 +154,23 @@ def test_learning_curve_resume_drops_points_after_the_checkpoint(tmp_path):
 
 
 class _FakeTrainer:
+    """Losses on demand; a small healthy model for the checks before each checkpoint."""
+
     batch_size = 4
 
     def __init__(self, losses):
         self.losses, self.saved = list(losses), []
+        self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        self.optimizer = keras.optimizers.SGD()
+        self.optimizer.build(self.model.trainable_variables)
+        spec = type("Spec", (), {"head": "last", "num_outputs": 2})()
+        self.task = type("Task", (), {"spec": spec})()
+
+    def batches(self, step):
+        return np.ones((4, 3), "float32"), np.zeros(4, "int32")
+
+    def predict(self, x):
+        return self.model(x)
 
     def step(self):
         return self.losses.pop(0), 0.5
@@ -268,10 +281,10 @@ def test_tune_runs_its_trials_on_jax(tmp_path):
         cwd=ROOT, env=_env("jax"), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    best = json.loads((tmp_path / "best.json").read_text())
+    best = json.loads((tmp_path / "digits-antisymmetric" / "best.json").read_text())
     assert best["completed_trials"] == 2
     assert best["hyperparameters"]["epsilon"] in (0.01, 0.1)
-    rows = (tmp_path / "trials.csv").read_text().splitlines()
+    rows = (tmp_path / "digits-antisymmetric" / "trials.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("trial_id,status,score")
 
 
