@@ -36,6 +36,51 @@ def recurrent_kernel_shape(units, antisymmetric):
     return (units * (units - 1) // 2,) if antisymmetric else (units, units)
 
 
+def add_weights(cell, input_shape, rnn):
+    """Creates a cell's `kernel`, `recurrent_kernel` and `bias` with `cell.add_weight`.
+
+    The weight layout of both cells (Keras 3 and tf_keras): `kernel`
+    `(features, blocks·units)`, `recurrent_kernel` of `recurrent_kernel_shape`,
+    initialized through `cell._upper_triangle_initializer` (the strict upper
+    triangle of the recurrent initializer's square draw) unless it is the
+    ablation, and `bias` `(blocks·units,)` or None. `rnn` names the RNN layer
+    in the error for an unusable step shape.
+    """
+    if len(input_shape) != 2 or input_shape[-1] is None:
+        raise ValueError(
+            f"{cell.__class__.__name__} expects step inputs of shape "
+            "(batch, features) with a known number of features, that is "
+            "sequences of shape (batch, timesteps, features) given to "
+            f"{rnn}; got a step input shape of {input_shape}."
+        )
+    blocks = cell.num_blocks * cell.units
+    cell.kernel = cell.add_weight(
+        shape=(input_shape[-1], blocks),
+        name="kernel",
+        initializer=cell.kernel_initializer,
+        regularizer=cell.kernel_regularizer,
+        constraint=cell.kernel_constraint,
+    )
+    cell.recurrent_kernel = cell.add_weight(
+        shape=recurrent_kernel_shape(cell.units, cell.antisymmetric),
+        name="recurrent_kernel",
+        initializer=(
+            cell._upper_triangle_initializer if cell.antisymmetric else cell.recurrent_initializer
+        ),
+        regularizer=cell.recurrent_regularizer,
+        constraint=cell.recurrent_constraint,
+    )
+    cell.bias = None
+    if cell.use_bias:
+        cell.bias = cell.add_weight(
+            shape=(blocks,),
+            name="bias",
+            initializer=cell.bias_initializer,
+            regularizer=cell.bias_regularizer,
+            constraint=cell.bias_constraint,
+        )
+
+
 def upper_triangle(ops, full, units):
     """The stored vector `w`: the strictly upper triangle of `full` `(units, units)`.
 

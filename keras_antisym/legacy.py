@@ -209,42 +209,7 @@ class AntisymmetricCell(DropoutRNNCellMixin, tf_keras.layers.AbstractRNNCell, Ba
 
     def build(self, input_shape):
         input_shape = tuple(tf.TensorShape(input_shape).as_list())
-        if len(input_shape) != 2 or input_shape[-1] is None:
-            raise ValueError(
-                f"{self.__class__.__name__} expects step inputs of shape "
-                "(batch, features) with a known number of features, that is "
-                "sequences of shape (batch, timesteps, features) given to "
-                f"tf.keras.layers.RNN; got a step input shape of {input_shape}."
-            )
-        blocks = self.num_blocks * self.units
-        self.kernel = self.add_weight(
-            shape=(input_shape[-1], blocks),
-            name="kernel",
-            initializer=self.kernel_initializer,
-            regularizer=self.kernel_regularizer,
-            constraint=self.kernel_constraint,
-        )
-        if self.antisymmetric:
-            initializer = self._upper_triangle_initializer
-        else:
-            initializer = self.recurrent_initializer
-        self.recurrent_kernel = self.add_weight(
-            shape=equations.recurrent_kernel_shape(self.units, self.antisymmetric),
-            name="recurrent_kernel",
-            initializer=initializer,
-            regularizer=self.recurrent_regularizer,
-            constraint=self.recurrent_constraint,
-        )
-        if self.use_bias:
-            self.bias = self.add_weight(
-                shape=(blocks,),
-                name="bias",
-                initializer=self.bias_initializer,
-                regularizer=self.bias_regularizer,
-                constraint=self.bias_constraint,
-            )
-        else:
-            self.bias = None
+        equations.add_weights(self, input_shape, "tf.keras.layers.RNN")
         super().build(input_shape)
 
     def _upper_triangle_initializer(self, shape, dtype=None, **kwargs):
