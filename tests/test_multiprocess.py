@@ -24,7 +24,10 @@ COMMON = [
     "--task", "digits", "--units", "8", "--batch-size", "32", "--steps", str(STEPS),
     "--log-every", "5", "--checkpoint-every", "5", "--learning-rate", "0.02",
 ]  # fmt: skip
-FAULTS = ["--heartbeat-timeout", "5", "--connect-timeout", "20"]
+# The heartbeat timeout is longer than STOP_BOUND: a lost peer on this host is found by its
+# pid when the collective fails, and JAX's own heartbeat check (which aborts every process
+# with a stack trace) must not overtake that on a loaded machine.
+FAULTS = ["--heartbeat-timeout", "20", "--connect-timeout", "20"]
 TIMEOUT = 150
 # A lost worker is named within this many seconds (a peer on this host is found by its pid).
 STOP_BOUND = 10.0
