@@ -35,14 +35,25 @@ def native_stderr_silenced() -> Iterator[None]:
         os.close(devnull)
 
 
+_DEVICES_LISTED: list[bool] = []
+
+
 def import_tensorflow() -> ModuleType:
-    """Imports TensorFlow (and lists its GPUs, which prints too) with native stderr closed."""
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
+    """Imports TensorFlow and lists its GPUs, with native stderr closed meanwhile.
+
+    Listing the devices initializes CUDA (`cuInit`), which prints an ERROR line
+    on a machine without a GPU: it is done here, once, even when TensorFlow was
+    imported already (by Keras on its TensorFlow backend).
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tensorflow = sys.modules.get("tensorflow")
+    if tensorflow is not None and _DEVICES_LISTED:
+        return tensorflow
     with native_stderr_silenced():
-        tensorflow = importlib.import_module("tensorflow")
+        if tensorflow is None:
+            tensorflow = importlib.import_module("tensorflow")
         tensorflow.config.list_physical_devices("GPU")
+    _DEVICES_LISTED.append(True)
     return tensorflow
 
 

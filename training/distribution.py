@@ -373,6 +373,9 @@ def finish(status: int) -> int:
     return status
 
 
+LEAVE_GRACE_SECONDS = 1.0
+
+
 def _leave_together(status, wait_seconds=5):
     """Process 0, which serves the coordinator, leaves after the others have said why.
 
@@ -393,6 +396,9 @@ def _leave_together(status, wait_seconds=5):
         for index in range(1, _STARTED["count"]):
             if index not in _STARTED.get("lost", ()):
                 client.blocking_key_value_get(f"keras_antisym/leaving/{index}", wait_seconds * 1000)
+        # A process that has said it leaves still has to reach its exit: had the coordinator
+        # gone first, JAX would abort it with a stack trace on a loaded machine.
+        time.sleep(LEAVE_GRACE_SECONDS)
     except Exception:  # JAX's own classes: a process that is gone cannot answer
         pass
 
