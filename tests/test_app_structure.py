@@ -19,8 +19,14 @@ import import_graph  # noqa: E402
 
 
 def test_no_import_cycles_in_the_repository():
-    edges, _ = import_graph.scan(import_graph.PACKAGES)
-    assert import_graph.cycles(edges) == []
+    # In a child: parsing every module builds many small objects, which a test process
+    # holding large models makes the garbage collector slow to walk.
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "import_graph.py")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.rstrip().endswith("import cycles: 0")
 
 
 def test_import_graph_finds_a_planted_cycle():
