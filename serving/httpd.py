@@ -22,6 +22,7 @@ each whole request before the app sees it. On top, this module:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -320,6 +321,11 @@ class ServerThread:
         # Connections the kernel completed are clients that sent (or will send) a
         # request believing they were accepted: take them before closing the socket,
         # which would reset them.
+        # First shrink the backlog to its minimum: the kernel then stops completing new
+        # handshakes (their SYNs wait, and find the port closed), so few can slip in
+        # between the last accept and the close.
+        with contextlib.suppress(OSError):
+            server.socket.listen(0)
         accepted = server.accept_pending()
         server.accepting = False
         server.del_channel()
