@@ -184,13 +184,25 @@ def bench_training(config, jit_compile=False, layers=LAYERS):
 
 def bench_jit(config, layers=LAYERS):
     """Training step with `jit_compile` False and True, same shape, interleaved."""
-    batch, steps, features, units = config["jit_shape"]
+    return _train_step_variants(
+        config, config["jit_shape"], layers, (False, True), lambda jit: f"jit={jit}",
+        lambda name, jit, steps, features, units: make_model(name, steps, features, units, jit),
+    )  # fmt: skip
+
+
+def _train_step_variants(config, shape, layers, variants, label, build):
+    """Training steps of each layer in each variant at `shape`, interleaved in one run.
+
+    `build(name, variant, steps, features, units)` makes the compiled model;
+    the times are keyed `"<layer>|<label(variant)>"`.
+    """
+    batch, steps, features, units = shape
     x, y = random_batch(batch, steps, features)
     calls = {}
     for name in layers:
-        for jit in (False, True):
-            model = make_model(name, steps, features, units, jit)
-            calls[f"{name}|jit={jit}"] = lambda m=model: m.train_on_batch(x, y)
+        for variant in variants:
+            model = build(name, variant, steps, features, units)
+            calls[f"{name}|{label(variant)}"] = lambda m=model: m.train_on_batch(x, y)
     return {
         "batch": batch,
         "steps": steps,
@@ -290,20 +302,12 @@ def bench_precision(config, layers=PRECISION_LAYERS):
     the products in the compute dtype; on a CPU without native bfloat16 or
     float16 arithmetic they are expected to be slower, not faster.
     """
-    batch, steps, features, units = config["precision_shape"]
-    x, y = random_batch(batch, steps, features)
-    calls = {}
-    for name in layers:
-        for policy in POLICIES:
-            model = precision_model(name, policy, steps, features, units)
-            calls[f"{name}|{policy}"] = lambda m=model: m.train_on_batch(x, y)
-    return {
-        "batch": batch,
-        "steps": steps,
-        "features": features,
-        "units": units,
-        "times": interleaved(calls, config["repeats"], config["warmup"]),
-    }
+    return _train_step_variants(
+        config, config["precision_shape"], layers, POLICIES, str,
+        lambda name, policy, steps, features, units: precision_model(
+            name, policy, steps, features, units
+        ),
+    )  # fmt: skip
 
 
 def precision_ratios(precision):
