@@ -142,16 +142,23 @@ def last_json(stdout: str) -> Any:
 
 
 def run_backends(
-    module: str, backends: Iterable[str], output: str, quick: bool, timeout: float
+    module: str,
+    backends: Iterable[str],
+    output: str,
+    quick: bool,
+    timeout: float,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """Runs `python -m MODULE --child` once per Keras backend; returns those that failed.
 
     Each child writes its own results under `output` as it goes, so a child
-    that fails or runs out of time keeps what it measured.
+    that fails or runs out of time keeps what it measured. `extra`: more
+    arguments of every child.
     """
     failed = []
     for backend in backends:
         args = ["-m", module, "--child", "--output", output] + (["--quick"] if quick else [])
+        args += list(extra)
         env = {"KERAS_BACKEND": backend, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         try:
             run_child(args, timeout, env, capture=False)

@@ -187,9 +187,9 @@ def bench_kernel(config, results):
     for gated, precision in itertools.product((False, True), PRECISIONS):
         name = f"{'gated ' if gated else ''}fwd+bwd B{batch} T{steps} {precision}"
         calls[name] = build({}, batch, steps, units, gated, precision, True)
-    for precision in ("float32", "tf32x3"):
-        name = f"fwd+bwd B{batch} T{steps} {precision} num_warps=8"
-        calls[name] = build({"NUM_WARPS": 8}, batch, steps, units, False, precision, True)
+    for precision, warps in itertools.product(PRECISIONS, (4, 8)):
+        name = f"fwd+bwd B{batch} T{steps} {precision} num_warps={warps}"
+        calls[name] = build({"NUM_WARPS": warps}, batch, steps, units, False, precision, True)
     results["training"] = _timed(calls, config["repeats"])
     yield
     calls = {}
@@ -272,8 +272,16 @@ def bench_inference(config, results):
     yield
 
 
-def run_child_sections(config, output):
-    """Runs every section in this process's backend, writing after each.
+SECTIONS = {
+    "numerics": bench_numerics,
+    "training": bench_training,
+    "inference": bench_inference,
+    "kernel": bench_kernel,
+}
+
+
+def run_child_sections(config, output, names=tuple(SECTIONS)):
+    """Runs the sections `names` in this process's backend, writing after each.
 
     The kernel targets come first, so that a backend stopped by its timeout
     keeps them; a section that fails records its error and the next one runs.
@@ -283,12 +291,8 @@ def run_child_sections(config, output):
     path = os.path.join(output, f"gpu-kernel-{keras.backend.backend()}.json")
     sections = [
         (key, lambda part, b=bench: b(config, part), {})
-        for key, bench in (
-            ("numerics", bench_numerics),
-            ("training", bench_training),
-            ("inference", bench_inference),
-            ("kernel", bench_kernel),
-        )
+        for key, bench in SECTIONS.items()
+        if key in names
     ]
     results = {"environment": environment(), "config": config}
     return run_sections(path, results, sections, indent=1, keep_going=True)
@@ -367,15 +371,30 @@ def _section_lines(section, part):
 
 def main(argv=None):
     parser = common.parser("python -m benchmarks.gpu_kernel_check", __doc__, backends=170)
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run (default: all of {', '.join(SECTIONS)})",
+    )
     args = parser.parse_args(argv)
+    names = [name for name in args.sections.split(",") if name]
+    unknown = sorted(set(names) - set(SECTIONS))
+    if unknown or not names:
+        parser.error(
+            "Received an invalid value for argument `--sections`, expected comma-separated "
+            f"names of {', '.join(SECTIONS)}, got {args.sections!r}"
+        )
     config = QUICK if args.quick else FULL
     os.makedirs(args.output, exist_ok=True)
     if args.child:
-        run_child_sections(config, args.output)
+        run_child_sections(config, args.output, names)
         return 0
     backends = [b for b in args.backends.split(",") if b]
     # A backend that fails still reports: its targets read n/a.
-    run_backends("benchmarks.gpu_kernel_check", backends, args.output, args.quick, args.timeout)
+    extra = ["--sections", ",".join(names)]
+    run_backends(
+        "benchmarks.gpu_kernel_check", backends, args.output, args.quick, args.timeout, extra
+    )
     text = report(read_backend_results(args.output, "gpu-kernel-{}.json", backends))
     write_text(os.path.join(args.output, "gpu-kernel.txt"), text + "\n")
     print(text)

@@ -117,7 +117,7 @@ class AntisymmetricRNN(keras.layers.RNN):
             projection of all steps is one product before the loop (the same
             numbers either way, only speed differs). `"auto"` hoists on a GPU
             or TPU for inputs of at least `HOIST_MIN_INPUT_DIM` features.
-        fused_kernel: `False` (default), `"auto"` or `True`: whether a call
+        fused_kernel: `"auto"` (default), `True` or `False`: whether a call
             runs the whole recurrence, forward and backward, in one fused
             kernel (`keras_antisym.kernels`: Pallas on JAX, Triton on
             PyTorch) instead of the time loop; the same numbers either way.
@@ -133,9 +133,8 @@ class AntisymmetricRNN(keras.layers.RNN):
             a mask, the sequences' dtype, length and size, and the device
             (without a CUDA GPU the kernel runs interpreted only where
             `kernels.INTERPRET` allows: for tests). `False` never uses it.
-            The default stays `False` until the kernels have run on a GPU
-            (they are tested in interpret mode and compiled for Hopper, not
-            yet run on one).
+            The kernel's product precision is `kernels.PRECISION`
+            (`"tf32x3"`: float32's accuracy on tensor cores).
 
     The other arguments (`epsilon`, `gamma`, `activation`, `use_bias`, the
     initializers, regularizers and constraints, `dropout`,
@@ -197,7 +196,7 @@ class AntisymmetricRNN(keras.layers.RNN):
         stateful: bool = False,
         unroll: bool = False,
         hoist_inputs: bool | Literal["auto"] = "auto",
-        fused_kernel: bool | Literal["auto"] = False,
+        fused_kernel: bool | Literal["auto"] = "auto",
         **kwargs: Any,
     ) -> None:
         self._init_rnn(
@@ -523,7 +522,7 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
         stateful: bool = False,
         unroll: bool = False,
         hoist_inputs: bool | Literal["auto"] = "auto",
-        fused_kernel: bool | Literal["auto"] = False,
+        fused_kernel: bool | Literal["auto"] = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(

@@ -147,7 +147,7 @@ NON_DEFAULT_ARGUMENTS = {
     "stateful": True,
     "unroll": True,
     "hoist_inputs": True,
-    "fused_kernel": "auto",
+    "fused_kernel": False,
 }
 
 

@@ -93,3 +93,16 @@ def test_gpu_kernel_check_runs_on_tiny_shapes(tmp_path):
     text = (tmp_path / "gpu-kernel.txt").read_text()
     assert text.count("training step B4 T12 n8 m1, kernel") == 6  # 3 precisions × 2 backends
     assert "=== jax on cpu ===" in text and "=== torch on cpu ===" in text
+
+
+def test_gpu_kernel_check_rejects_unknown_sections(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_kernel_check", "--sections", "kernel,speed"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "`--sections`" in proc.stderr and "'kernel,speed'" in proc.stderr
+    assert "numerics, training, inference, kernel" in proc.stderr

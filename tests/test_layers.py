@@ -909,7 +909,7 @@ def test_auto_kernel_falls_back_to_the_loops_numbers(monkeypatch, layer_args, ma
 @pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
 def test_layer_defaults_are_the_documented_ones(layer_class):
     """The cell's arguments default as in the cell; the layer's own as documented
-    (`fused_kernel=False` until the kernels have run on a GPU, `hoist_inputs="auto"`)."""
+    (`fused_kernel="auto"`, `hoist_inputs="auto"`)."""
     layer = layer_class(4)
     cell = layer.cell_class(4)
     serialize = keras.saving.serialize_keras_object
@@ -918,7 +918,7 @@ def test_layer_defaults_are_the_documented_ones(layer_class):
     assert (layer.epsilon, layer.gamma, layer.activation) == (0.01, 0.01, keras.activations.tanh)
     assert layer.use_bias is True and layer.antisymmetric is True
     assert (layer.dropout, layer.recurrent_dropout, layer.seed) == (0.0, 0.0, None)
-    assert layer.fused_kernel is False and layer.hoist_inputs == "auto"
+    assert layer.fused_kernel == "auto" and layer.hoist_inputs == "auto"
     flags = (layer.return_sequences, layer.return_state, layer.go_backwards, layer.stateful)
     assert flags == (False, False, False, False)
     assert layer.unroll is False and layer.activity_regularizer is None

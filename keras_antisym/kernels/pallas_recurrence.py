@@ -40,8 +40,15 @@ from jax.experimental import pallas as pl
 BLOCK_BATCH = 16
 #: Batches of at most this many rows are one tile of their own size.
 SMALL_BATCH = 2
-#: Warps per program: whole tiles, and the small tile's broadcast product.
-NUM_WARPS, SMALL_BATCH_WARPS = 4, 8
+#: Warps per program of whole tiles, by precision: measured on an H100 (B128
+#: T784 n128, forward + backward), eight warps halve the full float32 product's
+#: time (its 128 x 128 operand spills from four warps' registers) and take a
+#: fifth off tf32x3's; four are best for one TF32 product.
+WARPS = {"float32": 8, "tf32x3": 8, "tf32": 4}
+#: Warps of whole tiles for every precision, where set (None: `WARPS`).
+NUM_WARPS = None
+#: Warps of the small tile's broadcast product.
+SMALL_BATCH_WARPS = 8
 #: The least state width of the kernel (smaller widths are zero-padded).
 MIN_UNITS = 16
 #: `precision` names and the product each step uses.
@@ -153,7 +160,12 @@ def padded_batch(batch):
     return -(-batch // BLOCK_BATCH) * BLOCK_BATCH
 
 
-def _call(kernel, ins, in_specs, outs, interpret):
+def tile_warps(precision):
+    """Warps per program of whole tiles at `precision`."""
+    return WARPS[precision] if NUM_WARPS is None else NUM_WARPS
+
+
+def _call(kernel, ins, in_specs, outs, interpret, precision):
     """`pallas_call` over batch tiles; Triton compiler parameters on a GPU.
 
     `in_specs` are functions of the tile's rows (`_tile`, `_whole`).
@@ -164,7 +176,7 @@ def _call(kernel, ins, in_specs, outs, interpret):
         from jax.experimental.pallas import triton as plgpu
 
         make = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCompilerParams
-        warps = NUM_WARPS if rows == BLOCK_BATCH else SMALL_BATCH_WARPS
+        warps = tile_warps(precision) if rows == BLOCK_BATCH else SMALL_BATCH_WARPS
         params["compiler_params"] = make(num_warps=warps, num_stages=1)
     return pl.pallas_call(
         kernel,
@@ -190,7 +202,7 @@ def _forward(u, mt, h0, eps, gated, precision, interpret, with_slopes):
     if with_slopes:
         outs.append((u.shape, jnp.float32))
     specs = [_tile, _whole, _tile]
-    return _call(kernel, (u, mt, h0), specs, outs, interpret)
+    return _call(kernel, (u, mt, h0), specs, outs, interpret, precision)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
@@ -210,7 +222,7 @@ def _padded_bwd(eps, gated, precision, interpret, residuals, d_states):
     )
     specs = [_tile, _tile, _whole]
     outs = [(slopes.shape, jnp.float32), (h0.shape, jnp.float32)]
-    d_u, d_h0 = _call(kernel, (d_states, slopes, mt), specs, outs, interpret)
+    d_u, d_h0 = _call(kernel, (d_states, slopes, mt), specs, outs, interpret, precision)
     n = mt.shape[0]
     delta = d_u[..., :n] + d_u[..., n:] if gated else d_u
     previous = jnp.concatenate([h0[:, None].astype(states.dtype), states[:, :-1]], axis=1)

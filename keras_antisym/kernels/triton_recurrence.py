@@ -25,8 +25,14 @@ MIN_UNITS = 16
 PRECISIONS = {"float32": "ieee", "tf32x3": "tf32x3", "tf32": "tf32"}
 #: Batches of at most this many rows are one tile of their own size.
 SMALL_BATCH = 2
-#: Warps per program: whole tiles, and the small tile's broadcast product.
-NUM_WARPS, SMALL_BATCH_WARPS = 4, 8
+#: Warps per program of whole tiles, by precision: measured on an H100 (B128
+#: T784 n128, forward + backward), eight warps take a quarter off tf32x3's
+#: time; four are best for the full float32 product and for one TF32 product.
+WARPS = {"float32": 4, "tf32x3": 8, "tf32": 4}
+#: Warps of whole tiles for every precision, where set (None: `WARPS`).
+NUM_WARPS = None
+#: Warps of the small tile's broadcast product.
+SMALL_BATCH_WARPS = 8
 
 
 def padded_units(units):
@@ -145,11 +151,16 @@ def _backward_kernel(
     tl.store(dh0_ptr + rows[:, None] * N + cols[None, :], g)
 
 
-def _tiles(batch):
+def tile_warps(precision):
+    """Warps per program of whole tiles at `precision`."""
+    return WARPS[precision] if NUM_WARPS is None else NUM_WARPS
+
+
+def _tiles(batch, precision="float32"):
     """`(padded batch, rows per program, warps)`: 1 or 2 rows as is, else whole tiles."""
     if batch <= SMALL_BATCH:
         return batch, batch, SMALL_BATCH_WARPS
-    return -(-batch // BLOCK_BATCH) * BLOCK_BATCH, BLOCK_BATCH, NUM_WARPS
+    return -(-batch // BLOCK_BATCH) * BLOCK_BATCH, BLOCK_BATCH, tile_warps(precision)
 
 
 def _forward(u, mt, h0, eps, gated, precision, with_slopes):
@@ -159,7 +170,7 @@ def _forward(u, mt, h0, eps, gated, precision, with_slopes):
     slopes = (
         torch.empty(u.shape, dtype=torch.float32, device=u.device) if with_slopes else states
     )  # unused when no slopes
-    _, rows, warps = _tiles(batch)
+    _, rows, warps = _tiles(batch, precision)
     _forward_kernel[(batch // rows,)](
         u,
         mt,
@@ -182,7 +193,7 @@ def _backward(d_states, slopes, mt, gated, precision):
     batch, steps, n = d_states.shape
     d_u = torch.empty_like(slopes)
     d_h0 = torch.empty((batch, n), dtype=torch.float32, device=d_states.device)
-    _, rows, warps = _tiles(batch)
+    _, rows, warps = _tiles(batch, precision)
     _backward_kernel[(batch // rows,)](
         d_states,
         slopes,
