@@ -12,5 +12,6 @@ ruff check .
 mypy keras_antisym
 bash scripts/docs.sh
 # One worker per core (this machine and CI have 2); -v names each test as it ends, and
-# pyproject.toml adds a per-test time limit and the slowest tests at the end.
-python -m pytest -v -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"
+# pyproject.toml adds a per-test time limit and the slowest tests at the end. The tests
+# marked slow are left out (PYTEST_MARKERS="" runs everything; "slow" only those).
+python -m pytest -v -n "${PYTEST_WORKERS:-2}" --dist loadfile -m "${PYTEST_MARKERS-not slow}" "$@"

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import accelerator
 from benchmarks.accelerator import KERNEL_LAYERS
 from benchmarks.run import LAYERS
@@ -13,6 +15,7 @@ from benchmarks.run import LAYERS
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_accelerator_benchmark_runs_on_tiny_shapes(tmp_path):
     env = {
         **os.environ,
@@ -66,6 +69,7 @@ def test_accelerator_benchmark_rejects_unknown_backend(tmp_path):
     assert "`--backends`" in proc.stderr and "'jax,mxnet'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_gpu_kernel_check_runs_on_tiny_shapes(tmp_path):
     """The prepared GPU check (benchmarks/gpu_kernel_check.sh), interpreted on this CPU."""
     env = {

@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.run import LAYERS, QUICK, hoist_models, random_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_benchmark_runs_on_tiny_shapes(tmp_path):
     env = {
         **os.environ,

@@ -144,6 +144,7 @@ def test_launcher_runs_two_processes_that_train_as_one(tmp_path, one_process):
     _assert_same_as_one_process(output, chief, one_process)
 
 
+@pytest.mark.slow
 def test_killed_worker_stops_the_chief_and_a_restart_resumes(tmp_path, one_process):
     output, port = tmp_path / "run", _free_port()
     with Processes(tmp_path) as started:
@@ -223,6 +224,7 @@ def test_a_wrong_coordinator_address_fails_fast(tmp_path):
     assert seconds < 45
 
 
+@pytest.mark.slow
 def test_tuner_chief_and_two_jax_workers_run_every_trial_once(tmp_path):
     directory, trials = tmp_path / "search", 3
     argv = ["-m", "training.tune", "--task", "digits", "--units", "8", "--batch-size", "32"]

@@ -222,7 +222,14 @@ CHECKPOINT_INDEX = {
 }
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "tensorflow",
+        pytest.param("jax", marks=pytest.mark.slow),
+        pytest.param("torch", marks=pytest.mark.slow),
+    ],
+)
 def test_kill_and_resume_finishes_with_nothing_lost(tmp_path, backend):
     common = [
         "--task",
@@ -358,6 +365,7 @@ def _reference_diagnostics(model_path, epsilon, gamma, probe=4):
     }
 
 
+@pytest.mark.slow
 def test_resume_refuses_other_settings_and_rewrites_nothing(tmp_path):
     out = tmp_path / "run"
     common = ["--task", "digits", "--units", "8", "--batch-size", "32", "--output-dir", str(out)]

@@ -106,6 +106,7 @@ def test_nothing_non_finite_or_overflowing_is_checkpointed(scale, reason):
     assert healthy.saved == [7]
 
 
+@pytest.mark.slow
 def test_a_diverged_run_resumes_from_its_last_good_checkpoint_with_a_new_learning_rate(tmp_path):
     out = tmp_path / "run"
     common = [*TINY, "--optimizer", "sgd", "--checkpoint-every", "1", "--output-dir", str(out)]
