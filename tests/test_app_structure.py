@@ -100,6 +100,8 @@ IDENTITY = {
     "model": "gated", "units": 17, "epsilon": 0.5, "gamma": 0.5, "sigma_w": 3.0,
     "optimizer": "sgd", "learning_rate": 0.5, "momentum": 0.5, "clipnorm": 2.0,
     "batch_size": 7, "validation_fraction": 0.5, "dtype_policy": "mixed_bfloat16",
+    "lr_schedule": "cosine", "warmup_steps": 3, "lr_floor": 0.5, "lr_decay_steps": 9,
+    "lr_boundaries": "4", "lr_decay_factor": 0.5, "keep_best": True,
 }  # fmt: skip
 
 

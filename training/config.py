@@ -16,7 +16,7 @@ import os
 import types
 import typing
 
-from apputil.errors import UsageError, check, invalid
+from apputil.errors import Literal, UsageError, check, invalid
 
 __all__ = ["RunConfig", "UsageError", "check_batch_size", "check_types", "flag", "identity_fields"]
 
@@ -25,9 +25,15 @@ __all__ = ["RunConfig", "UsageError", "check_batch_size", "check_types", "flag",
 MODEL_NAMES = ("antisymmetric", "gated", "ablation", "lstm")
 # The Keras dtype policies a run can train under (`--dtype-policy`).
 DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+# The learning-rate schedules (`--lr-schedule`; built by `training.schedules`).
+LR_SCHEDULES = ("constant", "cosine", "step")
 
 # The identity settings a resumed run may change when asked (`--change-on-resume`): they
-# shape no variable, so the checkpoint still fits.
+# shape no variable, so the checkpoint still fits. Under a schedule a new learning rate is
+# the schedule's new peak, applied from the restored step on. The schedule's own settings
+# stay: with warm-up or decay the optimizer holds no learning-rate variable, without them
+# it does, so the checkpoints of one do not fit the other; and a schedule changed midway
+# is no longer one schedule.
 RESUME_CHANGEABLE = ("learning_rate", "clipnorm")
 
 # The option groups of the command line, in the order `--help` lists them.
@@ -89,6 +95,31 @@ class RunConfig:
         None, "per-variable gradient clipping", group="optimizer", identity=True
     )
     batch_size: int = _option(64, "global batch size", group="optimizer", identity=True)
+    lr_schedule: str = _option(
+        "constant", "learning-rate schedule, a function of the optimizer's step (a resumed "
+        "run goes on with it): constant, cosine (to --lr-floor at --lr-decay-steps) or step "
+        "(times --lr-decay-factor after each of --lr-boundaries)",
+        group="optimizer", identity=True,
+    )  # fmt: skip
+    warmup_steps: int = _option(
+        0, "any schedule: raise the learning rate linearly from 0 to --learning-rate over "
+        "the first N steps", group="optimizer", identity=True, metavar="N",
+    )  # fmt: skip
+    lr_floor: float = _option(
+        0.0, "cosine: the last learning rate, as a fraction of --learning-rate (Keras' alpha)",
+        group="optimizer", identity=True, metavar="F",
+    )  # fmt: skip
+    lr_decay_steps: int | None = _option(
+        None, "cosine: the step at which it reaches the floor and stays (default: --steps)",
+        group="optimizer", identity=True, metavar="N",
+    )  # fmt: skip
+    lr_boundaries: str | None = _option(
+        None, "step: comma-separated steps after which the learning rate is multiplied by "
+        "--lr-decay-factor", group="optimizer", identity=True, metavar="S1,S2,...",
+    )  # fmt: skip
+    lr_decay_factor: float = _option(
+        0.1, "step: the factor at each boundary", group="optimizer", identity=True, metavar="F"
+    )
     # distribution
     strategy: str = _option("auto", group="distribution")
     tpu: str | None = _option(None, "TPU name or address for --strategy tpu", group="distribution")
@@ -125,6 +156,11 @@ class RunConfig:
         0, "evaluate every N steps (validation split if any, else test) into curve.json",
         group="run", metavar="N",
     )  # fmt: skip
+    keep_best: bool = _option(
+        False, "test the weights of the best validation evaluation, not the last step's "
+        "(needs --validation-fraction and --eval-every; the test split is read only at the "
+        "end)", group="run", identity=True,
+    )  # fmt: skip
     eval_batch_size: int = _option(256, group="run")
     validation_fraction: float = _option(
         0.0, "hold out this fraction of the training data and report val_accuracy",
@@ -155,6 +191,33 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def resolved(self) -> RunConfig:
+        """The config a run records: the cosine's length fixed (`lr_decay_steps`, default
+        `steps`), so that a resumed run with more `--steps` does not stretch the decay."""
+        if self.lr_schedule == "cosine" and self.lr_decay_steps is None:
+            return self.replace(lr_decay_steps=self.steps)
+        return self
+
+    def has_schedule(self) -> bool:
+        """Whether the learning rate changes over the run (a schedule or a warm-up)."""
+        return self.lr_schedule != "constant" or self.warmup_steps > 0
+
+    def boundaries(self) -> tuple[int, ...]:
+        """The steps of `lr_boundaries` (empty without); raises `UsageError` if malformed."""
+        if self.lr_boundaries is None:
+            return ()
+        expected = (
+            f"increasing step numbers after --warmup-steps ({self.warmup_steps}), "
+            f"comma-separated (e.g. 3000,5000)"
+        )
+        try:
+            steps = tuple(int(part) for part in self.lr_boundaries.split(","))
+        except ValueError:
+            raise invalid("--lr-boundaries", expected, self.lr_boundaries) from None
+        ordered = all(a < b for a, b in zip((self.warmup_steps, *steps), steps, strict=False))
+        check(ordered, "--lr-boundaries", expected, self.lr_boundaries)
+        return steps
 
     def resume_changes(self) -> tuple[str, ...]:
         """The fields named by `change_on_resume`."""
@@ -200,6 +263,15 @@ class RunConfig:
               self.timesteps)  # fmt: skip
         check(0 <= self.validation_fraction < 1, "--validation-fraction", "a float in [0, 1)",
               self.validation_fraction)  # fmt: skip
+        self._validate_schedule()
+        if self.keep_best:
+            given = Literal(f"--keep-best with --validation-fraction {self.validation_fraction}")
+            check(self.validation_fraction > 0, "--keep-best",
+                  "a validation split to select on: --validation-fraction above 0 (the "
+                  "test split is read only at the end)", given)  # fmt: skip
+            check(self.eval_every > 0, "--eval-every",
+                  "a positive integer with --keep-best (the evaluations it selects from)",
+                  self.eval_every)  # fmt: skip
         for name in self.resume_changes():
             check(name in RESUME_CHANGEABLE, "--change-on-resume",
                   f"names among {', '.join(RESUME_CHANGEABLE)}", self.change_on_resume)  # fmt: skip
@@ -207,6 +279,32 @@ class RunConfig:
               "--data-dir", "an existing TFDS data directory or a folder of .npz files",
               self.data_dir)  # fmt: skip
         return self
+
+    def _validate_schedule(self) -> None:
+        schedule = self.lr_schedule
+        check(schedule in LR_SCHEDULES, "--lr-schedule", f"one of {', '.join(LR_SCHEDULES)}",
+              schedule)  # fmt: skip
+        check(self.warmup_steps >= 0, "--warmup-steps", "a non-negative integer",
+              self.warmup_steps)  # fmt: skip
+        # The settings of another schedule would be ignored: a mistake to say, not to skip.
+        cosine, step = schedule == "cosine", schedule == "step"
+        check(math.isfinite(self.lr_floor) and 0 <= self.lr_floor <= 1, "--lr-floor",
+              "a float in [0, 1] (a fraction of --learning-rate)", self.lr_floor)  # fmt: skip
+        check(cosine or self.lr_floor == 0, "--lr-floor", "0 unless --lr-schedule cosine",
+              self.lr_floor)  # fmt: skip
+        if self.lr_decay_steps is not None:
+            check(cosine, "--lr-decay-steps", "none unless --lr-schedule cosine",
+                  self.lr_decay_steps)  # fmt: skip
+            check(self.lr_decay_steps > self.warmup_steps, "--lr-decay-steps",
+                  f"an integer above --warmup-steps ({self.warmup_steps})",
+                  self.lr_decay_steps)  # fmt: skip
+        check(math.isfinite(self.lr_decay_factor) and 0 < self.lr_decay_factor < 1,
+              "--lr-decay-factor", "a float in (0, 1)", self.lr_decay_factor)  # fmt: skip
+        check(step or self.lr_boundaries is None, "--lr-boundaries",
+              "none unless --lr-schedule step", self.lr_boundaries)  # fmt: skip
+        check(not step or self.lr_boundaries, "--lr-boundaries",
+              "comma-separated steps with --lr-schedule step", self.lr_boundaries)  # fmt: skip
+        self.boundaries()
 
 
 def _is_address(text: str) -> bool:

@@ -5,8 +5,13 @@ trial) and the reproduction suite call this directly. Everything lands in
 `workdir` (default `runs/<task>-<model>`): `config.yaml` (the resolved
 `training.config.RunConfig`), `checkpoints/` (atomic: the index moves only
 after a save is complete), `logs/` (TensorBoard), `curve.json` (with
-`eval_every`), `metrics.json` and `model.keras`. Running the same config
-again resumes from the last checkpoint.
+`eval_every`), `best.npz` (with `keep_best`), `metrics.json` and
+`model.keras`. Running the same config again resumes from the last checkpoint.
+
+With `keep_best` the test split is read only after the last step: the curve
+evaluates the validation split, the run's final test evaluation (and
+`model.keras`) use the weights of its best validation evaluation, and
+`metrics.json` names that step (`selected_step`, `selected_on`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import keras_antisym
 from apputil.errors import UsageError, check, invalid
 from apputil.files import FolderLock, atomic_path, write_atomically
 from apputil.quiet import native_stderr_silenced
-from training import distribution, loop, tasks
+from training import distribution, loop, schedules, tasks
 from training.config import RunConfig, identity_fields
 from training.errors import RunLockedError
 from training.models import build_model
@@ -38,6 +43,14 @@ def weights_fingerprint(model: keras.Model) -> str:
     for weight in model.get_weights():
         digest.update(weight.tobytes())
     return digest.hexdigest()
+
+
+# What a refusal to resume adds for a setting the user may not have given.
+_RESUME_HINTS = {
+    "lr_decay_steps": "the cosine schedule decays over the run's first --steps; give "
+    "--lr-decay-steps {before} to go on at its floor, or start a new run with another "
+    "--output-dir",
+}
 
 
 def check_resumable(path: str, config: dict, allowed: tuple[str, ...] = ()) -> dict:
@@ -66,10 +79,10 @@ def check_resumable(path: str, config: dict, allowed: tuple[str, ...] = ()) -> d
             if key in allowed:
                 changed[key] = (before[key], config.get(key))
                 continue
-            expected = (
-                f"{before[key]!r} as in {path} (a resumed run keeps its settings; start a new "
-                f"one with another --output-dir)"
-            )
+            hint = _RESUME_HINTS.get(
+                key, "a resumed run keeps its settings; start a new one with another --output-dir"
+            ).format(before=before[key])
+            expected = f"{before[key]!r} as in {path} ({hint})"
             raise invalid(f"--{key.replace('_', '-')}", expected, config.get(key))
     return changed
 
@@ -105,21 +118,34 @@ def _versions():
     return versions
 
 
-class Splits(typing.NamedTuple):
-    """`(inputs, targets)` of each split; `validation` is None without one."""
+class Splits:
+    """`(inputs, targets)` of each split; `validation` is None without one.
 
-    train: tuple
-    test: tuple
-    validation: tuple | None
+    The test split is read when first used: with `keep_best`, only after training.
+    """
+
+    def __init__(self, train, validation, read_test):
+        self.train, self.validation = train, validation
+        self._read_test, self._test = read_test, None
+
+    @property
+    def test(self):
+        if self._test is None:
+            self._test = self._read_test()
+        return self._test
 
     @classmethod
     def load(cls, task, config):
         fraction = config.validation_fraction
         return cls(
             task.examples("train", config.data_dir, fraction),
-            task.examples("test", config.data_dir),
             task.examples("validation", config.data_dir, fraction) if fraction else None,
+            lambda: task.examples("test", config.data_dir),
         )
+
+
+# The weights of the best validation evaluation (`keep_best`), in the run's folder.
+BEST_WEIGHTS = "best.npz"
 
 
 def default_workdir(config: RunConfig) -> str:
@@ -134,6 +160,7 @@ def train_and_evaluate(
     Everything is written to `workdir` (default `runs/<task>-<model>`): the
     outputs listed in the module doc. Rerunning resumes from its checkpoint.
     """
+    config = config.resolved()
     task = tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
     if config.download and task.dataset is not None:
         log(f"data set {task.dataset} in {tasks.prepare(task.dataset, config.data_dir)}")
@@ -161,16 +188,22 @@ def _train_locked(config, task, strategy, device, workdir, log):
     record = _run_record(config, task, trainer, splits, workdir, device)
     start_step = _restore(trainer, config, record, workdir, log)
     writer = ScalarWriter(os.path.join(workdir, "logs") if trainer.chief else None)
-    diagnostics = (
-        loop.Diagnostics(trainer.model, task, *splits.test, config.diagnostics)
-        if config.diagnostics
-        else None
-    )
+    diagnostics = None
+    if config.diagnostics:  # probed on the split the curve evaluates
+        probe = splits.validation if splits.validation is not None else splits.test
+        diagnostics = loop.Diagnostics(trainer.model, task, *probe, config.diagnostics)
     curve = _learning_curve(config, task, splits, workdir, start_step)
+    best = None
+    if config.keep_best:
+        best = loop.BestWeights(os.path.join(workdir, BEST_WEIGHTS))
+        best.resume(start_step, log)
     history = loop.train(
-        trainer, config, start_step, writer=writer, log=log, diagnostics=diagnostics, curve=curve
-    )
+        trainer, config, start_step, writer=writer, log=log, diagnostics=diagnostics,
+        curve=curve, best=best,
+    )  # fmt: skip
+    selection = _select(trainer, best, start_step + history["steps"], log)
     metrics = _final_metrics(config, trainer, task, splits, history, start_step, record)
+    metrics.update(selection)
     if not history["steps"]:  # a finished run run again: its training numbers stay
         metrics.update(_previous_training_metrics(workdir, metrics["steps"]))
     if curve is not None and curve.points:
@@ -181,12 +214,26 @@ def _train_locked(config, task, strategy, device, workdir, log):
     writer.scalar("test/loss", metrics["test_loss"], metrics["steps"])
     writer.close()
     if trainer.chief:
+        if "test_examples" not in record:  # the test split was first read now
+            record["test_examples"] = int(len(splits.test[1]))
+            _write_record(workdir, record)
         with atomic_path(os.path.join(workdir, "model.keras")) as partial:
             trainer.save_model(partial)
         text = json.dumps(metrics, indent=2) + "\n"
         write_atomically(os.path.join(workdir, "metrics.json"), text)
     _log_result(trainer, metrics, workdir, log)
     return metrics
+
+
+def _select(trainer, best, steps, log):
+    """Puts the selected weights in the model: the best evaluation's with `keep_best`."""
+    if best is None or best.weights is None:
+        if best is not None:
+            log(f"no best weights kept in {best.path}: testing the last step's")
+        return {"selected_step": steps, "selected_on": "last"}
+    trainer.model.set_weights(best.weights)
+    log(f"testing the weights of step {best.step} (validation_accuracy {best.accuracy:.4f})")
+    return {"selected_step": best.step, "selected_on": "validation"}
 
 
 def _make_trainer(task, config, splits, strategy, workdir):
@@ -198,8 +245,8 @@ def _make_trainer(task, config, splits, strategy, workdir):
             dtype_policy=config.dtype_policy,
         )  # fmt: skip
         optimizer = make_optimizer(
-            config.optimizer, config.learning_rate, config.momentum, config.clipnorm,
-            config.dtype_policy,
+            config.optimizer, schedules.learning_rate(config), config.momentum,
+            config.clipnorm, config.dtype_policy,
         )  # fmt: skip
         return model, optimizer
 
@@ -218,7 +265,7 @@ def _make_trainer(task, config, splits, strategy, workdir):
 def _run_record(config, task, trainer, splits, workdir, device):
     """What `config.yaml` records: the config, the task's shape, where and how it ran."""
     spec = task.spec
-    return {
+    record = {
         **config.to_dict(),
         "output_dir": workdir,
         "task_params": spec.params,
@@ -228,9 +275,11 @@ def _run_record(config, task, trainer, splits, workdir, device):
         "replicas": trainer.replicas,
         "device": device,
         "train_examples": int(len(splits.train[1])),
-        "test_examples": int(len(splits.test[1])),
         **_versions(),
     }
+    if not config.keep_best:  # with it, the test split is read only after training
+        record["test_examples"] = int(len(splits.test[1]))
+    return record
 
 
 def _restore(trainer, config, record, workdir, log):
@@ -243,7 +292,8 @@ def _restore(trainer, config, record, workdir, log):
     start_step, restored = trainer.restore()
     if restored and changed:
         # The checkpoint restored the optimizer's old values: the new ones apply from here.
-        if "learning_rate" in changed:
+        # A schedule holds no rate to restore: it was built with the new peak.
+        if "learning_rate" in changed and not config.has_schedule():
             trainer.optimizer.learning_rate = config.learning_rate
         if "clipnorm" in changed:
             trainer.optimizer.clipnorm = config.clipnorm
@@ -263,10 +313,12 @@ def _restore(trainer, config, record, workdir, log):
         )
         log(f"resumed from {restored} at step {start_step}")
     if trainer.chief:
-        write_atomically(
-            os.path.join(workdir, "config.yaml"), yaml.safe_dump(record, sort_keys=True)
-        )
+        _write_record(workdir, record)
     return start_step
+
+
+def _write_record(workdir, record):
+    write_atomically(os.path.join(workdir, "config.yaml"), yaml.safe_dump(record, sort_keys=True))
 
 
 def _previous_record(workdir):

@@ -12,7 +12,7 @@ import math
 import keras_tuner
 
 from apputil.errors import invalid
-from training import loop
+from training import loop, schedules
 from training.config import MODEL_NAMES
 from training.errors import DivergenceError
 from training.models import build_model
@@ -26,7 +26,8 @@ class RNNHyperModel(keras_tuner.HyperModel):
 
     `build(hp)` declares the space and returns the uncompiled model;
     `fit(hp, model, ...)` trains it with `training.loop.train` (the optimizer
-    `hp["optimizer"]` at `hp["learning_rate"]`), reports to keras-tuner's
+    `hp["optimizer"]` at `hp["learning_rate"]`, under the run's learning-rate
+    schedule), reports to keras-tuner's
     callbacks as one epoch, and returns `{"val_accuracy", "val_loss"}` on the
     validation split.
 
@@ -35,7 +36,8 @@ class RNNHyperModel(keras_tuner.HyperModel):
         config: The `training.config.RunConfig` every trial shares: `model`,
             `units`, `batch_size`, `seed` (the same in every trial, so trials
             differ only in their hyperparameters), `validation_fraction`,
-            `momentum`, `clipnorm`, `dtype_policy`, `data_dir` and `eval_batch_size`.
+            `momentum`, `clipnorm`, the schedule's settings (`lr_schedule`, ...),
+            `dtype_policy`, `data_dir` and `eval_batch_size`.
         space: A `SearchSpace`.
         steps_per_trial: Training steps of a full trial.
         rounds: Hyperband's `max_epochs`: an epoch it asks for is
@@ -94,10 +96,12 @@ class RNNHyperModel(keras_tuner.HyperModel):
         (train_x, train_y), (val_x, val_y) = self.data()
 
         def build():
+            # The run's schedule at the trial's rate, over a full trial (Hyperband's rounds
+            # go on along it: the optimizer starts at the round's first step).
+            rate = schedules.learning_rate(config, hp["learning_rate"], self.steps_per_trial)
             optimizer = make_optimizer(
-                hp["optimizer"], hp["learning_rate"], config.momentum, config.clipnorm,
-                config.dtype_policy,
-            )  # fmt: skip
+                hp["optimizer"], rate, config.momentum, config.clipnorm, config.dtype_policy
+            )
             return model, optimizer
 
         trainer = make_trainer(self.task, build, train_x, train_y, batch_size=config.batch_size,

@@ -19,13 +19,14 @@ import os
 import signal
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import keras_antisym
-from apputil.files import write_atomically
+from apputil.files import atomic_path, write_atomically
 from training.config import RunConfig
 from training.errors import DivergenceError, Interrupted
 from training.objectives import per_example_correct, per_example_loss
@@ -44,6 +45,7 @@ def train(
     log: Callable[[str], object] = print,
     diagnostics: Any = None,
     curve: Any = None,
+    best: Any = None,
 ) -> dict:
     """Runs training steps `start_step .. config.steps - 1`, checkpointing as it goes.
 
@@ -56,6 +58,7 @@ def train(
         log: Called with progress lines.
         diagnostics: A `Diagnostics`, or None.
         curve: A `LearningCurve`, or None: evaluated every `curve.every` steps.
+        best: A `BestWeights` offered each of the curve's evaluations, or None.
 
     Returns:
         A summary: steps run, examples/s (excluding the first step, which
@@ -82,12 +85,17 @@ def train(
                 if diagnostics is not None and step % diagnostics.every == 0:
                     diagnostics(step, writer, log)
                 if curve is not None and (step % curve.every == 0 or step == steps):
-                    curve.record(trainer, step, train_seconds, writer, log)
+                    loss_now, accuracy_now = curve.record(trainer, step, train_seconds, writer, log)
+                    if best is not None:
+                        best.offer(trainer.model, step, accuracy_now, loss_now)
                 if step % config.checkpoint_every == 0 or step == steps or stop:
                     save_checked(trainer, step, saved)
                     saved = step
-                    if curve is not None and trainer.chief:  # the chief writes the outputs
-                        curve.save()
+                    if trainer.chief:  # the chief writes the outputs
+                        if curve is not None:
+                            curve.save()
+                        if best is not None:
+                            best.save()
             if stop:
                 writer.flush()
                 raise Interrupted(stop[0], step)
@@ -284,16 +292,74 @@ class LearningCurve:
         writer.scalar(f"{self.split}/accuracy", accuracy, step)
         writer.scalar(f"{self.split}/loss", loss, step)
         log(f"step {step} {self.split}_accuracy {accuracy:.4f} {self.split}_loss {loss:.4f}")
+        return loss, accuracy
 
     def save(self):
         body = {"split": self.split, "every": self.every, "points": self.points}
         write_atomically(self.path, json.dumps(body, indent=1) + "\n")
 
 
+class BestWeights:
+    """The weights of a run's best evaluation on its validation split (`--keep-best`).
+
+    Each evaluation of the learning curve is offered; the one of the highest
+    accuracy (the earliest of equal ones) is kept in memory, and written to
+    `path` with each checkpoint, after it and like the curve (atomically and
+    flushed: a `.npz` of the step, accuracy, loss and weights). So the file
+    holds the best of the evaluations up to the newest checkpoint, which is
+    where a resumed run goes on from.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.step = self.accuracy = self.loss = self.weights = None
+        self._unsaved = False
+
+    def resume(self, start_step, log=print):
+        """Reads the kept weights, unless they are newer than the restored step `start_step`
+        (an older checkpoint was restored): their evaluation is dropped from the curve too."""
+        if not os.path.isfile(self.path):
+            return
+        try:
+            with np.load(self.path) as arrays:
+                step = int(arrays["step"])
+                accuracy, loss = float(arrays["accuracy"]), float(arrays["loss"])
+                count = sum(name.startswith("weights/") for name in arrays.files)
+                weights = [arrays[f"weights/{index}"] for index in range(count)]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+            log(f"ignoring unreadable best weights {self.path}: {error}")
+            return
+        if step > start_step:
+            log(f"ignoring the best weights of step {step}: the run resumes from step "
+                f"{start_step}")  # fmt: skip
+            return
+        self.step, self.accuracy, self.loss, self.weights = step, accuracy, loss, weights
+
+    def offer(self, model, step, accuracy, loss):
+        """Keeps `model`'s weights if `accuracy` beats the best so far."""
+        if self.accuracy is not None and not accuracy > self.accuracy:
+            return
+        self.step, self.accuracy, self.loss = int(step), float(accuracy), float(loss)
+        self.weights = [np.array(weight) for weight in model.get_weights()]
+        self._unsaved = True
+
+    def save(self):
+        """Writes the best weights if they changed since the last save."""
+        if not self._unsaved:
+            return
+        arrays = {f"weights/{index}": weight for index, weight in enumerate(self.weights)}
+        arrays.update(step=np.int64(self.step), accuracy=np.float64(self.accuracy),
+                      loss=np.float64(self.loss))  # fmt: skip
+        with atomic_path(self.path) as partial, open(partial, "wb") as handle:
+            np.savez(handle, **arrays)
+        self._unsaved = False
+
+
 class Diagnostics:
     """Stability diagnostics every `every` steps (`keras_antisym.StabilityDiagnostics`).
 
-    Evaluated on a fixed probe of `probe_size` test sequences: the Euler
+    Evaluated on a fixed probe of `probe_size` sequences (of the validation
+    split when there is one, else of the test split): the Euler
     margin, the eigenvalues of `W - Wᵀ - γI`, the end-to-end Jacobian's
     eigenvalue magnitudes and singular values, and per-layer gradient norms;
     logged as one line, to TensorBoard (`stability/...`) and kept in `latest`.

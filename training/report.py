@@ -24,6 +24,10 @@ import yaml  # noqa: E402
 from apputil.files import write_atomically  # noqa: E402
 from training.suite import data_available, train_argv  # noqa: E402
 
+# The report states the spread of this many last evaluations beside each final number:
+# how far the curve still oscillates where the run stopped.
+LAST_EVALUATIONS = 5
+
 MODEL_LABELS = {
     "antisymmetric": "AntisymmetricRNN",
     "gated": "AntisymmetricRNN w/ gating",
@@ -75,6 +79,7 @@ def collect(run, runs_dir, data_dir):
             {"step": p["step"], "seconds": p["train_seconds"], "accuracy": p[key]} for p in points
         ],
     }
+    row["curve_split"] = curve.get("split", "test")
     if metrics is not None:
         row.update(
             status="finished",
@@ -83,6 +88,8 @@ def collect(run, runs_dir, data_dir):
             train_seconds=metrics.get("train_seconds") or metrics.get("wall_time_seconds"),
             parameters=metrics.get("parameters"),
         )
+        if metrics.get("selected_on") == "validation":  # --keep-best: not the last step's
+            row["selected_step"] = metrics["selected_step"]
     elif points:
         row.update(
             status="partial",
@@ -94,6 +101,32 @@ def collect(run, runs_dir, data_dir):
         available = run.data == "digits" or data_available(run, data_dir)
         row.update(status="not run" if available else "not run (no data)")
     return row
+
+
+def last_spread(curve, count=LAST_EVALUATIONS):
+    """Min and max accuracy of the last `count` points of a row's curve, and how many there
+    were (fewer in a short curve); None without a curve."""
+    last = [point["accuracy"] for point in curve[-count:]]
+    if not last:
+        return None
+    return {"min": min(last), "max": max(last), "evaluations": len(last)}
+
+
+def _spread_text(row):
+    spread = last_spread(row["curve"])
+    if spread is None:
+        return "—"
+    text = f"{100 * spread['min']:.1f}–{100 * spread['max']:.1f}%"
+    if spread["evaluations"] < LAST_EVALUATIONS:
+        text += f" (last {spread['evaluations']})"
+    split = row.get("curve_split")
+    return f"{text}, {split}" if split else text
+
+
+def _steps_text(row):
+    steps = row.get("steps", "—")
+    selected = row.get("selected_step")
+    return f"{steps} (best: {selected})" if selected is not None else f"{steps}"
 
 
 def accuracy_at(row, seconds):
@@ -121,12 +154,13 @@ def equal_times(rows):
 
 
 def table_markdown(rows):
-    """One markdown table: paper, ours at equal steps and at equal wall time."""
+    """One markdown table: paper, ours at equal steps and at equal wall time, the spread of
+    the last evaluations."""
     times = equal_times(rows)
     lines = [
-        "| model | paper | ours (test) | at equal time, same hardware | steps | train s "
-        "| status | hardware |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | paper | ours (test) | at equal time, same hardware "
+        f"| last {LAST_EVALUATIONS} evaluations | steps | train s | status | hardware |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         equal = times[r["name"]]
@@ -135,8 +169,8 @@ def table_markdown(rows):
         paper = "—" if r["paper"] is None else f"{r['paper']}%"
         lines.append(
             f"| {MODEL_LABELS.get(r['model'], r['model'])} (`{r['name']}`) | {paper} "
-            f"| {_percent(r.get('test_accuracy'))} | {at_equal} "
-            f"| {r.get('steps', '—')} | {'—' if seconds is None else f'{seconds:.0f}'} "
+            f"| {_percent(r.get('test_accuracy'))} | {at_equal} | {_spread_text(r)} "
+            f"| {_steps_text(r)} | {'—' if seconds is None else f'{seconds:.0f}'} "
             f"| {r['status']} | {r['device'] or '—'} |"
         )
     return "\n".join(lines)
@@ -277,7 +311,11 @@ _PREAMBLE = (
     "is a run of `python -m training.train` (the command is in `results.json`). "
     "*ours (test)*: test accuracy after the run's steps (for a partial run, the last "
     "evaluation of its learning curve); *at equal time*: each model's accuracy at the "
-    "training seconds of its table's fastest run on the same hardware. Seconds are each "
+    "training seconds of its table's fastest run on the same hardware; *last 5 "
+    "evaluations*: the lowest and highest accuracy of the last five points of the run's "
+    "learning curve (on its validation split, or the test split without one), how far "
+    "it still moved where it stopped; *steps*: with `(best: S)` the run tested the "
+    "weights of its best validation evaluation, at step S (`--keep-best`). Seconds are each "
     "run's own training wall time (evaluations excluded) on the hardware shown; runs "
     "that shared a machine with other runs (`--parallel`) ran slower, so compare "
     "seconds only between runs made together."
@@ -302,6 +340,8 @@ def write(
     previous = _previous(assets)
     rows = [collect(run, runs_dir, data_dir) for run in runs]
     rows = [previous[r["name"]] if not r["curve"] and r["name"] in previous else r for r in rows]
+    for row in rows:  # rows kept from an earlier report too: their curve is in it
+        row["last_spread"] = last_spread(row["curve"])
     lines = ["# Reproduction", "", _PREAMBLE, ""]
     if targets:
         lines += ["## Targets", "", targets_markdown(rows, targets), ""]

@@ -8,6 +8,7 @@ the best configuration with `training.experiment.train_and_evaluate`.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -20,7 +21,7 @@ import keras_tuner
 from apputil.errors import invalid, shown
 from apputil.files import write_atomically
 from training import distribution, tasks
-from training.config import check_batch_size
+from training.config import RunConfig, check_batch_size
 from training.errors import SearchError
 from training.experiment import train_and_evaluate
 from training.hypermodels import RNNHyperModel
@@ -218,6 +219,7 @@ def run(config: Any, log: Callable[[str], object] = print) -> dict | None:
 
 
 SEARCH_RECORD = "search.json"
+_RUN_DEFAULTS = {f"run.{field.name}": field.default for field in dataclasses.fields(RunConfig)}
 
 
 def check_same_search(config: Any) -> None:
@@ -232,8 +234,11 @@ def check_same_search(config: Any) -> None:
     if os.path.isfile(path):
         with open(path) as handle:
             before = json.load(handle)
+        recorded = _flatten(before)
         for key, value in _flatten(identity).items():
-            previous = _flatten(before).get(key)
+            # A run setting newer than the record ran at its default (defaults keep the
+            # behaviour from before the setting existed).
+            previous = recorded[key] if key in recorded else _RUN_DEFAULTS.get(key)
             if previous != value:
                 raise invalid(
                     _search_flag(key),
