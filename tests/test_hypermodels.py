@@ -1,0 +1,216 @@
+"""The tuner's hypermodel trains with every sampled hyperparameter, as the trial records it.
+
+`RNNHyperModel.build(hp)` declares the search space on `hp` and builds the
+model; `fit(hp, model)` makes the optimizer and a trainer for it. These tests
+fix every hyperparameter of the space to a chosen value (as `hp.Fixed` from a
+one-value grid, as an `hp.Choice` or an `hp.Float` that a tuner's oracle has
+filled in) and read each one back from what was built: the recurrent layer's
+`epsilon` and `gamma`, its recurrent initializer and weights for `sigma_w`,
+the trainer's optimizer class and learning rate. `CHECKS` has one check per
+hyperparameter of the space: a hyperparameter added to the space fails here
+until it has one.
+"""
+
+import math
+
+import keras
+import keras_tuner
+import numpy as np
+import pytest
+
+import keras_antisym
+from training import hypermodels, search, tasks
+from training.config import RunConfig
+from training.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace
+from training.tune import SearchConfig
+
+UNITS = 32
+
+# The settings every trial shares: values that no assignment below uses, so that a
+# hypermodel reading them instead of the trial's hyperparameters fails.
+SHARED = RunConfig(
+    task="digits",
+    units=UNITS,
+    epsilon=0.11,
+    gamma=0.013,
+    sigma_w=1.0,
+    optimizer="adam",
+    learning_rate=0.0017,
+    momentum=0.55,
+    clipnorm=0.7,
+    batch_size=16,
+    validation_fraction=0.2,
+).validate()
+
+# Assignments of every hyperparameter of the space, none at a default.
+ASSIGNMENTS = [
+    {"epsilon": 0.37, "gamma": 0.023, "sigma_w": 2.5, "learning_rate": 0.042, "optimizer": "sgd"},
+    {"epsilon": 1.0, "gamma": 0.3, "sigma_w": 0.0, "learning_rate": 0.75, "optimizer": "adagrad"},
+    {"epsilon": 0.05, "gamma": 0.0, "sigma_w": 16.0, "learning_rate": 0.2, "optimizer": "sgd"},
+]
+
+# The recurrent layer of each model: (class, antisymmetric recurrent matrix or None).
+MODEL_LAYERS = {
+    "antisymmetric": (keras_antisym.AntisymmetricRNN, True),
+    "gated": (keras_antisym.GatedAntisymmetricRNN, True),
+    "ablation": (keras_antisym.GatedAntisymmetricRNN, False),
+    "lstm": (keras.layers.LSTM, None),
+}
+OPTIMIZER_CLASSES = {
+    "sgd": keras.optimizers.SGD,
+    "adagrad": keras.optimizers.Adagrad,
+    "adam": keras.optimizers.Adam,
+}
+
+
+def _check_epsilon(layer, optimizer, value):
+    assert layer.epsilon == pytest.approx(value)
+    assert layer.get_config()["epsilon"] == pytest.approx(value)
+
+
+def _check_gamma(layer, optimizer, value):
+    assert layer.gamma == pytest.approx(value)
+    assert layer.get_config()["gamma"] == pytest.approx(value)
+
+
+def _check_sigma_w(layer, optimizer, value):
+    """The recurrent initializer draws N(0, sigma_w²/units), and the weights show it."""
+    initializer = layer.get_config()["recurrent_initializer"]
+    assert initializer["config"]["sigma"] == pytest.approx(value)
+    (recurrent,) = [w for w in layer.weights if w.path.endswith("recurrent_kernel")]
+    drawn = np.asarray(recurrent.numpy())
+    expected = value / math.sqrt(UNITS)
+    assert float(drawn.std()) == pytest.approx(expected, rel=0.15, abs=1e-12)
+
+
+def _check_learning_rate(layer, optimizer, value):
+    assert float(optimizer.learning_rate) == pytest.approx(value, rel=1e-6)
+
+
+def _check_optimizer(layer, optimizer, value):
+    assert type(optimizer) is OPTIMIZER_CLASSES[value]
+
+
+# One check per hyperparameter: (recurrent layer, trainer's optimizer, value) -> asserts.
+CHECKS = {
+    "epsilon": _check_epsilon,
+    "gamma": _check_gamma,
+    "sigma_w": _check_sigma_w,
+    "learning_rate": _check_learning_rate,
+    "optimizer": _check_optimizer,
+}
+
+
+MAKE_TRAINER = hypermodels.make_trainer
+
+
+class _TrainerMade(Exception):
+    """Stops `fit` once its trainer exists (nothing needs to train)."""
+
+
+def _space_and_hp(assignment, how, model_name):
+    """A `SearchSpace` and `HyperParameters` on which `declare` yields `assignment`'s values
+    of `model_name`'s hyperparameters."""
+    hp = keras_tuner.HyperParameters()
+    if how == "fixed":  # one-value grids: hp.Fixed
+        return SearchSpace({name: [value] for name, value in assignment.items()}), hp
+    # Several values per grid (hp.Choice, or hp.Float with log_scale), the trial's
+    # value filled in as a tuner's oracle does before it calls `build`.
+    grids = {}
+    for name, value in assignment.items():
+        if name == "optimizer":
+            grids[name] = [value, "adam"]
+        else:
+            grids[name] = [value, value + 1.0] if value == 0 else [value / 2, value, value * 2]
+    hp.values.update({name: assignment[name] for name in MODEL_HYPERPARAMETERS[model_name]})
+    return SearchSpace(grids, log_scale=how == "range"), hp
+
+
+def _build_and_make_trainer(monkeypatch, model_name, assignment, how, shared=SHARED):
+    """`build` then `fit` up to its trainer; returns (hp, model, trainer)."""
+    space, hp = _space_and_hp(assignment, how, model_name)
+    task = tasks.get_task(shared.task)
+    config = shared.replace(model=model_name)
+    hypermodel = hypermodels.RNNHyperModel(task, config, space, steps_per_trial=4, log=print)
+    made = []
+
+    def capture(*args, **kwargs):
+        made.append(MAKE_TRAINER(*args, **kwargs))
+        raise _TrainerMade
+
+    monkeypatch.setattr(hypermodels, "make_trainer", capture)
+    model = hypermodel.build(hp)
+    with pytest.raises(_TrainerMade):
+        hypermodel.fit(hp, model)
+    (trainer,) = made
+    return hp, model, trainer
+
+
+def test_every_hyperparameter_of_the_space_has_a_check_and_a_value():
+    """`CHECKS` and each assignment cover exactly the space's hyperparameters, and every
+    model's hyperparameters are among them."""
+    assert set(CHECKS) == set(PAPER_GRID)
+    for assignment in ASSIGNMENTS:
+        assert set(assignment) == set(PAPER_GRID)
+    for names in MODEL_HYPERPARAMETERS.values():
+        assert set(names) <= set(CHECKS)
+
+
+@pytest.mark.parametrize("how", ["fixed", "choice", "range"])
+@pytest.mark.parametrize("model_name", sorted(MODEL_HYPERPARAMETERS))
+def test_the_built_model_and_its_optimizer_carry_every_sampled_value(monkeypatch, model_name, how):
+    """For each assignment: the trial's hyperparameters are the model's, the model `fit`
+    trains is the one `build` returned, and each sampled value is found in the recurrent
+    layer or the trainer's optimizer; the model and the shared settings (units, momentum,
+    clipnorm) come from the run's config."""
+    for assignment in ASSIGNMENTS:
+        hp, model, trainer = _build_and_make_trainer(monkeypatch, model_name, assignment, how)
+        assert set(hp.values) == set(MODEL_HYPERPARAMETERS[model_name])
+        assert trainer.model is model
+        layer = model.layers[0]
+        layer_class, antisymmetric = MODEL_LAYERS[model_name]
+        assert type(layer) is layer_class
+        assert getattr(layer, "antisymmetric", None) is antisymmetric
+        assert layer.units == UNITS
+        optimizer = trainer.optimizer
+        for name, value in hp.values.items():
+            assert value == assignment[name], name
+            CHECKS[name](layer, optimizer, value)
+        assert optimizer.clipnorm == pytest.approx(SHARED.clipnorm)
+        if assignment["optimizer"] == "sgd":
+            assert float(optimizer.momentum) == pytest.approx(SHARED.momentum)
+
+
+@pytest.mark.parametrize("model_name", ["gated", "lstm"])
+def test_retraining_the_best_trial_runs_with_its_hyperparameters(monkeypatch, model_name):
+    """`search.retrain` trains a run whose config holds every hyperparameter of the best
+    trial (fields named as the hyperparameters) and the shared settings for the rest."""
+    runs = []
+    monkeypatch.setattr(search, "train_and_evaluate", lambda config, *a, **k: runs.append(config))
+    for assignment in ASSIGNMENTS:
+        best = {name: assignment[name] for name in MODEL_HYPERPARAMETERS[model_name]}
+        run = SHARED.replace(model=model_name)
+        config = SearchConfig(run=run, space=SearchSpace(), retrain_steps=7)
+        search.retrain(config, best, log=print)
+        retrained = runs.pop()
+        assert retrained.steps == 7
+        for name in PAPER_GRID:
+            expected = best.get(name, getattr(run, name))
+            assert getattr(retrained, name) == expected, name
+
+
+@pytest.mark.parametrize("how", ["fixed", "choice"])
+def test_under_a_schedule_the_sampled_learning_rate_is_its_peak(monkeypatch, how):
+    """With the run's learning-rate schedule (steps with a decay factor), a trial's optimizer
+    follows it from the trial's own learning rate: that rate before the boundary, times the
+    factor after it."""
+    shared = SHARED.replace(lr_schedule="step", lr_boundaries="100", lr_decay_factor=0.5)
+    for assignment in ASSIGNMENTS:
+        _, _, trainer = _build_and_make_trainer(
+            monkeypatch, "antisymmetric", assignment, how, shared.validate()
+        )
+        optimizer, value = trainer.optimizer, assignment["learning_rate"]
+        assert float(optimizer.learning_rate) == pytest.approx(value, rel=1e-6)
+        optimizer.iterations.assign(150)
+        assert float(optimizer.learning_rate) == pytest.approx(value * 0.5, rel=1e-6)
+        CHECKS["optimizer"](None, optimizer, assignment["optimizer"])
