@@ -99,7 +99,7 @@ class RunConfig:
         "constant", "learning-rate schedule, a function of the optimizer's step (a resumed "
         "run goes on with it): constant, cosine (to --lr-floor at --lr-decay-steps) or step "
         "(times --lr-decay-factor after each of --lr-boundaries)",
-        group="optimizer", identity=True,
+        group="optimizer", identity=True, metavar="NAME",
     )  # fmt: skip
     warmup_steps: int = _option(
         0, "any schedule: raise the learning rate linearly from 0 to --learning-rate over "
@@ -110,7 +110,8 @@ class RunConfig:
         group="optimizer", identity=True, metavar="F",
     )  # fmt: skip
     lr_decay_steps: int | None = _option(
-        None, "cosine: the step at which it reaches the floor and stays (default: --steps)",
+        None, "cosine: the step at which it reaches the floor and stays (default: the run's "
+        "--steps; a tuner trial's --steps-per-trial)",
         group="optimizer", identity=True, metavar="N",
     )  # fmt: skip
     lr_boundaries: str | None = _option(
