@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from apputil.cli import EXIT_FAILURE
 from apputil.errors import invalid
 from apputil.processes import pid_alive
 from apputil.quiet import native_stderr_silenced
@@ -146,6 +147,10 @@ def _int_variable(name):
 # Set once the processes have connected: what a lost process's report needs.
 _STARTED: dict[str, Any] = {}
 _ATTEMPTED = threading.Event()
+# Whoever finds a lost process first (a failed collective or the peer watch) reports it.
+_LOSS_CLAIM = threading.Lock()
+#: Seconds between two looks of the peer watch at this host's other processes.
+PEER_POLL_SECONDS = 0.25
 
 
 def initialize_processes(
@@ -344,8 +349,54 @@ def lost_processes_error(error: BaseException) -> ProcessLostError | None:
         lost = [index for index in everyone if index not in live]
     if not lost:
         return None
-    _STARTED["lost"] = lost
+    if not _claim_loss(lost):  # the peer watch reports it and ends this process
+        threading.Event().wait()
     return ProcessLostError(_lost_message(sorted(lost)))
+
+
+def _claim_loss(lost):
+    """Records `lost`; False when the loss was claimed already (by the other finder)."""
+    with _LOSS_CLAIM:
+        if "lost" in _STARTED:
+            return False
+        _STARTED["lost"] = lost
+        return True
+
+
+def watch_peers(prog: str) -> None:
+    """Ends this process with the lost-process error once a peer on this host is gone.
+
+    A collective fails at once when a peer's connection closes, but a process
+    may be elsewhere when its peer dies (writing a checkpoint, waiting on the
+    key-value store): JAX would notice only at the heartbeat timeout, and then
+    abort every process with a stack trace. A daemon thread looks at the pids
+    of the roster's processes on this host every `PEER_POLL_SECONDS`; peers on
+    other hosts are left to the collectives and the heartbeat.
+    """
+    if not multi_process():
+        return
+    host, mine = socket.gethostname(), _STARTED["processes"].index
+    peers = {
+        index: entry["pid"]
+        for index, entry in _STARTED.get("roster", {}).items()
+        if entry["host"] == host and index != mine
+    }
+    if not peers:
+        return
+
+    def watch():
+        while True:
+            time.sleep(PEER_POLL_SECONDS)
+            lost = sorted(index for index, pid in peers.items() if not pid_alive(pid))
+            if not lost:
+                continue
+            if _claim_loss(lost):
+                print(f"{prog}: error: {_lost_message(lost)}", file=sys.stderr)
+                _leave_together(EXIT_FAILURE)
+                _exit(EXIT_FAILURE)
+            return  # a failed collective found it first: that path reports and exits
+
+    threading.Thread(target=watch, name="peer-watch", daemon=True).start()
 
 
 def _lost_message(lost):

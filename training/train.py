@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         distribution.initialize_processes(
             processes, config.connect_timeout, config.heartbeat_timeout
         )
+        distribution.watch_peers(parser.prog)
         experiment.train_and_evaluate(config, args.output_dir)
 
     return distribution.finish(cli.run(parser.prog, body, EXPECTED))
