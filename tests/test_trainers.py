@@ -157,6 +157,7 @@ class _FakeTrainer:
     """Losses on demand; a small healthy model for the checks before each checkpoint."""
 
     batch_size = 4
+    chief = True  # the one process: it writes the outputs
 
     def __init__(self, losses):
         self.losses, self.saved = list(losses), []
