@@ -126,7 +126,9 @@ def test_search_csv_keeps_completed_trials(tmp_path):
         "1,COMPLETED,0.6,1.0,0.01,1.0,0.002\n"
         "2,RUNNING,,,0.1,1.0,0.002\n"
     )
-    assert report.read_search(str(path)) == [{"score": 0.6, "epsilon": 0.01, "gamma": 1.0}]
+    assert report.read_search(str(path)) == [
+        {"score": 0.6, "epsilon": 0.01, "gamma": 1.0, "learning_rate": 0.002}
+    ]
 
 
 def test_length_plot_puts_each_models_accuracy_against_t(tmp_path):
@@ -170,3 +172,58 @@ def test_equal_time_compares_only_runs_on_the_same_hardware():
         [("task", "t", ("gated",), 0.5, "lstm", 0.0)],
     )
     assert "+40.0 / — (other hardware) points" in mixed
+
+
+def test_each_search_varies_its_own_models_hyperparameters_only():
+    from training import space, tune
+
+    assert {each.model for each in suite.SEARCHES} == {"antisymmetric", "gated", "ablation",
+                                                        "lstm"}  # fmt: skip
+    for each in suite.SEARCHES:
+        args = tune.build_parser().parse_args(list(each.argv))
+        assert args.model == each.model and args.timesteps == 1000 and args.steps_per_trial == 400
+        values = tune.make_space(args).values
+        varied = {name for name in space.MODEL_HYPERPARAMETERS[each.model]
+                  if len(values[name]) > 1}  # fmt: skip
+        assert varied == set(each.grid), each.name
+        trials = int(np.prod([len(values[name]) for name in each.grid]))
+        assert args.max_trials == trials, each.name  # the whole grid, nothing more
+
+
+def test_search_runs_the_searches_only_names(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(reproduce.tune, "main", lambda argv: calls.append(argv) or 0)
+    argv = ["--only", "search_noise_padded_antisymmetric", "--search", "--runs-dir",
+            str(tmp_path), "--report-dir", str(tmp_path / "docs"), "--data-dir", "d"]  # fmt: skip
+    assert reproduce.main(argv) == 0
+    assert len(calls) == 1 and not (tmp_path / "noise_padded_fashion_mnist_antisymmetric").exists()
+    (call,) = calls
+    assert call[call.index("--model") + 1] == "antisymmetric"
+    assert call[call.index("--project-name") + 1] == "search_noise_padded_antisymmetric"
+    assert call[call.index("--directory") + 1] == os.path.join(str(tmp_path), "search")
+    assert call[-2:] == ["--data-dir", "d"]
+    assert [s.name for s in suite.select_searches(["lstm"])] == ["search_noise_padded_lstm"]
+    assert len(suite.select_searches(None)) == len(suite.SEARCHES)
+
+
+def test_report_has_a_section_per_search_and_reads_an_older_single_search(tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "reproduction").mkdir(parents=True)
+    old = [{"score": 0.6, "epsilon": 0.01, "gamma": 1.0}]
+    (docs / "reproduction" / "results.json").write_text(json.dumps({"runs": [], "search": old}))
+    csv = tmp_path / "lstm.csv"
+    csv.write_text("trial_id,status,score,learning_rate\n1,COMPLETED,0.25,0.005\n"
+                   "2,COMPLETED,0.125,0.0005\n")  # fmt: skip
+    searches = {each: str(tmp_path / "missing.csv") for each in suite.SEARCHES}
+    searches[suite.select_searches(["search_noise_padded_lstm"])[0]] = str(csv)
+    path = report.write([], str(tmp_path / "runs"), str(docs), searches=searches)
+    markdown = open(path).read()
+    assert "## Search: AntisymmetricRNN w/ gating" in markdown  # kept from the older report
+    assert "heatmap_search_noise_padded_gated.png" in markdown
+    assert "## Search: AntisymmetricRNN (`" not in markdown  # no trials: no section
+    lstm = markdown[markdown.index("## Search: LSTM") :]
+    assert lstm.index("| 0.0005 | 12.5% |") < lstm.index("| 0.005 | 25.0% |")
+    results = json.loads((docs / "reproduction" / "results.json").read_text())["search"]
+    assert results["search_noise_padded_gated"] == old
+    assert results["search_noise_padded_lstm"][0] == {"score": 0.25, "learning_rate": 0.005}
+    assert results["search_noise_padded_antisymmetric"] == []

@@ -231,7 +231,7 @@ def read_search(path):
     """Completed trials of a `training.tune` `trials.csv` as dicts of floats."""
     rows = _read(path, lambda handle: list(csv.DictReader(handle))) or []
     return [
-        {k: float(v) for k, v in row.items() if k in ("epsilon", "gamma", "score")}
+        {k: float(v) for k, v in row.items() if k in ("epsilon", "gamma", "learning_rate", "score")}
         for row in rows
         if row.get("status") == "COMPLETED" and row.get("score")
     ]
@@ -326,14 +326,16 @@ def write(
     runs: list,
     runs_dir: str,
     report_dir: str,
-    search_csv: str | None = None,
+    searches: dict | None = None,
     data_dir: str | None = None,
     targets: tuple = (),
 ) -> str:
     """Writes the report of `runs` (a suite); returns the markdown file's path.
 
     A run the runs folder knows nothing of keeps its row from the report's
-    previous `results.json` (a run made on another machine stays reported).
+    previous `results.json` (a run made on another machine stays reported);
+    so does a search: `searches` maps each `training.suite.Search` to its
+    `trials.csv`.
     """
     assets = os.path.join(report_dir, "reproduction")
     os.makedirs(assets, exist_ok=True)
@@ -348,11 +350,12 @@ def write(
     for table in dict.fromkeys(r["table"] for r in rows):
         lines += _table_section(table, [r for r in rows if r["table"] == table], assets)
     lines += _length_section(rows, assets)
-    trials = read_search(search_csv) if search_csv else []
-    if not trials:
-        trials = (_read(os.path.join(assets, "results.json"), json.load) or {}).get("search", [])
-    lines += _search_section(trials, assets)
-    text = json.dumps({"runs": rows, "search": trials}, indent=1)
+    earlier = _previous_searches(assets)
+    found = {}
+    for each, path in (searches or {}).items():
+        found[each.name] = read_search(path) or earlier.get(each.name, [])
+        lines += _search_section(each, found[each.name], assets)
+    text = json.dumps({"runs": rows, "search": found}, indent=1)
     write_atomically(os.path.join(assets, "results.json"), text)
     path = os.path.join(report_dir, "reproduction.md")
     write_atomically(path, "\n".join(lines) + "\n")
@@ -386,15 +389,27 @@ def _length_section(rows, assets):
     ]
 
 
-def _search_section(trials, assets):
+def _previous_searches(assets):
+    """Trials of an earlier `results.json`, by search name."""
+    found = (_read(os.path.join(assets, "results.json"), json.load) or {}).get("search", {})
+    if isinstance(found, list):  # a report that had the gated model's search alone
+        found = {"search_noise_padded_gated": found}
+    return found
+
+
+def _search_section(search, trials, assets):
     if not trials:
         return []
-    title = "noise-padded Fashion-MNIST, T=1000, gated: validation accuracy"
-    plot_heatmap(trials, title, os.path.join(assets, "heatmap_noise_padded.png"))
-    return [
-        "## ε × γ search",
-        "",
-        f"{title} ({len(trials)} trials): ",
-        "![heatmap](reproduction/heatmap_noise_padded.png)",
-        "",
-    ]
+    title = f"noise-padded Fashion-MNIST, T=1000, {MODEL_LABELS[search.model]}"
+    steps = search.argv[search.argv.index("--steps-per-trial") + 1]
+    lines = [f"## Search: {MODEL_LABELS[search.model]}", ""]
+    lines += [f"{title}: validation accuracy after {steps} steps ({len(trials)} trials, "
+              f"`python -m training.reproduce --search --only {search.name}`).", ""]  # fmt: skip
+    if search.grid == ("epsilon", "gamma"):
+        figure = f"heatmap_{search.name}.png"
+        plot_heatmap(trials, title, os.path.join(assets, figure))
+        return lines + [f"![{search.name}](reproduction/{figure})", ""]
+    lines += ["| learning rate | validation accuracy |", "| --- | --- |"]
+    for trial in sorted(trials, key=lambda t: t["learning_rate"]):
+        lines.append(f"| {trial['learning_rate']:g} | {_percent(trial['score'])} |")
+    return lines + [""]

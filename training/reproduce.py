@@ -9,8 +9,11 @@ Each run of the suite is one `python -m training.train --config ...` command
 of `--runs-dir`. The suite is resumable: a finished run is not redone, an
 interrupted one resumes from its checkpoint (`training.train` does that), and
 `--time-limit` stops every run at a deadline so the next call goes on.
-`--budget` scales every run's steps (`--steps` sets them all). The search
-stage runs `training.tune` over ε × γ for the noise-padded heatmap.
+`--budget` scales every run's steps (`--steps` sets them all). `--search`
+also runs the searches behind the noise-padded configs with `training.tune`
+(`training.suite.SEARCHES`: ε × γ for each antisymmetric model, the learning
+rate for the LSTM; `--only search_noise_padded_antisymmetric --search` runs
+one search and no training run), the report's heatmaps.
 
 The report (`docs/reproduction.md`, `docs/reproduction/results.json` and PNG
 learning curves, see `training.report`) is written from whatever the runs
@@ -29,7 +32,14 @@ import time
 from apputil import cli
 from apputil.errors import invalid
 from training import report, train, tune
-from training.suite import SEARCH, SUITES, TARGETS, data_available, train_argv
+from training.suite import (
+    SEARCHES,
+    SUITES,
+    TARGETS,
+    data_available,
+    select_searches,
+    train_argv,
+)
 
 MOCK_EXAMPLES = 64  # per split, for --mock-data
 
@@ -106,18 +116,20 @@ def execute(runs, args, log=print):
 
 
 def search(args, log=print):
-    """The ε × γ grid search of `SEARCH` with `training.tune` (resumes when rerun)."""
-    argv = [
-        *SEARCH["argv"],
-        "--directory",
-        os.path.join(args.runs_dir, "search"),
-        "--project-name",
-        SEARCH["name"],
-    ]
-    if args.data_dir:
-        argv += ["--data-dir", args.data_dir]
-    log(f"search: python -m training.tune {shlex.join(argv)}")
-    return tune.main(argv)
+    """Runs the `SEARCHES` that `--only` names (all without it) with `training.tune`.
+
+    Each resumes where it stopped when rerun. Returns the first non-zero exit
+    status, or 0.
+    """
+    status = 0
+    for each in select_searches(args.only):
+        argv = [*each.argv, "--directory", os.path.join(args.runs_dir, "search")]
+        argv += ["--project-name", each.name]
+        if args.data_dir:
+            argv += ["--data-dir", args.data_dir]
+        log(f"search {each.name}: python -m training.tune {shlex.join(argv)}")
+        status = status or tune.main(argv)
+    return status
 
 
 def build_parser():
@@ -132,7 +144,11 @@ def build_parser():
     parser.add_argument("--data-dir", default=os.environ.get("TFDS_DATA_DIR"))
     parser.add_argument("--parallel", type=int, default=1, help="runs at once")
     parser.add_argument("--time-limit", type=float, default=None, help="seconds, then stop")
-    parser.add_argument("--search", action="store_true", help="also run the ε × γ search")
+    parser.add_argument(
+        "--search",
+        action="store_true",
+        help="also run the searches behind the configs (`--only` picks them too)",
+    )
     parser.add_argument("--mock-data", action="store_true", help="TFDS mock data (tests)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument(
@@ -166,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         args.runs_dir,
         args.report_dir or os.path.join(args.runs_dir, "report"),
         targets=TARGETS if args.suite == "paper" else (),
-        search_csv=os.path.join(args.runs_dir, "search", SEARCH["name"], "trials.csv"),
+        searches={
+            each: os.path.join(args.runs_dir, "search", each.name, "trials.csv")
+            for each in SEARCHES
+        },
         data_dir=args.data_dir,
     )
     print(f"report -> {path}")
