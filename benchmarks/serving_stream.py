@@ -4,13 +4,16 @@
 
 A client following a growing sequence can resend the whole window with every
 new chunk (`serving_default`, T steps each time) or send only the new chunk
-with the recurrent states of the previous answer (`stream`). This exports a
-`T = 1,000` AntisymmetricRNN classifier (batch 1), serves it with
-`python -m serving.server` in its own process and times, in one run and
+with the recurrent states of the previous answer (`stream`). For each input
+width (one feature per step, and the 28 of a noise-padded Fashion-MNIST row)
+this exports a `T = 1,000` AntisymmetricRNN classifier (batch 1), serves it
+with `python -m serving.server` in its own process and times, in one run and
 interleaved in blocks of updates, both kinds of update from one keep-alive
 connection: JSON encoding of the request, the HTTP round trip, the prediction
-and the decoding of the answer.
-Prints p50 and p99 of each and the ratio of the medians; writes
+and the decoding of the answer. The same two signatures are also timed called
+in this process on tensors (no HTTP, no JSON): the part of an update that the
+graph itself costs, and so the highest ratio any front end could reach.
+Prints p50 and p99 of each and the ratios of the medians; writes
 `serving_stream.json` and `serving_stream.md` under `--output` (default
 `runs/benchmarks`).
 """
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -35,6 +39,10 @@ FULL = {"steps": 1000, "chunk": 28, "units": 128, "features": 1, "repeats": 300,
         "block": 10}  # fmt: skip
 QUICK = {"steps": 100, "chunk": 28, "units": 16, "features": 1, "repeats": 20, "warmup": 3,
          "block": 5}  # fmt: skip
+# Input widths measured: one feature per step, and a Fashion-MNIST row (the T = 1,000
+# noise-padded task's input), whose whole window is 28 times larger to send.
+FULL_FEATURES = (1, 28)
+QUICK_FEATURES = (1,)
 SERVER_START_SECONDS = 120
 
 
@@ -108,34 +116,24 @@ def _poster(connection: http.client.HTTPConnection, path: str):
     return post
 
 
-def measure(shape: dict, connection: http.client.HTTPConnection) -> dict:
-    """Raw seconds of each update kind, interleaved: `{"whole": [...], "stream": [...]}`."""
-    post = _poster(connection, "/v1/models/bench:predict")
+def _updates(shape: dict, send_whole: Callable, send_chunk: Callable) -> dict:
+    """Raw seconds of each update kind, interleaved: `{"whole": [...], "stream": [...]}`.
+
+    `send_whole(window)` predicts on a `(1, T, m)` window; `send_chunk(chunk)` on
+    a `(1, chunk, m)` chunk, carrying the states itself.
+    """
     rng = np.random.default_rng(0)
     steps, chunk, features = shape["steps"], shape["chunk"], shape["features"]
     window = rng.random((1, steps, features)).astype("float32")
-    metadata_path = "/v1/models/bench/metadata"
-    connection.request("GET", metadata_path)
-    metadata = json.loads(connection.getresponse().read())
-    inputs = metadata["metadata"]["signature_def"]["signature_def"]["stream"]["inputs"]
-    sizes = {
-        name: int(info["tensor_shape"]["dim"][-1]["size"])
-        for name, info in inputs.items()
-        if name != "sequence"
-    }
-    state = {name: [[0.0] * size] for name, size in sizes.items()}
 
     def whole():
         # The window slides by one chunk: the client resends all T steps.
         window[:, :-chunk] = window[:, chunk:]
         window[:, -chunk:] = rng.random((1, chunk, features))
-        post({"instances": window.tolist()})
+        send_whole(window)
 
     def streamed():
-        new = rng.random((1, chunk, features)).astype("float32")
-        body = {"signature_name": "stream", "inputs": {"sequence": new.tolist(), **state}}
-        outputs = post(body)["outputs"]
-        state.update((name, outputs[name]) for name in sizes)
+        send_chunk(rng.random((1, chunk, features)).astype("float32"))
 
     calls = {"whole": whole, "stream": streamed}
     for call in calls.values():
@@ -157,6 +155,56 @@ def measure(shape: dict, connection: http.client.HTTPConnection) -> dict:
     return times
 
 
+def _state_sizes(signature_def: dict) -> dict[str, int]:
+    """`{state input: units}` of the `stream` signature, from the metadata's signature_def."""
+    inputs = signature_def["signature_def"]["stream"]["inputs"]
+    return {
+        name: int(info["tensor_shape"]["dim"][-1]["size"])
+        for name, info in inputs.items()
+        if name != "sequence"
+    }
+
+
+def measure(shape: dict, connection: http.client.HTTPConnection) -> dict:
+    """Raw seconds of each update through the server: `{"whole": [...], "stream": [...]}`."""
+    post = _poster(connection, "/v1/models/bench:predict")
+    connection.request("GET", "/v1/models/bench/metadata")
+    metadata = json.loads(connection.getresponse().read())
+    sizes = _state_sizes(metadata["metadata"]["signature_def"])
+    state = {name: [[0.0] * size] for name, size in sizes.items()}
+
+    def send_chunk(chunk):
+        body = {"signature_name": "stream", "inputs": {"sequence": chunk.tolist(), **state}}
+        outputs = post(body)["outputs"]
+        state.update((name, outputs[name]) for name in sizes)
+
+    return _updates(shape, lambda window: post({"instances": window.tolist()}), send_chunk)
+
+
+def measure_in_process(shape: dict, base: str) -> dict:
+    """Raw seconds of the two signatures called here on tensors (the graph's own cost)."""
+    from apputil.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+    loaded = tf.saved_model.load(os.path.join(base, "1"))
+    whole_fn, stream_fn = loaded.signatures["serving_default"], loaded.signatures["stream"]
+    (input_name,) = whole_fn.structured_input_signature[1]
+    state = {
+        name: tf.zeros([1, spec.shape[-1]])
+        for name, spec in stream_fn.structured_input_signature[1].items()
+        if name != "sequence"
+    }
+
+    def send_chunk(chunk):
+        outputs = stream_fn(sequence=tf.constant(chunk), **state)
+        state.update((name, outputs[name]) for name in state)
+
+    def send_whole(window):
+        whole_fn(**{input_name: tf.constant(window)})
+
+    return _updates(shape, send_whole, send_chunk)
+
+
 def _cpu_name() -> str:
     """The CPU's model name (Linux), else what `platform` knows."""
     import platform
@@ -176,42 +224,56 @@ def _stats(seconds: list[float]) -> dict:
     return {**common.summary(seconds), "p50": float(p50), "p99": float(p99)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
-    parser = common.parser("python -m benchmarks.serving_stream", __doc__)
-    args = parser.parse_args(argv)
-    shape = QUICK if args.quick else FULL
-    os.makedirs(args.output, exist_ok=True)
+def _measure_width(shape: dict) -> dict:
+    """Both kinds of update for one input width, through the server and in process."""
     with tempfile.TemporaryDirectory(prefix="serving-stream-") as folder:
         base = _export(shape, folder)
         server = _Server(base)
         connection = http.client.HTTPConnection(server.host, server.port, timeout=60)
         try:
-            times = measure(shape, connection)
+            served = measure(shape, connection)
         finally:
             connection.close()
             server.stop()
-    stats = {name: _stats(values) for name, values in times.items()}
-    ratio = stats["whole"]["median"] / stats["stream"]["median"]
-    results = {
-        "environment": {**common.environment(), "cpu": _cpu_name()},
-        "shape": shape,
-        "latency": stats,
-        "ratio_of_medians": ratio,
-    }
-    rows = [
-        (f"whole sequence resent ({shape['steps']} steps)", stats["whole"]),
-        (f"one {shape['chunk']}-step chunk streamed", stats["stream"]),
-    ]
+        graph = measure_in_process(shape, base)
+    result = {"shape": shape}
+    for where, times in (("server", served), ("in_process", graph)):
+        stats = {name: _stats(values) for name, values in times.items()}
+        ratio = stats["whole"]["median"] / stats["stream"]["median"]
+        result[where] = {"latency": stats, "ratio_of_medians": ratio}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    parser = common.parser("python -m benchmarks.serving_stream", __doc__)
+    args = parser.parse_args(argv)
+    base_shape = QUICK if args.quick else FULL
+    widths = QUICK_FEATURES if args.quick else FULL_FEATURES
+    os.makedirs(args.output, exist_ok=True)
+    measured = [_measure_width(dict(base_shape, features=width)) for width in widths]
+    results = {"environment": {**common.environment(), "cpu": _cpu_name()}, "widths": measured}
+    rows = []
+    for each in measured:
+        shape, served, graph = each["shape"], each["server"], each["in_process"]
+        for name, label in (
+            ("whole", f"whole sequence resent ({shape['steps']} steps)"),
+            ("stream", f"one {shape['chunk']}-step chunk streamed"),
+        ):
+            s, g = served["latency"][name], graph["latency"][name]
+            milliseconds = [f"{value * 1e3:.2f} ms" for value in (s["p50"], s["p99"], g["p50"])]
+            rows.append((shape["features"], label, *milliseconds, s["repeats"]))
     lines = common.table(
-        ["update (batch 1)", "p50", "p99", "repeats"],
-        [
-            (label, f"{s['p50'] * 1e3:.2f} ms", f"{s['p99'] * 1e3:.2f} ms", s["repeats"])
-            for label, s in rows
-        ],
+        ["features", "update (batch 1)", "p50", "p99", "signature alone, p50", "repeats"], rows
     )
     lines.append("")
-    lines.append(f"streaming is {ratio:.1f}x cheaper per update (ratio of the medians)")
+    for each in measured:
+        lines.append(
+            f"{each['shape']['features']} feature(s) per step: streaming is "
+            f"{each['server']['ratio_of_medians']:.1f}x cheaper per update through the server "
+            f"({each['in_process']['ratio_of_medians']:.1f}x for the signatures alone; "
+            "ratios of the medians)"
+        )
     env = results["environment"]
     lines.append(f"CPU: {env['cpu']}, {env['cpus']} cores")
     common.write_json(os.path.join(args.output, "serving_stream.json"), results)

@@ -80,3 +80,30 @@ def test_hoist_section_switches_the_path_it_measures(monkeypatch):
         "GatedAntisymmetricRNN|hoist=False": False,
         "GatedAntisymmetricRNN|hoist=True": True,
     }
+
+
+@pytest.mark.slow
+def test_serving_stream_benchmark_times_both_updates_through_the_server_and_alone(tmp_path):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.serving_stream", "--quick", "--output", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "serving_stream.json").read_text())
+    (width,) = results["widths"]
+    assert width["shape"]["features"] == 1 and width["shape"]["steps"] == 100
+    for where in ("server", "in_process"):
+        latency = width[where]["latency"]
+        for kind in ("whole", "stream"):
+            stats = latency[kind]
+            assert 0 < stats["min"] <= stats["p50"] <= stats["p99"] <= stats["max"]
+            assert stats["repeats"] == 20  # the first update of each block is left out
+        ratio = latency["whole"]["median"] / latency["stream"]["median"]
+        assert width[where]["ratio_of_medians"] == pytest.approx(ratio)
+    # An update through the server does the signature's work and more.
+    assert (
+        width["server"]["latency"]["stream"]["median"]
+        > (width["in_process"]["latency"]["stream"]["median"])
+    )
+    assert "streaming is" in (tmp_path / "serving_stream.md").read_text()
