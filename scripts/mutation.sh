@@ -5,8 +5,9 @@
 #   scripts/mutation.sh                  # every module of keras_antisym/ (setup.cfg [mutmut]);
 #                                        # mutants with a cached verdict are not run again
 #   scripts/mutation.sh cells stability  # only these modules' mutants, all re-checked
-#   scripts/mutation.sh --app            # serving/export.py and training/loop.py
-#                                        # (scripts/mutation-app.cfg, in .mutation-app/)
+#   scripts/mutation.sh --app            # every application module listed in
+#                                        # scripts/mutation-app.cfg (in .mutation-app/)
+#   MUTATION_SAMPLE=40 scripts/mutation.sh --app serving.names training.schedules
 #   MUTMUT_WORKERS=1 scripts/mutation.sh _validation
 #   MUTATION_SAMPLE=30 scripts/mutation.sh  # 30 random mutants per module: a quick estimate
 #   scripts/mutation.sh --backend jax 'keras_antisym.diagnostics.x__gradients*'
@@ -37,16 +38,25 @@ if [ "${1:-}" = "--app" ]; then
     # tests): mutmut reads it from setup.cfg, and a change of its test selection would
     # drop every cached verdict of the library, so they run in a copy of the tree.
     REPORT="${MUTATION_REPORT:-docs/mutation-report-app.txt}"
-    modules=(serving.export training.loop)
+    modules=("$@")
+    if [ ${#modules[@]} -eq 0 ]; then
+        # Every module of the application where a number, a file or a request is handled.
+        mapfile -t modules < <(sed -n 's/^# module: //p' scripts/mutation-app.cfg)
+    fi
     mkdir -p .mutation-app
-    for path in keras_antisym training serving benchmarks tests; do
+    for path in apputil keras_antisym training serving benchmarks scripts tests; do
         rm -rf ".mutation-app/$path"
         cp -r "$path" ".mutation-app/$path"
     done
     cp pyproject.toml .mutation-app/
-    # setup.cfg with its [mutmut] section (the last one) replaced by the app's
+    # setup.cfg with its [mutmut] section (the last one) replaced by the app's, whose
+    # only_mutate is the modules asked for (verdicts of the others stay cached).
     sed '/^\[mutmut\]/,$d' setup.cfg >.mutation-app/setup.cfg
-    cat scripts/mutation-app.cfg >>.mutation-app/setup.cfg
+    {
+        grep -v '^# module: ' scripts/mutation-app.cfg
+        echo "only_mutate ="
+        for module in "${modules[@]}"; do echo "    ${module//.//}.py"; done
+    } >>.mutation-app/setup.cfg
     [[ "$REPORT" = /* ]] || REPORT="$ROOT/$REPORT"
     cd .mutation-app
 else
@@ -119,11 +129,16 @@ else
     # names come from mutants/*.meta: a first run (e.g. `scripts/mutation.sh _validation`)
     # generates every module's mutants.
     for module in "${modules[@]}"; do
+        if [ ! -f "mutants/${module//.//}.py.meta" ]; then
+            # mutmut generates every mutant (and collects its test map) before it
+            # filters by name; a name that matches nothing stops it right there.
+            "$MUTMUT" run "${module}.x__generate_only__" >/dev/null 2>&1 || true
+        fi
         mapfile -t names < <("$PYTHON" - "$module" "$MUTATION_SAMPLE" <<'PY'
 import json, random, sys
 module, size = sys.argv[1], int(sys.argv[2])
 codes = json.load(open(f"mutants/{module.replace('.', '/')}.py.meta"))["exit_code_by_key"]
-seed = f"keras-antisym:{module.removeprefix('keras_antisym.')}"
+seed = f"keras-antisym:{module.removeprefix('keras_antisym.')}"  # app: the dotted name
 sample = random.Random(seed).sample(sorted(codes), min(size, len(codes)))
 print("\n".join(name for name in sample if codes[name] is None))
 PY

@@ -39,7 +39,9 @@ def _recurrent(kind, **kwargs):
         "rnn_cell": lambda: keras.layers.RNN(AntisymmetricCell(UNITS, epsilon=0.2), **kwargs),
         "simple_rnn": lambda: keras.layers.SimpleRNN(UNITS, **kwargs),
         "gru": lambda: keras.layers.GRU(UNITS, **kwargs),
-        "lstm": lambda: keras.layers.LSTM(UNITS, **kwargs),
+        # Named: the state inputs carry the layer's name, which would otherwise depend
+        # on how many LSTMs this process made before.
+        "lstm": lambda: keras.layers.LSTM(UNITS, name="lstm", **kwargs),
     }[kind]()
 
 
