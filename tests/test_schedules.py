@@ -118,6 +118,44 @@ def test_the_trainers_step_at_the_scheduled_rate(trainer_class):
     assert any(not np.array_equal(a, b) for a, b in zip(start, scheduled, strict=True))
 
 
+@pytest.mark.parametrize("trainer_class", ["default", "keras"])
+def test_tensorboard_gets_the_rate_each_logged_step_applies(trainer_class):
+    """`train/learning_rate` at every log step: the hand-computed rate of that step."""
+    from training import loop
+
+    task = tasks.get_task("digits")
+    inputs, targets = task.examples("train")
+    config = RunConfig(lr_schedule="cosine", learning_rate=0.5, warmup_steps=2, lr_floor=0.1,
+                       steps=12, log_every=3, checkpoint_every=100, optimizer="sgd",
+                       momentum=0.0).validate()  # fmt: skip
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((64, 1)), keras.layers.SimpleRNN(4),
+                                  keras.layers.Dense(10)])  # fmt: skip
+        return model, make_optimizer("sgd", schedules.learning_rate(config), momentum=0.0)
+
+    kwargs = dict(batch_size=16, seed=0)
+    if trainer_class == "keras":
+        trainer = KerasTrainer(task, build, inputs, targets, distribution=None, **kwargs)
+    else:
+        trainer = make_trainer(task, build, inputs, targets, strategy="default", **kwargs)
+    logged = {}
+
+    class Writer:
+        def scalar(self, name, value, step):
+            if name == "train/learning_rate":
+                logged[step] = value
+
+        def flush(self):
+            pass
+
+    loop.train(trainer, config, 0, writer=Writer(), log=lambda line: None)
+    # Step s is the (s - 2)-th of the 10 cosine steps after the 2-step warm-up.
+    expected = {s: _cosine(0.5, 0.1, (s - 2) / 10) for s in (3, 6, 9, 12)}
+    assert logged == pytest.approx(expected, rel=1e-6)
+
+
 def _env():
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
             "KERAS_BACKEND": "tensorflow"}  # fmt: skip

@@ -76,6 +76,10 @@ def train(
     saved = start_step
     with _stop_signals() as stop:
         for step in range(start_step + 1, steps + 1):
+            if step % config.log_every == 0 or step == steps:
+                # The rate this step applies (read before it: the schedule's step is the
+                # optimizer's count of updates so far).
+                writer.scalar("train/learning_rate", current_learning_rate(trainer), step)
             loss, accuracy = trainer.step()
             if not math.isfinite(loss):
                 raise _diverged(step, f"the loss is {loss}", saved)
@@ -162,6 +166,14 @@ def _stop_signals():
     finally:
         for number, old in previous.items():
             signal.signal(number, old)
+
+
+def current_learning_rate(trainer) -> float:
+    """The learning rate `trainer`'s optimizer applies at its next step (its schedule at
+    the optimizer's step count)."""
+    from keras import ops
+
+    return float(ops.convert_to_numpy(trainer.optimizer.learning_rate))
 
 
 class _Progress:
