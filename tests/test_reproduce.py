@@ -227,3 +227,10 @@ def test_report_has_a_section_per_search_and_reads_an_older_single_search(tmp_pa
     assert results["search_noise_padded_gated"] == old
     assert results["search_noise_padded_lstm"][0] == {"score": 0.25, "learning_rate": 0.005}
     assert results["search_noise_padded_antisymmetric"] == []
+
+
+def test_curves_are_labelled_with_the_split_they_were_evaluated_on():
+    assert report.curve_label([{"curve_split": "test"}, {}]) == "test accuracy"
+    assert report.curve_label([{"curve_split": "validation"}]) == "validation accuracy"
+    mixed = report.curve_label([{"curve_split": "validation"}, {"curve_split": "test"}])
+    assert mixed == "accuracy (test or validation: see the table)"

@@ -176,6 +176,14 @@ def table_markdown(rows):
     return "\n".join(lines)
 
 
+def curve_label(rows):
+    """The y label of curves of `rows`: what their points are accuracies on."""
+    splits = {r.get("curve_split") or "test" for r in rows}
+    if len(splits) == 1:
+        return f"{splits.pop()} accuracy"
+    return "accuracy (" + " or ".join(sorted(splits)) + ": see the table)"
+
+
 def plot_curves(title, rows, path):
     """Accuracy against steps and against seconds, every model of a table on one plot."""
     rows = [r for r in rows if r["curve"]]
@@ -191,7 +199,7 @@ def plot_curves(title, rows, path):
     axes[0].set_xlabel("training steps")
     axes[1].set_xlabel("training seconds")
     for axis in axes:
-        axis.set_ylabel("test accuracy")
+        axis.set_ylabel(curve_label(rows))
         axis.set_ylim(0, 1)
         axis.grid(alpha=0.3)
     axes[1].legend(fontsize=7)
