@@ -281,3 +281,18 @@ def test_bad_schedule_values_in_a_config_file_are_refused_too(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1
     assert "argument `--lr-boundaries`, expected a string (or null), got [100, 200]." in err[0]
+
+
+def test_the_schedule_class_alone_follows_its_docstring():
+    """`RunSchedule` built directly (it is registered for Keras serialization): a cosine
+    decays to 0 by default, and the warm-up ends at step W whatever the decay says."""
+
+    def rate(schedule, step):
+        return float(keras.ops.convert_to_numpy(schedule(step - 1)))
+
+    cosine = schedules.RunSchedule("cosine", 1.0, decay_steps=4)
+    assert [rate(cosine, s) for s in (2, 4, 9)] == pytest.approx([0.5, 0.0, 0.0], abs=1e-7)
+    # A boundary inside the warm-up (which RunConfig refuses): from step W on, the step
+    # decay's rate, already halved at the boundary after step 2.
+    early = schedules.RunSchedule("step", 1.0, warmup_steps=3, boundaries=(2,), factor=0.5)
+    assert [rate(early, s) for s in (1, 2, 3, 4)] == pytest.approx([1 / 3, 2 / 3, 0.5, 0.5])
