@@ -1,0 +1,133 @@
+"""`serving.payload` on its own: TensorFlow Serving's request checks and messages, byte
+limits, metadata and prediction layouts, against hand-written requests."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from serving import payload
+from serving.payload import RestError
+
+
+class FakeServable:
+    """A servable of one signature whose function is `fn` (None: never called)."""
+
+    version, max_rank = 3, 3
+    signature_def = {"signature_def": {"serving_default": {"inputs": {}}}}
+
+    def __init__(self, specs, fn=None):
+        self.specs, self.signatures = specs, {"serving_default": fn}
+
+    def input_specs(self, signature_name):
+        return self.specs
+
+
+SEQUENCE = tf.TensorSpec([None, 3, 1], tf.float32, name="x")
+ONE = FakeServable({"x": SEQUENCE})
+TWO = FakeServable({"a": tf.TensorSpec([None, 2], tf.float32),
+                    "b": tf.TensorSpec([None], tf.int32)})  # fmt: skip
+
+
+def _error(body, servable=ONE, max_elements=payload.DEFAULT_MAX_INPUT_ELEMENTS):
+    text = body if isinstance(body, str) else json.dumps(body)
+    with pytest.raises(RestError) as raised:
+        payload.parse_predict_request(text.encode(), servable, max_elements)
+    assert raised.value.status == 400
+    return raised.value.message
+
+
+@pytest.mark.parametrize(
+    "leaf, kind",
+    [("1", "string"), (True, "boolean"), (None, "null"), ({"v": 1}, "dict")],
+)
+def test_a_leaf_that_is_no_number_is_named_by_its_json_kind(leaf, kind):
+    message = _error({"instances": [[[0.5], [leaf], [0.5]]]})
+    assert message == f"Input 'x' expects numbers of type float32, got a {kind}"
+
+
+def test_a_float_where_an_int_goes_is_refused():
+    message = _error({"inputs": {"a": [[1.0, 2.0]], "b": [1.5]}}, TWO)
+    assert message == "Input 'b' expects numbers of type int32, got a float"
+
+
+def test_inputs_that_are_not_the_signatures_are_listed_as_tensorflow_serving_does():
+    message = _error({"inputs": {"a": [[1.0, 2.0]], "c": [1], "d": [2]}}, TWO)
+    assert message == (
+        "input size does not match signature: 3!=2 len({a,c,d}) != len({a,b}). "
+        "Sent extra: {c,d}. Missing but required: {b}."
+    )
+
+
+@pytest.mark.parametrize(
+    "body, message, servable",
+    [
+        ([1, 2], "JSON Value is not an object", ONE),
+        ({"instances": {"x": 1}}, "'instances' must be a JSON list", ONE),
+        ({"instances": []}, "'instances' is an empty list (empty batch)", ONE),
+        ({"x": 1}, "Missing 'inputs' or 'instances' key", ONE),
+        ({"instances": [[[1], [2], [3]]], "inputs": [[[1], [2], [3]]]},
+         "Request must contain either 'instances' or 'inputs', not both", ONE),
+        ({"signature_name": 7, "inputs": []}, "'signature_name' must be a string", ONE),
+        ({"instances": [[[1], [2]]]}, "Input 'x' expects shape [-1, 3, 1], got [1, 2, 1]", ONE),
+        ({"instances": [[[1], [2], [3]], [[1], [2]]]},
+         "Input 'x' is not a rectangular array of shape [2, 3, 1]", ONE),
+        ({"instances": [[1, 2, 3]]}, "Input 'x' expects a rank-3 nested list, got rank 2", ONE),
+        ({"inputs": {"a": [[1.0, 2.0]], "b": [1, 2]}}, "Inputs have different batch sizes", TWO),
+    ],
+)  # fmt: skip
+def test_malformed_requests_get_tensorflow_servings_messages(body, message, servable):
+    assert _error(body, servable) == message
+
+
+def test_the_body_limit_counts_json_values_up_to_its_exact_bound():
+    # (max_rank + 2) * max_elements + 1024 values: (3 + 2) * 10 + 1024 = 1074.
+    def body(tokens):  # "[" and "," are what the byte count sees
+        return '{"inputs": [' + "0," * (tokens - 2) + "0]}"
+
+    assert body(1074).count(",") + body(1074).count("[") + body(1074).count("{") == 1074
+    with pytest.raises(RestError) as raised:
+        payload.check_body_size(body(1075).encode(), 10, 3)
+    assert "about 1075 JSON values" in raised.value.message
+    payload.check_body_size(body(1074).encode(), 10, 3)  # at the bound: parsed
+
+
+def test_huge_floats_are_refused_as_out_of_range():
+    message = _error({"instances": [[[1e300], [0.0], [0.0]]]})
+    assert message == "Input 'x' contains NaN, Infinity or values out of float32 range"
+
+
+def test_metadata_has_tensorflow_servings_layout():
+    assert payload.model_metadata(ONE, "antisym") == {
+        "model_spec": {"name": "antisym", "signature_name": "", "version": "3"},
+        "metadata": {"signature_def": ONE.signature_def},
+    }
+
+
+def test_a_signatures_error_is_a_400_with_its_first_line():
+    def refuse(**inputs):
+        raise tf.errors.InvalidArgumentError(None, None, "length must be at least 1\ndetails")
+
+    servable = FakeServable({"x": SEQUENCE}, refuse)
+    with pytest.raises(RestError) as raised:
+        payload.predict(servable, "serving_default", {"x": np.zeros((1, 3, 1), "float32")}, True)
+    assert (raised.value.status, raised.value.message) == (400, "length must be at least 1")
+
+
+def test_outputs_come_in_the_row_or_the_columnar_layout():
+    def answer(x):
+        total = tf.reduce_sum(x, axis=[1, 2])
+        return {"sum": total, "twice": 2 * total}
+
+    servable = FakeServable({"x": SEQUENCE}, answer)
+    x = np.arange(6, dtype="float32").reshape(2, 3, 1)
+    rows = payload.predict(servable, "serving_default", {"x": x}, True)
+    assert rows == {"predictions": [{"sum": 3.0, "twice": 6.0}, {"sum": 12.0, "twice": 24.0}]}
+    columns = payload.predict(servable, "serving_default", {"x": x}, False)
+    assert columns == {"outputs": {"sum": [3.0, 12.0], "twice": [6.0, 24.0]}}
+    single = FakeServable({"x": SEQUENCE}, lambda x: {"sum": tf.reduce_sum(x, axis=[1, 2])})
+    assert payload.predict(single, "serving_default", {"x": x}, True) == {
+        "predictions": [3.0, 12.0]
+    }
+    assert payload.predict(single, "serving_default", {"x": x}, False) == {"outputs": [3.0, 12.0]}
