@@ -1,0 +1,73 @@
+"""`training.options`: the flags made from `RunConfig`, their help, and `--config` files."""
+
+import re
+
+import pytest
+
+from training import options
+from training.config import RunConfig
+
+
+def _action(parser, dest):
+    (action,) = [a for a in parser._actions if a.dest == dest]
+    return action
+
+
+def test_each_flag_shows_its_default_unless_it_has_none_or_is_a_switch():
+    parser = options.run_parser("prog", "What the command does.")
+    assert parser.description == "What the command does."
+    assert _action(parser, "units").help == f"default: {RunConfig().units}"
+    assert _action(parser, "epsilon").help == f"step size ε (default: {RunConfig().epsilon})"
+    assert "default" not in _action(parser, "jit_compile").help  # a switch: --no-... shows it
+    assert "default" not in _action(parser, "lr_boundaries").help  # None: nothing to show
+
+
+def test_name_valued_flags_take_only_their_registrys_names(capsys):
+    parser = options.run_parser("prog", "d")
+    assert _action(parser, "model").choices == ("antisymmetric", "gated", "ablation", "lstm")
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--model", "transformer"])
+    assert exit_.value.code == 2
+    assert "argument --model: invalid choice: 'transformer'" in capsys.readouterr().err
+
+
+def test_an_extra_field_brings_its_flag_alone_not_its_whole_group():
+    parser = options.run_parser("prog", "d", groups=("optimizer",), extra=("units",))
+    dests = {a.dest for a in parser._actions}
+    assert {"learning_rate", "units"} <= dests
+    assert not dests & {"epsilon", "gamma", "model", "steps"}  # units' group, another group
+
+
+def test_config_file_sets_defaults_that_the_command_line_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("learning-rate: 0.5\nunits: 12\n")
+    parser = options.run_parser("prog", "d")
+    args = options.parse_with_config(parser, ["--config", str(path), "--units", "7"])
+    assert (args.learning_rate, args.units, args.config) == (0.5, 7, str(path))
+
+
+def test_the_config_flag_is_documented(capsys):
+    with pytest.raises(SystemExit):
+        options.parse_with_config(options.run_parser("prog", "d"), ["--help"])
+    assert re.search(r"--config CONFIG\s+YAML file of option defaults", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "argument --config: no such file"),
+        ("a: &x [1]\nb: *x\n", "aliases (*name) are not accepted in an options file"),
+        ("a: &x [1]\nb: *x\n", "(line 2, column 4)"),
+        ("- 1\n- 2\n", "argument --config: {path} is not a mapping of options"),
+        ("units: [\n", "argument --config: {path} is not valid YAML"),
+        ("colour: red\n", "argument --config: unknown option 'colour' in {path}"),
+    ],
+)
+def test_bad_config_files_are_one_line_errors_naming_the_flag(tmp_path, capsys, text, message):
+    path = tmp_path / "run.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        options.parse_with_config(options.run_parser("prog", "d"), ["--config", str(path)])
+    assert exit_.value.code == 2
+    assert message.format(path=path) in capsys.readouterr().err
