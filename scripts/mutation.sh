@@ -10,6 +10,8 @@
 #   MUTATION_SAMPLE=40 scripts/mutation.sh --app serving.names training.schedules
 #   MUTMUT_WORKERS=1 scripts/mutation.sh _validation
 #   MUTATION_SAMPLE=30 scripts/mutation.sh  # 30 random mutants per module: a quick estimate
+#   MUTATION_NAMES="NAME ..." scripts/mutation.sh --app serving.payload
+#                                        # these mutants again (e.g. survivors, after new tests)
 #   scripts/mutation.sh --backend jax 'keras_antisym.diagnostics.x__gradients*'
 #                                        # survivors checked again on JAX (or torch):
 #                                        # scripts/mutation_backends.py
@@ -115,6 +117,11 @@ if [ -n "$backend" ]; then
     # Survivors checked again on another backend (code that TensorFlow never runs).
     "$PYTHON" "$ROOT/scripts/mutation_backends.py" "$backend" "${backend_patterns[@]}" ||
         status=$?
+elif [ -n "${MUTATION_NAMES:-}" ]; then
+    # These mutants (names or patterns, space-separated) checked again, e.g. a report's
+    # survivors after new tests.
+    read -r -a names <<<"$MUTATION_NAMES"
+    "$MUTMUT" run --max-children "${MUTMUT_WORKERS:-2}" "${names[@]}" || status=$?
 elif [ -z "${MUTATION_SAMPLE:-}" ]; then
     # mutmut re-runs every mutant a name pattern matches, but skips the cached ones
     # when given no names: an interrupted full run goes on where it stopped.
