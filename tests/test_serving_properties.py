@@ -8,6 +8,7 @@ serving.
 
 import json
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -33,7 +34,10 @@ def variable_length():
     model = keras.Sequential(
         [keras.Input((None, 2)), AntisymmetricRNN(4, epsilon=0.1), keras.layers.Dense(3)]
     )
-    base = work_dir("models", "variable")
+    # A folder of its own each time: a module fixture is set up again when the tests are
+    # reordered across modules (mutation testing runs the fastest first).
+    os.makedirs(work_dir("models"), exist_ok=True)
+    base = tempfile.mkdtemp(prefix="variable-", dir=work_dir("models"))
     export_model(model, base, 1, variable_length=True)
     signature = tf.saved_model.load(os.path.join(base, "1")).signatures["serving_default"]
     server = ThreadServer(base, "var")
