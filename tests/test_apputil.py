@@ -126,3 +126,64 @@ def test_pid_alive_tells_running_from_ended_and_unreaped():
     os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # ended, still unreaped
     assert not pid_alive(zombie.pid)
     zombie.wait()
+
+
+def test_an_atomic_write_flushes_the_file_then_renames_then_flushes_the_folder(
+    tmp_path, monkeypatch
+):
+    events = []
+    monkeypatch.setattr(files, "fsync_file", lambda p: events.append(("file", os.fspath(p))))
+    monkeypatch.setattr(files, "fsync_directory", lambda p: events.append(("dir", os.fspath(p))))
+    real_replace = os.replace
+    monkeypatch.setattr(
+        files.os, "replace", lambda a, b: events.append(("rename", a, b)) or real_replace(a, b)
+    )
+    path = tmp_path / "model.keras"
+    with files.atomic_path(path) as partial:
+        assert partial == str(tmp_path / "model.partial.keras")  # the extension kept
+        with open(partial, "w") as handle:
+            handle.write("x")
+    assert events == [("file", partial), ("rename", partial, str(path)), ("dir", str(tmp_path))]
+    assert path.read_text() == "x"
+
+
+def test_fsync_tree_flushes_every_file_and_every_folder_root_last(tmp_path, monkeypatch):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    for name in ("a/f", "a/b/g", "h"):
+        (tmp_path / name).write_text("x")
+    flushed = []
+    monkeypatch.setattr(files, "fsync_file", lambda p: flushed.append(("file", p)))
+    monkeypatch.setattr(files, "fsync_directory", lambda p: flushed.append(("dir", p)))
+    files.fsync_tree(str(tmp_path))
+    assert sorted(flushed) == sorted(
+        [("file", str(tmp_path / n)) for n in ("a/f", "a/b/g", "h")]
+        + [("dir", str(tmp_path / n)) for n in ("a/b", "a")]
+        + [("dir", str(tmp_path))]
+    )
+    assert flushed[-1] == ("dir", str(tmp_path))
+    # Each folder after its own files: a flushed entry names a flushed file.
+    assert flushed.index(("dir", str(tmp_path / "a"))) > flushed.index(
+        ("file", str(tmp_path / "a/f"))
+    )
+
+
+def test_remove_partials_takes_both_partial_names(tmp_path):
+    for name in ("model.partial.keras", "curve.json.partial", "x.partial", "partially.json"):
+        (tmp_path / name).write_text("x")
+    files.remove_partials(tmp_path)
+    assert os.listdir(tmp_path) == ["partially.json"]
+
+
+def test_a_folder_lock_is_held_by_one_holder_at_a_time(tmp_path):
+    first, second = files.FolderLock(tmp_path), files.FolderLock(tmp_path)
+    assert second.holder() == "unknown"  # no lock file yet
+    assert first.acquire()
+    assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
+    assert not second.acquire()  # another open file: flock refuses it, even in one process
+    assert second.holder() == str(os.getpid())
+    first.release()
+    first.release()  # twice: nothing held, nothing to do
+    assert second.acquire()
+    second.release()
+    (tmp_path / ".lock").write_text("")
+    assert first.holder() == "unknown"  # an empty record
