@@ -2,7 +2,7 @@
 
 import pytest
 
-from apputil.errors import UsageError
+from apputil.errors import UsageError, shown
 from serving import names
 
 MAX = 2**63 - 1  # TensorFlow Serving's versions are int64
@@ -53,6 +53,8 @@ def test_unreachable_names_are_refused_naming_the_argument(name):
     with pytest.raises(UsageError) as error:
         names.check_model_name(name)
     message = str(error.value)
-    assert "`model_name`" in message and "/v1/models/NAME" in message
+    expected = "a name usable in /v1/models/NAME (not empty, no '/', ':' or control characters)"
+    assert "`model_name`" in message and expected in message
+    assert message.endswith(f"got {shown(name)}.")
     with pytest.raises(UsageError, match="`--model-name`"):
         names.check_model_name(name, "--model-name")
