@@ -415,7 +415,7 @@ def _search_section(search, trials, assets):
               f"`python -m training.reproduce --search --only {search.name}`).", ""]  # fmt: skip
     if search.grid == ("epsilon", "gamma"):
         figure = f"heatmap_{search.name}.png"
-        plot_heatmap(trials, title, os.path.join(assets, figure))
+        plot_heatmap(trials, f"{MODEL_LABELS[search.model]}, T=1000", os.path.join(assets, figure))
         return lines + [f"![{search.name}](reproduction/{figure})", ""]
     lines += ["| learning rate | validation accuracy |", "| --- | --- |"]
     for trial in sorted(trials, key=lambda t: t["learning_rate"]):
