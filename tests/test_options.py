@@ -56,8 +56,11 @@ def test_the_config_flag_is_documented(capsys):
     "text, message",
     [
         (None, "argument --config: no such file"),
-        ("a: &x [1]\nb: *x\n", "aliases (*name) are not accepted in an options file"),
-        ("a: &x [1]\nb: *x\n", "(line 2, column 4)"),
+        (
+            "a: &x [1]\nb: *x\n",
+            "argument --config: {path} is not valid YAML (line 2, column 4): "
+            "aliases (*name) are not accepted in an options file\n",
+        ),
         ("- 1\n- 2\n", "argument --config: {path} is not a mapping of options"),
         ("units: [\n", "argument --config: {path} is not valid YAML"),
         ("colour: red\n", "argument --config: unknown option 'colour' in {path}"),
