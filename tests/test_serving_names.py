@@ -54,7 +54,8 @@ def test_unreachable_names_are_refused_naming_the_argument(name):
         names.check_model_name(name)
     message = str(error.value)
     expected = "a name usable in /v1/models/NAME (not empty, no '/', ':' or control characters)"
-    assert "`model_name`" in message and expected in message
-    assert message.endswith(f"got {shown(name)}.")
+    assert "`model_name`" in message and message.endswith(
+        f", expected {expected}, got {shown(name)}."
+    )
     with pytest.raises(UsageError, match="`--model-name`"):
         names.check_model_name(name, "--model-name")
