@@ -35,9 +35,9 @@ import numpy as np
 
 from benchmarks import common
 
-FULL = {"steps": 1000, "chunk": 28, "units": 128, "features": 1, "repeats": 300, "warmup": 20,
+FULL = {"steps": 1000, "chunk": 28, "units": 128, "repeats": 300, "warmup": 20,
         "block": 10}  # fmt: skip
-QUICK = {"steps": 100, "chunk": 28, "units": 16, "features": 1, "repeats": 20, "warmup": 3,
+QUICK = {"steps": 100, "chunk": 28, "units": 16, "repeats": 20, "warmup": 3,
          "block": 5}  # fmt: skip
 # Input widths measured: one feature per step, and a Fashion-MNIST row (the T = 1,000
 # noise-padded task's input), whose whole window is 28 times larger to send.

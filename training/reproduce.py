@@ -37,6 +37,7 @@ from training.suite import (
     SUITES,
     TARGETS,
     data_available,
+    named,
     select_searches,
     train_argv,
 )
@@ -53,16 +54,8 @@ def finished(run_dir, steps):
 
 
 def select(suite, only):
-    """The suite's runs named by `only`: an exact name picks that run alone, any other
-    pattern every run whose name contains it."""
-    runs = SUITES[suite]
-    if not only:
-        return runs
-    names = {run.name for run in runs}
-    chosen = set()
-    for pattern in only:
-        chosen |= {pattern} if pattern in names else {r.name for r in runs if pattern in r.name}
-    return [run for run in runs if run.name in chosen]
+    """The suite's runs named by `only` (`training.suite.named`)."""
+    return named(SUITES[suite], only)
 
 
 def execute(runs, args, log=print):

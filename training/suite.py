@@ -239,15 +239,21 @@ SEARCHES = tuple(
 )  # fmt: skip
 
 
-def select_searches(only: list[str] | None) -> list[Search]:
-    """The searches named by `only` (as `--only` picks runs: exact name or part of one)."""
+def named(items: list, only: list[str] | None) -> list:
+    """The `items` (runs or searches, by `.name`) that `only` names: an exact name picks
+    that item alone, any other pattern every item whose name contains it; all without."""
     if not only:
-        return list(SEARCHES)
-    names = {search.name for search in SEARCHES}
+        return list(items)
+    names = {item.name for item in items}
     chosen = set()
     for pattern in only:
-        chosen |= {pattern} if pattern in names else {s.name for s in SEARCHES if pattern in s.name}
-    return [search for search in SEARCHES if search.name in chosen]
+        chosen |= {pattern} if pattern in names else {i.name for i in items if pattern in i.name}
+    return [item for item in items if item.name in chosen]
+
+
+def select_searches(only: list[str] | None) -> list[Search]:
+    """The searches named by `only` (as `--only` picks runs)."""
+    return named(SEARCHES, only)
 
 
 def train_argv(
