@@ -163,7 +163,7 @@ def test_equal_time_compares_only_runs_on_the_same_hardware():
                                               {"step": 10, "seconds": 40, "accuracy": 0.5}]),
         _row("cpu", "antisymmetric", 0.7, 3, device="cpu"),
     ]  # fmt: skip
-    assert report.equal_times(rows) == {"fast": 10, "slow": 10, "cpu": None}
+    assert report.equal_times(rows) == [10, 10, None]
     table = report.table_markdown(rows)
     assert "| 30.0% (10 s) |" in table  # the LSTM at the gated run's 10 s
     assert "`cpu`) | — | 70.0% | — |" in table
@@ -172,6 +172,69 @@ def test_equal_time_compares_only_runs_on_the_same_hardware():
         [("task", "t", ("gated",), 0.5, "lstm", 0.0)],
     )
     assert "+40.0 / — (other hardware) points" in mixed
+
+
+def test_hardware_is_the_machine_whatever_the_backend():
+    assert report.hardware("jax on 1 x NVIDIA H100 (gpu)") == "1 x NVIDIA H100 (gpu)"
+    assert report.hardware("tensorflow on cpu") == "cpu"
+    assert report.hardware(None) is None
+    gated = _row("g", "gated", 0.8, 20, device="jax on 1 x H100 (gpu)", curve=[
+        {"step": 50, "seconds": 10, "accuracy": 0.6},
+        {"step": 100, "seconds": 20, "accuracy": 0.8},
+    ])  # fmt: skip
+    lstm = _row("l", "lstm", 0.2, 50, device="torch on 1 x H100 (gpu)", curve=[
+        {"step": 50, "seconds": 25, "accuracy": 0.1},
+        {"step": 100, "seconds": 50, "accuracy": 0.2},
+    ])  # fmt: skip
+    assert report.equal_times([gated, lstm]) == [20, 20]
+    line = report.targets_markdown([gated, lstm], [("task", "t", ("gated",), 0.5, "lstm", 0)])
+    assert "+60.0 / +80.0 points" in line  # 0.8 - 0.2 at 100 steps; 0.8 - 0.0 at 20 s
+
+
+def test_lead_at_equal_steps_reads_the_rival_where_it_stopped():
+    gated = _row("g", "gated", 0.81, 100, curve=[
+        {"step": 40, "seconds": 40, "accuracy": 0.55},
+        {"step": 80, "seconds": 80, "accuracy": 0.70},
+        {"step": 100, "seconds": 100, "accuracy": 0.81},
+    ])  # fmt: skip
+    lstm = dict(_row("l", "lstm", 0.10, 90, curve=[
+        {"step": 45, "seconds": 45, "accuracy": 0.12},
+        {"step": 90, "seconds": 90, "accuracy": 0.10},
+    ]), status="partial", steps=90)  # fmt: skip
+    assert report.accuracy_at_step(gated, 100) == 0.81
+    assert report.accuracy_at_step(gated, 90) == 0.70
+    assert report.accuracy_at_step(lstm, 44) is None
+    line = report.targets_markdown([gated, lstm], [("task", "t", ("gated",), 0.5, "lstm", 0)])
+    assert "+60.0 (step 90) / " in line  # 0.70 - 0.10 at the LSTM's last step
+    # A shorter rival run counts only up to its own steps: at 100 steps only `l` ran them.
+    short = dict(_row("s", "lstm", 0.4, 40), steps=40, curve=[
+        {"step": 40, "seconds": 40, "accuracy": 0.4},
+    ])  # fmt: skip
+    longer = dict(lstm, steps=100, test_accuracy=0.2, train_seconds=100, curve=[
+        *lstm["curve"], {"step": 100, "seconds": 100, "accuracy": 0.2},
+    ])  # fmt: skip
+    rule = [("task", "t", ("gated",), 0.5, "lstm", 0)]
+    line = report.targets_markdown([gated, short, longer], rule)
+    assert "+61.0 / +41.0 points" in line  # 0.81 - 0.20 at 100 steps; at 100 s: 0.81 - 0.40
+
+
+def test_a_run_on_several_machines_keeps_a_row_per_machine():
+    def row(name, device, accuracy, curve=True):
+        points = [{"step": 10, "seconds": 1, "accuracy": accuracy}] if curve else []
+        return {"name": name, "device": device, "test_accuracy": accuracy, "curve": points}
+
+    previous = [row("a", "jax on 1 x H100 (gpu)", 0.8), row("a", "tensorflow on cpu", 0.5),
+                row("b", "tensorflow on cpu", 0.3), row("c", "torch on cpu", 0.2)]  # fmt: skip
+    fresh = [row("a", "jax on cpu", 0.6), row("b", None, None, curve=False),
+             row("c", "jax on cpu", 0.4), row("d", None, None, curve=False)]  # fmt: skip
+    merged = [(r["name"], r["device"], r["test_accuracy"]) for r in report.merge(fresh, previous)]
+    assert merged == [
+        ("a", "jax on cpu", 0.6),  # replaces the CPU row, keeps the GPU row
+        ("a", "jax on 1 x H100 (gpu)", 0.8),
+        ("b", "tensorflow on cpu", 0.3),  # not in this runs folder: kept
+        ("c", "jax on cpu", 0.4),  # the same machine: replaced
+        ("d", None, None),  # never run anywhere: its own row
+    ]
 
 
 def test_each_search_varies_its_own_models_hyperparameters_only():

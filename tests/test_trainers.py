@@ -97,6 +97,7 @@ def test_every_mnist_family_and_synthetic_task_trains_without_tensorflow(tmp_pat
     for task, _, _ in runs:
         metrics = json.loads((tmp_path / task / "metrics.json").read_text())
         assert metrics["steps"] == 2 and metrics["backend"] == backend
+        assert metrics["device"] == f"{backend} on cpu"  # the machine, alike for every backend
         assert 0.0 <= metrics["test_accuracy"] <= 1.0
         assert (tmp_path / task / "model.keras").is_file()
         assert list((tmp_path / task / "logs").iterdir()), "no TensorBoard event file"

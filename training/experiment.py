@@ -88,23 +88,30 @@ def check_resumable(path: str, config: dict, allowed: tuple[str, ...] = ()) -> d
 
 
 def _describe_device():
-    """One line: the backend and the devices it computes on."""
+    """One line: the backend, then the machine it computes on, alike for every backend
+    ("jax on 1 x NVIDIA H100 80GB HBM3 (gpu)", "torch on cpu"): the report compares runs
+    by machine."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        devices = jax.devices()
-        return f"jax on {len(devices)} x {devices[0].device_kind} ({devices[0].platform})"
-    if backend == "torch":
+        found = [(d.device_kind, d.platform) for d in jax.devices() if d.platform != "cpu"]
+    elif backend == "torch":
         import torch
 
-        if torch.cuda.is_available():
-            return f"torch on {torch.cuda.get_device_name(0)} (cuda)"
-        return "torch on cpu"
-    import tensorflow as tf  # present: this is the TensorFlow backend
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        found = [(torch.cuda.get_device_name(i), "gpu") for i in range(count)]
+    else:
+        import tensorflow as tf  # present: this is the TensorFlow backend
 
-    gpus = tf.config.list_logical_devices("GPU")
-    return f"tensorflow on {len(gpus)} GPU(s)" if gpus else "tensorflow on cpu"
+        found = [
+            (tf.config.experimental.get_device_details(gpu).get("device_name", "GPU"), "gpu")
+            for gpu in tf.config.list_physical_devices("GPU")
+        ]
+    if not found:
+        return f"{backend} on cpu"
+    name, platform = found[0]
+    return f"{backend} on {len(found)} x {name} ({platform})"
 
 
 def _versions():

@@ -23,6 +23,7 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
+import keras
 import numpy as np
 
 import keras_antisym
@@ -128,16 +129,16 @@ def save_checked(trainer: Any, step: int, saved: int = 0) -> None:
     previous checkpoint (`saved`) the newest.
     """
     for variable in trainer.model.weights:
-        value = np.asarray(variable)
+        value = keras.ops.convert_to_numpy(variable)
         limit = np.sqrt(np.finfo(value.dtype).max) if value.dtype.kind == "f" else np.inf
         if not np.all(np.abs(value) <= limit):  # NaN fails too
             raise _diverged(step, f"the weight {variable.path} is not finite or beyond {limit:.2g}",
                             saved)  # fmt: skip
     for variable in trainer.optimizer.variables:
-        if not np.all(np.isfinite(np.asarray(variable))):
+        if not np.all(np.isfinite(keras.ops.convert_to_numpy(variable))):
             raise _diverged(step, f"the optimizer variable {variable.path} is not finite", saved)
     x, y = trainer.batches(step)
-    loss = np.asarray(per_example_loss(trainer.task.spec, y, trainer.predict(x)))
+    loss = keras.ops.convert_to_numpy(per_example_loss(trainer.task.spec, y, trainer.predict(x)))
     if not np.isfinite(np.mean(loss)):
         raise _diverged(step, "its weights give a non-finite loss on the next batch", saved)
     trainer.save(step)
@@ -254,8 +255,10 @@ def evaluate(
     loss, correct = 0.0, 0.0
     for x, y in evaluation_batches(task, inputs, targets, batch_size, seed):
         outputs = predict(x)
-        loss += float(np.sum(np.asarray(per_example_loss(task.spec, y, outputs))))
-        correct += float(np.sum(np.asarray(per_example_correct(task.spec, y, outputs))))
+        losses = per_example_loss(task.spec, y, outputs)
+        hits = per_example_correct(task.spec, y, outputs)
+        loss += float(np.sum(keras.ops.convert_to_numpy(losses)))
+        correct += float(np.sum(keras.ops.convert_to_numpy(hits)))
     count = len(targets)
     return loss / count, correct / count
 

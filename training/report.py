@@ -139,18 +139,38 @@ def _percent(value):
     return "—" if value is None else f"{100 * value:.1f}%"
 
 
+def hardware(device):
+    """The machine of a row's `device` ("jax on 1 x NVIDIA H100 (gpu)" -> "1 x NVIDIA H100
+    (gpu)"): runs on one machine compare in time, each on the backend it ran on."""
+    if not device:
+        return None
+    return device.split(" on ", 1)[1] if " on " in device else device
+
+
 def equal_times(rows):
-    """Per row, the training seconds of the fastest run of its table on the same hardware
-    (None when it has no such partner): only those times compare."""
-    times = {}
+    """Per row (a list in the order of `rows`), the training seconds of the fastest run of
+    its table on the same hardware (None when it has no such partner): only those times
+    compare."""
+    times = []
     for r in rows:
         peers = [
             p["train_seconds"]
             for p in rows
-            if p["device"] == r["device"] and p.get("train_seconds") and p["curve"]
+            if hardware(p["device"]) == hardware(r["device"])
+            and p.get("train_seconds")
+            and p["curve"]
         ]
-        times[r["name"]] = min(peers) if len(peers) > 1 and r["curve"] else None
+        times.append(min(peers) if len(peers) > 1 and r["curve"] else None)
     return times
+
+
+def accuracy_at_step(row, step):
+    """The row's accuracy after `step` steps: its final test accuracy when it stopped
+    there, else its curve's last point at or before `step` (None if none)."""
+    if row.get("steps") == step and row.get("test_accuracy") is not None:
+        return row["test_accuracy"]
+    points = [p for p in row["curve"] if p["step"] <= step]
+    return points[-1]["accuracy"] if points else None
 
 
 def table_markdown(rows):
@@ -162,8 +182,7 @@ def table_markdown(rows):
         f"| last {LAST_EVALUATIONS} evaluations | steps | train s | status | hardware |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows:
-        equal = times[r["name"]]
+    for r, equal in zip(rows, times, strict=True):
         at_equal = "—" if equal is None else f"{_percent(accuracy_at(r, equal))} ({equal:.0f} s)"
         seconds = r.get("train_seconds")
         paper = "—" if r["paper"] is None else f"{r['paper']}%"
@@ -190,12 +209,16 @@ def plot_curves(title, rows, path):
     if not rows:
         return False
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    names = [r["name"] for r in rows]
     for r in rows:
         steps = [p["step"] for p in r["curve"]]
         seconds = [p["seconds"] for p in r["curve"]]
         accuracy = [p["accuracy"] for p in r["curve"]]
-        axes[0].plot(steps, accuracy, marker=".", label=r["name"])
-        axes[1].plot(seconds, accuracy, marker=".", label=r["name"])
+        label = r["name"]
+        if names.count(label) > 1:  # one run on several machines
+            label += f" ({hardware(r['device'])})"
+        axes[0].plot(steps, accuracy, marker=".", label=label)
+        axes[1].plot(seconds, accuracy, marker=".", label=label)
     axes[0].set_xlabel("training steps")
     axes[1].set_xlabel("training seconds")
     for axis in axes:
@@ -215,8 +238,11 @@ def plot_length(rows, task, path):
     chosen = [r for r in rows if r.get("task") == task and r.get("test_accuracy") is not None
               and r["name"].startswith(task.replace("mnist", "fashion_mnist"))]  # fmt: skip
     models = sorted({r["model"] for r in chosen})
-    lines = {m: sorted((r["timesteps"], r["test_accuracy"]) for r in chosen if r["model"] == m)
-             for m in models}  # fmt: skip
+    best = {}  # a run made on several machines: its best row
+    for r in chosen:
+        key = (r["model"], r["timesteps"])
+        best[key] = max(best.get(key, 0), r["test_accuracy"])
+    lines = {m: sorted((t, a) for (model, t), a in best.items() if model == m) for m in models}
     lines = {m: points for m, points in lines.items() if len(points) > 1}
     if not lines:
         return None
@@ -274,7 +300,8 @@ def plot_heatmap(trials, title, path):
 
 
 def targets_markdown(rows, targets):
-    """Each target: the best counted model's accuracy, its margin, and its lead on the rival."""
+    """Each target: the best counted model's accuracy, its margin, and its lead on the best
+    rival run at equal steps and, on the same hardware, at equal time."""
     lines = [
         "| target | measured | margin | lead over the best LSTM (equal steps / time) |",
         "| --- | --- | --- | --- |",
@@ -290,15 +317,16 @@ def targets_markdown(rows, targets):
         margin = best["test_accuracy"] - threshold
         verdict = "met" if margin >= 0 else f"missed by {-margin * 100:.1f} points"
         lead_text = "—"
-        if rivals:  # the rival at its best setting: its own tuning
-            other = max(rivals, key=lambda r: r["test_accuracy"])
-            steps_lead = best["test_accuracy"] - other["test_accuracy"]
+        if rivals:  # each rival run is the rival at one of its own settings
+            steps_lead = _lead_at_equal_steps(best, rivals)
             time_lead = "— (other hardware)"
-            if best["device"] == other["device"]:
-                equal = min(best.get("train_seconds") or 0, other.get("train_seconds") or 0)
-                lead = (accuracy_at(best, equal) or 0) - (accuracy_at(other, equal) or 0)
-                time_lead = f"{lead * 100:+.1f}"
-            lead_text = f"{steps_lead * 100:+.1f} / {time_lead} points"
+            peers = [r for r in rivals if hardware(r["device"]) == hardware(best["device"])]
+            if peers:
+                equal = min(best.get("train_seconds") or 0,
+                            max(r.get("train_seconds") or 0 for r in peers))  # fmt: skip
+                rival = max(accuracy_at(r, equal) or 0 for r in peers)
+                time_lead = f"{((accuracy_at(best, equal) or 0) - rival) * 100:+.1f}"
+            lead_text = f"{steps_lead} / {time_lead} points"
             if minimum_lead:
                 lead_text += f" (target ≥ +{minimum_lead * 100:.0f})"
         lines.append(
@@ -308,10 +336,32 @@ def targets_markdown(rows, targets):
     return "\n".join(lines)
 
 
+def _lead_at_equal_steps(best, rivals):
+    """`best`'s lead on the best of `rivals` after equal steps: its own steps, or, when no
+    rival ran them, the most a rival ran (then named)."""
+    step = min(best["steps"], max(r["steps"] for r in rivals))
+    rival = max(accuracy_at_step(r, step) or 0 for r in rivals if r["steps"] >= step)
+    text = f"{((accuracy_at_step(best, step) or 0) - rival) * 100:+.1f}"
+    return text if step == best["steps"] else f"{text} (step {step})"
+
+
 def _previous(assets):
-    """Rows of an earlier `results.json`, by name (runs made on other machines)."""
+    """Rows of an earlier `results.json` that have a curve (runs made on other machines)."""
     old = _read(os.path.join(assets, "results.json"), json.load) or {}
-    return {row["name"]: row for row in old.get("runs", []) if row.get("curve")}
+    return [row for row in old.get("runs", []) if row.get("curve")]
+
+
+def merge(fresh, previous):
+    """The report's rows: per run of `fresh` (rows of this runs folder, in suite order),
+    its fresh row when it has a curve, and the previous rows of the same run on other
+    hardware; a run with no fresh curve keeps all its previous rows."""
+    rows = []
+    for row in fresh:
+        kept = [p for p in previous if p["name"] == row["name"]]
+        if row["curve"]:
+            kept = [p for p in kept if hardware(p["device"]) != hardware(row["device"])]
+        rows += ([row] if row["curve"] or not kept else []) + kept
+    return rows
 
 
 _PREAMBLE = (
@@ -319,7 +369,9 @@ _PREAMBLE = (
     "is a run of `python -m training.train` (the command is in `results.json`). "
     "*ours (test)*: test accuracy after the run's steps (for a partial run, the last "
     "evaluation of its learning curve); *at equal time*: each model's accuracy at the "
-    "training seconds of its table's fastest run on the same hardware; *last 5 "
+    "training seconds of its table's fastest run on the same hardware (the same machine, "
+    "each model on the backend it ran on; a run made on several machines has a row for "
+    "each); *last 5 "
     "evaluations*: the lowest and highest accuracy of the last five points of the run's "
     "learning curve (on its validation split, or the test split without one), how far "
     "it still moved where it stopped; *steps*: with `(best: S)` the run tested the "
@@ -340,16 +392,16 @@ def write(
 ) -> str:
     """Writes the report of `runs` (a suite); returns the markdown file's path.
 
-    A run the runs folder knows nothing of keeps its row from the report's
-    previous `results.json` (a run made on another machine stays reported);
-    so does a search: `searches` maps each `training.suite.Search` to its
+    A run the runs folder knows nothing of keeps its rows from the report's
+    previous `results.json` (a run made on another machine stays reported), and
+    a run made on several machines has a row per machine (`merge`); so does a
+    search: `searches` maps each `training.suite.Search` to its
     `trials.csv`.
     """
     assets = os.path.join(report_dir, "reproduction")
     os.makedirs(assets, exist_ok=True)
     previous = _previous(assets)
-    rows = [collect(run, runs_dir, data_dir) for run in runs]
-    rows = [previous[r["name"]] if not r["curve"] and r["name"] in previous else r for r in rows]
+    rows = merge([collect(run, runs_dir, data_dir) for run in runs], previous)
     for row in rows:  # rows kept from an earlier report too: their curve is in it
         row["last_spread"] = last_spread(row["curve"])
     lines = ["# Reproduction", "", _PREAMBLE, ""]
