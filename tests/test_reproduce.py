@@ -240,17 +240,25 @@ def test_a_run_on_several_machines_keeps_a_row_per_machine():
 def test_each_search_varies_its_own_models_hyperparameters_only():
     from training import space, tune
 
-    assert {each.model for each in suite.SEARCHES} == {"antisymmetric", "gated", "ablation",
-                                                        "lstm"}  # fmt: skip
+    by_task = {}
     for each in suite.SEARCHES:
         args = tune.build_parser().parse_args(list(each.argv))
-        assert args.model == each.model and args.timesteps == 1000 and args.steps_per_trial == 400
+        by_task.setdefault((args.task, args.dataset, args.timesteps), []).append(each.model)
+        assert args.model == each.model and args.steps_per_trial == 400
+        assert args.validation_fraction == 0.1 and args.tuner == "grid"
         values = tune.make_space(args).values
         varied = {name for name in space.MODEL_HYPERPARAMETERS[each.model]
                   if len(values[name]) > 1}  # fmt: skip
         assert varied == set(each.grid), each.name
         trials = int(np.prod([len(values[name]) for name in each.grid]))
         assert args.max_trials == trials, each.name  # the whole grid, nothing more
+    # Each task's configs: one search per model, none shared between models.
+    assert by_task == {
+        ("noise_padded_mnist", "fashion_mnist", 1000): ["gated", "antisymmetric", "ablation",
+                                                        "lstm"],
+        ("pixel_mnist", "fashion_mnist", None): ["gated", "antisymmetric", "lstm"],
+        ("permuted_mnist", "fashion_mnist", None): ["gated", "antisymmetric", "lstm"],
+    }  # fmt: skip
 
 
 def test_search_runs_the_searches_only_names(tmp_path, monkeypatch):
@@ -265,7 +273,8 @@ def test_search_runs_the_searches_only_names(tmp_path, monkeypatch):
     assert call[call.index("--project-name") + 1] == "search_noise_padded_antisymmetric"
     assert call[call.index("--directory") + 1] == os.path.join(str(tmp_path), "search")
     assert call[-2:] == ["--data-dir", "d"]
-    assert [s.name for s in suite.select_searches(["lstm"])] == ["search_noise_padded_lstm"]
+    assert [s.name for s in suite.select_searches(["lstm"])] == [
+        "search_noise_padded_lstm", "search_pixel_lstm", "search_permuted_lstm"]  # fmt: skip
     assert len(suite.select_searches(None)) == len(suite.SEARCHES)
 
 
@@ -283,7 +292,8 @@ def test_report_has_a_section_per_search_and_reads_an_older_single_search(tmp_pa
     markdown = open(path).read()
     assert "## Search: AntisymmetricRNN w/ gating" in markdown  # kept from the older report
     assert "heatmap_search_noise_padded_gated.png" in markdown
-    assert "## Search: AntisymmetricRNN (`" not in markdown  # no trials: no section
+    assert "## Search: AntisymmetricRNN (noise" not in markdown  # no trials: no section
+    assert "## Search: LSTM (noise-padded Fashion-MNIST, T=1000)" in markdown
     lstm = markdown[markdown.index("## Search: LSTM") :]
     assert lstm.index("| 0.0005 | 12.5% |") < lstm.index("| 0.005 | 25.0% |")
     results = json.loads((docs / "reproduction" / "results.json").read_text())["search"]

@@ -460,14 +460,15 @@ def _previous_searches(assets):
 def _search_section(search, trials, assets):
     if not trials:
         return []
-    title = f"noise-padded Fashion-MNIST, T=1000, {MODEL_LABELS[search.model]}"
+    label = MODEL_LABELS[search.model]
+    title = f"{search.title}, {label}"
     steps = search.argv[search.argv.index("--steps-per-trial") + 1]
-    lines = [f"## Search: {MODEL_LABELS[search.model]}", ""]
+    lines = [f"## Search: {label} ({search.title})", ""]
     lines += [f"{title}: validation accuracy after {steps} steps ({len(trials)} trials, "
               f"`python -m training.reproduce --search --only {search.name}`).", ""]  # fmt: skip
     if search.grid == ("epsilon", "gamma"):
         figure = f"heatmap_{search.name}.png"
-        plot_heatmap(trials, f"{MODEL_LABELS[search.model]}, T=1000", os.path.join(assets, figure))
+        plot_heatmap(trials, title, os.path.join(assets, figure))
         return lines + [f"![{search.name}](reproduction/{figure})", ""]
     lines += ["| learning rate | validation accuracy |", "| --- | --- |"]
     for trial in sorted(trials, key=lambda t: t["learning_rate"]):

@@ -193,16 +193,18 @@ TARGETS = (
 
 @dataclasses.dataclass(frozen=True)
 class Search:
-    """One model's grid search behind its noise-padded config (`training.tune`).
+    """One model's grid search behind its configs of one task (`training.tune`).
 
     Attributes:
         name: keras-tuner project folder under `<runs-dir>/search`, and its id.
         model: The model it searches.
+        title: The task it searches on, as the report names it.
         argv: The `training.tune` arguments (all but the folders and the data).
     """
 
     name: str
     model: str
+    title: str
     argv: tuple
 
     @property
@@ -213,29 +215,45 @@ class Search:
         return ("epsilon", "gamma")
 
 
-# Every search shares the task, the trial length and the validation split, so that
-# each model's config is chosen by the same protocol, on its own grid.
+# Every search shares the trial length, the validation split and the grids, so that each
+# model's config is chosen by the same protocol, on its own grid: ε × γ for an
+# antisymmetric model, the learning rate for the LSTM (it has neither ε nor γ).
 _SEARCH_COMMON = (
-    "--task", "noise_padded_mnist", "--dataset", "fashion_mnist", "--timesteps", "1000",
     "--units", "128", "--batch-size", "128", "--tuner", "grid", "--optimizer-values", "adam",
     "--clipnorm", "1.0", "--steps-per-trial", "400", "--validation-fraction", "0.1",
 )  # fmt: skip
 _EPSILON_GAMMA = (
     "--epsilon-values", "0.01,0.1,1", "--gamma-values", "0.001,0.01,0.1,1",
-    "--sigma-w-values", "8", "--learning-rate-values", "0.002", "--max-trials", "12",
+    "--learning-rate-values", "0.002", "--max-trials", "12",
 )  # fmt: skip
+_LEARNING_RATE = ("--learning-rate-values", "0.0005,0.002,0.005", "--sigma-w-values", "1",
+                  "--max-trials", "3")  # fmt: skip
 
-# The searches behind the noise-padded configs (the report's heatmaps): ε × γ for each
-# antisymmetric model, the learning rate for the LSTM (it has neither ε nor γ).
-SEARCHES = tuple(
-    Search(f"search_noise_padded_{model}", model,
-           (*_SEARCH_COMMON, "--model", model, *_EPSILON_GAMMA))
-    for model in ("gated", "antisymmetric", "ablation")
-) + (
-    Search("search_noise_padded_lstm", "lstm",
-           (*_SEARCH_COMMON, "--model", "lstm", "--learning-rate-values", "0.0005,0.002,0.005",
-            "--sigma-w-values", "1",
-            "--max-trials", "3")),
+
+def _searches(prefix, title, task, sigma_w, models):
+    return tuple(
+        Search(f"{prefix}_{model}", model, title, (*task, *_SEARCH_COMMON, "--model", model,
+               *(_LEARNING_RATE if model == "lstm" else
+                 (*_EPSILON_GAMMA, "--sigma-w-values", sigma_w))))
+        for model in models
+    )  # fmt: skip
+
+
+# The searches behind the noise-padded configs (T=1000, the report's heatmaps) and behind
+# the pixel-by-pixel and permuted configs (T=784, Fashion-MNIST: its 60,000 training
+# images leave a validation split of 6,000), each at its configs' σ_w.
+SEARCHES = _searches(
+    "search_noise_padded", "noise-padded Fashion-MNIST, T=1000",
+    ("--task", "noise_padded_mnist", "--dataset", "fashion_mnist", "--timesteps", "1000"),
+    "8", ("gated", "antisymmetric", "ablation", "lstm"),
+) + _searches(
+    "search_pixel", "pixel Fashion-MNIST, T=784",
+    ("--task", "pixel_mnist", "--dataset", "fashion_mnist"),
+    "1", ("gated", "antisymmetric", "lstm"),
+) + _searches(
+    "search_permuted", "permuted Fashion-MNIST, T=784",
+    ("--task", "permuted_mnist", "--dataset", "fashion_mnist"),
+    "1", ("gated", "antisymmetric", "lstm"),
 )  # fmt: skip
 
 
