@@ -95,9 +95,11 @@ def _valid(config):
 def _effective(config, name):
     """The value of `name` a run of `config` trains with (defaults resolved)."""
     config = config.resolved()
+    task = tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
     if name == "timesteps":
-        task = tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
         return task.spec.timesteps
+    if name == "dataset":
+        return task.spec.params.get("dataset")
     return getattr(config, name)
 
 
@@ -278,6 +280,24 @@ def test_resume_compares_the_resolved_sequence_length(tmp_path):
         workdir = _first_run(str(tmp_path / f"from-{first.timesteps}"), first)
         assert _attempt(then, workdir, StandInTrainer(then, checkpoint="ckpt")) == STEP
     _assert_refused(unset.replace(timesteps=default_length + 1), workdir, "timesteps")
+
+
+def test_resume_compares_the_resolved_data_set(tmp_path):
+    """An MNIST task's data set is recorded resolved: a run that left `dataset` unset resumes
+    with `--dataset mnist`, and the other way round, also from a record that holds
+    `dataset: null` beside its task parameters; another data set is refused."""
+    unset = BASE.replace(dataset=None)
+    given = unset.replace(dataset="mnist")
+    for first, then in ((unset, given), (given, unset)):
+        workdir = _first_run(str(tmp_path / f"from-{first.dataset}"), first)
+        assert yaml.safe_load(_config_yaml(workdir))["dataset"] == "mnist"
+        assert _attempt(then, workdir, StandInTrainer(then, checkpoint="ckpt")) == STEP
+    path = os.path.join(workdir, "config.yaml")
+    record = yaml.safe_load(_config_yaml(workdir))
+    with open(path, "w") as handle:  # as a record that kept the flag's unset value
+        handle.write(yaml.safe_dump({**record, "dataset": None}))
+    assert _attempt(given, workdir, StandInTrainer(given, checkpoint="ckpt")) == STEP
+    _assert_refused(unset.replace(dataset="fashion_mnist"), workdir, "dataset")
 
 
 def test_resume_refuses_another_backend(workdir):

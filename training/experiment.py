@@ -73,6 +73,10 @@ def check_resumable(path: str, config: dict, allowed: tuple[str, ...] = ()) -> d
             f"{before['backend']!r} as in {path} (checkpoints resume on the backend that wrote "
             f"them; start a new run with another --output-dir), got {config['backend']!r}."
         )
+    # A record may hold `dataset: null` for the task's default data set; its task
+    # parameters name that data set.
+    if before.get("dataset") is None and (before.get("task_params") or {}).get("dataset"):
+        before["dataset"] = before["task_params"]["dataset"]
     changed = {}
     for key in identity_fields():
         if key in before and before[key] != config.get(key):
@@ -277,6 +281,7 @@ def _run_record(config, task, trainer, splits, workdir, device):
         "output_dir": workdir,
         "task_params": spec.params,
         "timesteps": spec.timesteps,
+        "dataset": spec.params.get("dataset", config.dataset),
         "features": spec.features,
         "strategy_class": trainer.strategy_name,
         "replicas": trainer.replicas,
