@@ -76,6 +76,16 @@ else
 fi
 
 mkdir -p mutants
+# mutmut maps tests to functions once, then updates the map only for what it sees changed;
+# after a change of the sources or the tests it has been seen to keep a map of a few
+# functions, and every mutant outside it then "survives" untested. So the map is collected
+# again whole whenever a Python file or setup.cfg changed since the last run.
+tree_hash=$(find . -name '*.py' -not -path './mutants/*' -not -path './.*' -print0 |
+    sort -z | xargs -0 cat setup.cfg | sha256sum | cut -c1-64)
+if [ "$(cat mutants/.tree-hash 2>/dev/null)" != "$tree_hash" ]; then
+    rm -f mutants/mutmut-stats.json
+fi
+echo "$tree_hash" >mutants/.tree-hash
 # A pytest plugin (`-p mutmut_keras_compat` in setup.cfg) that runs tests fastest first
 # and undoes a clash: mutmut wraps every mutated
 # function in a `*args, **kwargs` trampoline that sets `__wrapped__`. inspect.signature
