@@ -1,0 +1,61 @@
+"""`RunConfig.validate` at the edge of every numeric range: the last accepted value passes,
+the first refused one fails with the whole message, naming the flag and the range."""
+
+import math
+
+import pytest
+
+from training.config import RunConfig, UsageError
+
+POSITIVE_INTEGER = "a positive integer"
+NON_NEGATIVE_INTEGER = "a non-negative integer"
+
+# field: (values it accepts, values it refuses, the expected range as the message says it)
+BOUNDS = {
+    **{name: ((1,), (0, -1), POSITIVE_INTEGER)
+       for name in ("units", "batch_size", "steps", "checkpoint_every", "log_every",
+                    "eval_batch_size", "connect_timeout", "heartbeat_timeout")},
+    **{name: ((0, 1), (-1,), NON_NEGATIVE_INTEGER)
+       for name in ("cpu_devices", "diagnostics", "eval_every")},
+    "epsilon": ((1e-12, 1.0), (0.0, -1e-12, math.inf, math.nan), "a positive float"),
+    "learning_rate": ((1e-12,), (0.0, math.inf, math.nan), "a positive float"),
+    "gamma": ((0.0, 1e3), (-1e-12, math.inf, math.nan), "a non-negative float"),
+    "sigma_w": ((0.0,), (-1e-12, math.inf), "a non-negative float"),
+    "momentum": ((0.0, 0.999), (1.0, -0.001), "a float in [0, 1)"),
+    "clipnorm": ((None, 1e-6), (0.0, -1.0, math.inf), "a positive float"),
+    "timesteps": ((None, 1), (0,), POSITIVE_INTEGER),
+    "validation_fraction": ((0.0, 0.999), (1.0, -0.001), "a float in [0, 1)"),
+    "num_processes": ((None, 1), (0,), POSITIVE_INTEGER),
+}  # fmt: skip
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDS))
+def test_each_range_accepts_its_edge_and_refuses_past_it(name):
+    accepted, refused, expected = BOUNDS[name]
+    for value in accepted:
+        config = RunConfig(**{name: value})
+        assert config.validate() is config, (name, value)
+    for value in refused:
+        with pytest.raises(UsageError) as caught:
+            RunConfig(**{name: value}).validate()
+        assert str(caught.value) == (
+            f"Received an invalid value for argument `{_flag(name)}`, "
+            f"expected {expected}, got {value!r}."
+        ), (name, value)
+
+
+def test_a_process_id_lies_below_the_number_of_processes():
+    assert RunConfig(num_processes=3, process_id=2).validate().process_id == 2
+    assert RunConfig(process_id=7).validate().process_id == 7  # the count comes later
+    for processes, process_id, expected in ((3, 3, "[0, 3)"), (3, -1, "[0, 3)"),
+                                            (None, -1, "[0, N)")):  # fmt: skip
+        with pytest.raises(UsageError) as caught:
+            RunConfig(num_processes=processes, process_id=process_id).validate()
+        assert str(caught.value) == (
+            "Received an invalid value for argument `--process-id`, expected an integer in "
+            f"{expected}, got {process_id}."
+        )
