@@ -59,3 +59,45 @@ def test_a_process_id_lies_below_the_number_of_processes():
             "Received an invalid value for argument `--process-id`, expected an integer in "
             f"{expected}, got {process_id}."
         )
+
+
+# The schedule's settings: (the config around the value, field, accepted, refused, range).
+SCHEDULE_BOUNDS = [
+    ({}, "warmup_steps", (0, 5), (-1,), "a non-negative integer"),
+    ({"lr_schedule": "cosine"}, "lr_floor", (0.0, 1.0), (-0.001, 1.001, math.nan),
+     "a float in [0, 1] (a fraction of --learning-rate)"),
+    ({}, "lr_floor", (0.0,), (0.5,), "0 unless --lr-schedule cosine"),
+    ({"lr_schedule": "cosine", "warmup_steps": 4}, "lr_decay_steps", (None, 5), (4, 0),
+     "an integer above --warmup-steps (4)"),
+    ({"lr_schedule": "step", "lr_boundaries": "10"}, "lr_decay_factor", (1e-6, 0.999),
+     (0.0, 1.0, math.inf), "a float in (0, 1)"),
+    ({"lr_schedule": "step"}, "lr_boundaries", ("5", "5,9"), (None,),
+     "comma-separated steps with --lr-schedule step"),
+    ({"lr_schedule": "cosine"}, "lr_boundaries", (None,), ("5",), "none unless --lr-schedule step"),
+    ({}, "lr_decay_steps", (None,), (9,), "none unless --lr-schedule cosine"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("around, name, accepted, refused, expected", SCHEDULE_BOUNDS)
+def test_each_schedule_setting_accepts_its_edge_and_refuses_past_it(
+    around, name, accepted, refused, expected
+):
+    for value in accepted:
+        config = RunConfig(**around, **{name: value})
+        assert config.validate() is config, (name, value)
+    for value in refused:
+        with pytest.raises(UsageError) as caught:
+            RunConfig(**around, **{name: value}).validate()
+        assert str(caught.value) == (
+            f"Received an invalid value for argument `{_flag(name)}`, "
+            f"expected {expected}, got {value!r}."
+        ), (name, value)
+
+
+def test_an_unknown_schedule_is_named_with_the_choices():
+    with pytest.raises(UsageError) as caught:
+        RunConfig(lr_schedule="linear").validate()
+    assert str(caught.value) == (
+        "Received an invalid value for argument `--lr-schedule`, expected one of "
+        "constant, cosine, step, got 'linear'."
+    )
