@@ -33,19 +33,22 @@ def _flag(name):
     return "--" + name.replace("_", "-")
 
 
-@pytest.mark.parametrize("name", sorted(BOUNDS))
-def test_each_range_accepts_its_edge_and_refuses_past_it(name):
-    accepted, refused, expected = BOUNDS[name]
+def _assert_bounds(around, name, accepted, refused, expected):
     for value in accepted:
-        config = RunConfig(**{name: value})
+        config = RunConfig(**around, **{name: value})
         assert config.validate() is config, (name, value)
     for value in refused:
         with pytest.raises(UsageError) as caught:
-            RunConfig(**{name: value}).validate()
+            RunConfig(**around, **{name: value}).validate()
         assert str(caught.value) == (
             f"Received an invalid value for argument `{_flag(name)}`, "
             f"expected {expected}, got {value!r}."
         ), (name, value)
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDS))
+def test_each_range_accepts_its_edge_and_refuses_past_it(name):
+    _assert_bounds({}, name, *BOUNDS[name])
 
 
 def test_a_process_id_lies_below_the_number_of_processes():
@@ -82,16 +85,7 @@ SCHEDULE_BOUNDS = [
 def test_each_schedule_setting_accepts_its_edge_and_refuses_past_it(
     around, name, accepted, refused, expected
 ):
-    for value in accepted:
-        config = RunConfig(**around, **{name: value})
-        assert config.validate() is config, (name, value)
-    for value in refused:
-        with pytest.raises(UsageError) as caught:
-            RunConfig(**around, **{name: value}).validate()
-        assert str(caught.value) == (
-            f"Received an invalid value for argument `{_flag(name)}`, "
-            f"expected {expected}, got {value!r}."
-        ), (name, value)
+    _assert_bounds(around, name, accepted, refused, expected)
 
 
 def test_an_unknown_schedule_is_named_with_the_choices():
