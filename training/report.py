@@ -129,10 +129,15 @@ def _steps_text(row):
     return f"{steps} (best: {selected})" if selected is not None else f"{steps}"
 
 
+def _last_accuracy(row, key, limit):
+    """The curve's last accuracy whose `key` ("step" or "seconds") is at most `limit`."""
+    points = [p for p in row["curve"] if p[key] <= limit]
+    return points[-1]["accuracy"] if points else None
+
+
 def accuracy_at(row, seconds):
     """The curve's last accuracy at or before `seconds` of training (None if none)."""
-    points = [p for p in row["curve"] if p["seconds"] <= seconds + 1e-9]
-    return points[-1]["accuracy"] if points else None
+    return _last_accuracy(row, "seconds", seconds + 1e-9)
 
 
 def _percent(value):
@@ -169,8 +174,7 @@ def accuracy_at_step(row, step):
     there, else its curve's last point at or before `step` (None if none)."""
     if row.get("steps") == step and row.get("test_accuracy") is not None:
         return row["test_accuracy"]
-    points = [p for p in row["curve"] if p["step"] <= step]
-    return points[-1]["accuracy"] if points else None
+    return _last_accuracy(row, "step", step)
 
 
 def table_markdown(rows):
