@@ -1,5 +1,6 @@
 """Training under hostile or careless use: signals, divergence, shared folders, bad data, reruns."""
 
+import contextlib
 import json
 import os
 import re
@@ -63,6 +64,64 @@ def test_a_signal_checkpoints_the_step_in_progress_and_the_rerun_resumes_there(
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert f"at step {step}" in rerun.stdout
     assert json.loads((out / "metrics.json").read_text())["steps"] == step + 2
+
+
+class _Stepping:
+    """Five healthy steps; `send` is called with the step in progress at one moment of it."""
+
+    batch_size = 4
+    chief = True
+
+    def __init__(self, moment):
+        self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        self.optimizer = keras.optimizers.SGD()
+        self.optimizer.build(self.model.trainable_variables)
+        self.task = type("Task", (), {"spec": _Spec()})()
+        self.moment, self.steps, self.saved = moment, 0, []
+
+    def send(self, moment):
+        if moment == self.moment and self.steps == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def step(self):
+        self.steps += 1
+        self.send("step")
+        return 1.0, 0.5
+
+    def batches(self, step):
+        return np.ones((4, 3), "float32"), np.zeros(4, "int32")
+
+    def predict(self, x):
+        return self.model(x)
+
+    def save(self, step):
+        self.saved.append(step)
+
+
+@pytest.mark.parametrize("moment", ["step", "after the checkpoint's test"])
+def test_a_signal_at_any_moment_stops_at_a_checkpointed_step(monkeypatch, moment):
+    from training.config import RunConfig
+    from training.errors import Interrupted
+    from training.summaries import ScalarWriter
+
+    trainer = _Stepping(moment)
+    paused = loop._Progress.paused
+
+    @contextlib.contextmanager
+    def paused_then_signal(progress):
+        with paused(progress):
+            yield
+        trainer.send("after the checkpoint's test")  # the last moment before the step ends
+
+    monkeypatch.setattr(loop._Progress, "paused", paused_then_signal)
+    config = RunConfig(steps=5, checkpoint_every=100, log_every=1)
+    with pytest.raises(Interrupted) as stopped:
+        loop.train(trainer, config, 0, writer=ScalarWriter(None), log=lambda line: None)
+    # Stopped at the step in progress, or at the next one when the signal came too late
+    # for this one's checkpoint; either way the step it names is the one checkpointed.
+    assert stopped.value.step == (3 if moment == "step" else 4)
+    assert trainer.saved == [stopped.value.step]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 class _Trainer:

@@ -86,6 +86,9 @@ def train(
                 raise _diverged(step, f"the loss is {loss}", saved)
             progress.add(step, loss, accuracy)
             train_seconds = progress.train_seconds()
+            # Read once: a signal arriving after the checkpoint's test must wait for the
+            # next step, or the run would stop without a checkpoint of this one.
+            stopping = bool(stop)
             with progress.paused():  # evaluation and checkpoints are not training time
                 if diagnostics is not None and step % diagnostics.every == 0:
                     diagnostics(step, writer, log)
@@ -93,7 +96,7 @@ def train(
                     loss_now, accuracy_now = curve.record(trainer, step, train_seconds, writer, log)
                     if best is not None:
                         best.offer(trainer.model, step, accuracy_now, loss_now)
-                if step % config.checkpoint_every == 0 or step == steps or stop:
+                if step % config.checkpoint_every == 0 or step == steps or stopping:
                     save_checked(trainer, step, saved)
                     saved = step
                     if trainer.chief:  # the chief writes the outputs
@@ -101,7 +104,7 @@ def train(
                             curve.save()
                         if best is not None:
                             best.save()
-            if stop:
+            if stopping:
                 writer.flush()
                 raise Interrupted(stop[0], step)
     writer.flush()
