@@ -124,6 +124,7 @@ def _sensitivity_rows():
     """Neighbours of the chosen configs, in their task's table: the evidence behind each
     choice, and the LSTM at another learning rate (its own tuning)."""
     noise, pixel = "noise_padded (fashion_mnist, T=1000)", "pixel_mnist (mnist)"
+    permuted = "permuted_mnist (mnist)"
     return [
         Run("np_gated_eps0.01_gamma0.1", noise, "noise_padded_fashion_mnist_gated.yaml", 6000,
             None, "fashion_mnist", (("gamma", 0.1),)),
@@ -141,6 +142,10 @@ def _sensitivity_rows():
         Run("pixel_fashion_mnist_lstm_lr0.002", "pixel_mnist (fashion_mnist)",
             "pixel_mnist_lstm.yaml", 6000, None, "fashion_mnist",
             (("dataset", "fashion_mnist"), ("learning_rate", 0.002))),
+        Run("permuted_mnist_antisymmetric_gamma0.1", permuted, "permuted_mnist_antisymmetric.yaml",
+            6000, None, "mnist", (("dataset", "mnist"), ("gamma", 0.1))),
+        Run("permuted_mnist_gated_gamma0.01", permuted, "permuted_mnist_gated.yaml", 6000,
+            None, "mnist", (("dataset", "mnist"), ("gamma", 0.01))),
     ]  # fmt: skip
 
 
