@@ -142,8 +142,9 @@ def _sensitivity_rows():
         Run("pixel_fashion_mnist_lstm_lr0.002", "pixel_mnist (fashion_mnist)",
             "pixel_mnist_lstm.yaml", 6000, None, "fashion_mnist",
             (("dataset", "fashion_mnist"), ("learning_rate", 0.002))),
-        Run("permuted_mnist_antisymmetric_gamma0.1", permuted, "permuted_mnist_antisymmetric.yaml",
-            6000, None, "mnist", (("dataset", "mnist"), ("gamma", 0.1))),
+        Run("permuted_mnist_antisymmetric_gamma0.01", permuted,
+            "permuted_mnist_antisymmetric.yaml", 6000, None, "mnist",
+            (("dataset", "mnist"), ("gamma", 0.01))),
         Run("permuted_mnist_gated_gamma0.01", permuted, "permuted_mnist_gated.yaml", 6000,
             None, "mnist", (("dataset", "mnist"), ("gamma", 0.01))),
     ]  # fmt: skip
