@@ -1,0 +1,239 @@
+"""`python -m serving.server` called in this process: its flags and their documented
+defaults, one-line errors before the model loads, and the serve loop that a signal drains.
+
+The subprocess tests (`tests/test_serving_reliability.py`) run the real command; these
+call `main` here, so that a wrong default, a flag passed on wrongly or a handler left
+behind shows up in the test that caused it.
+"""
+
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from serving import server as server_module
+from tests.serving_helpers import REPO_ROOT, exported, http_call
+
+PROG = "python -m serving.server"
+DOCS = os.path.join(REPO_ROOT, "docs", "serving.md")
+PREDICT_BODY = {"instances": [[[0.5]] * 64] * 3}
+
+
+def _docs_section(title):
+    text = open(DOCS, encoding="utf-8").read()
+    start = text.index(f"\n### {title}\n")
+    end = text.find("\n#", start + 1)
+    return text[start:end]
+
+
+def _documented_help():
+    return re.search(r"```text\n(options:\n.*?)\n```", _docs_section("Flags"), re.S)[1]
+
+
+def _documented_limits():
+    """`{name: value}` from the table of docs/serving.md's Limits (`16 MiB`, `1,000`, `10 s`)."""
+    units = {"MiB": 2**20, "KiB": 2**10, "s": 1, "": 1}
+    limits = {}
+    for flag, number, unit in re.findall(
+        r"^\| `--([a-z-]+)` \| ([\d,.]+) ?(MiB|KiB|s|)\b", _docs_section("Limits"), re.M
+    ):
+        limits[flag.replace("-", "_")] = float(number.replace(",", "")) * units[unit]
+    return limits
+
+
+class _FakeServer:
+    """What `make_server` returns, without a model or a socket."""
+
+    def __init__(self, dropped=0):
+        self.server_address = ("127.0.0.1", 8555)
+        self.dropped, self.events = dropped, []
+        server = self
+
+        class Repository:
+            def stop(self):
+                server.events.append("repository stopped")
+
+        self.repository = Repository()
+
+    def serve_forever(self):
+        self.events.append("served")
+
+    def server_close(self):
+        self.events.append("closed")
+
+
+class _Calls(list):
+    """Calls of `make_server` as `(args, kwargs)`; `server` is the last one made."""
+
+    dropped = 0
+    server = None
+
+
+@pytest.fixture
+def made(monkeypatch):
+    """`make_server` replaced by one that records its call and returns a `_FakeServer`."""
+    calls = _Calls()
+
+    def fake_make_server(*args, **kwargs):
+        calls.append((args, kwargs))
+        calls.server = _FakeServer(calls.dropped)
+        return calls.server
+
+    monkeypatch.setattr(server_module, "make_server", fake_make_server)
+    return calls
+
+
+def test_help_is_the_copy_in_the_docs(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exited:
+        server_module.main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: {PROG} ")
+    assert out[out.index("options:") :].rstrip("\n") == _documented_help()
+
+
+def test_every_flag_reaches_make_server_with_its_type(made, tmp_path, capsys):
+    limits = {"max_body_bytes": 1000, "max_input_elements": 500, "max_header_bytes": 2048,
+              "threads": 3, "connection_limit": 7, "max_queued_requests": 5,
+              "channel_timeout": 9, "header_timeout": 2.5, "request_timeout": 3.5,
+              "drain_seconds": 1.5}  # fmt: skip
+    argv = ["--model-base-path", str(tmp_path), "--model-name", "antisym", "--port", "0",
+            "--host", "localhost", "--poll-seconds", "0.25"]  # fmt: skip
+    for name, value in limits.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    assert server_module.main(argv) == 0
+    ((args, kwargs),) = made
+    assert args == (str(tmp_path), "antisym", "localhost", 0, 0.25)
+    assert kwargs == limits
+    for name, value in kwargs.items():
+        assert type(value) is type(limits[name]), name  # threads: int, timeouts: float
+    assert capsys.readouterr().out == "Serving antisym on http://127.0.0.1:8555\n"
+    assert made.server.events == ["served", "repository stopped", "closed"]
+
+
+def test_defaults_are_the_documented_ones(made, tmp_path):
+    assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 0
+    ((args, kwargs),) = made
+    assert args == (str(tmp_path), "m", "127.0.0.1", 8501, 1.0)
+    assert kwargs == _documented_limits()
+    assert set(kwargs) == set(server_module.LIMITS)
+
+
+def test_a_drain_that_left_requests_unanswered_exits_1(made, tmp_path):
+    made.dropped = 2
+    assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 1
+    assert made.server.events == ["served", "repository stopped", "closed"]
+
+
+def test_an_address_in_use_is_one_line_and_status_1(monkeypatch, tmp_path, capsys):
+    def in_use(*args, **kwargs):
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(server_module, "make_server", in_use)
+    assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 1
+    assert capsys.readouterr().err == f"{PROG}: error: [Errno 98] Address already in use\n"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verbose_logs_every_request_and_quiet_mutes_waitress_queue_warnings(
+    made, tmp_path, monkeypatch, verbose
+):
+    root, queue = logging.getLogger(), logging.getLogger("waitress.queue")
+    monkeypatch.setattr(root, "handlers", [])  # basicConfig configures only a bare root
+    before = root.level, queue.level
+    try:
+        argv = ["--model-base-path", str(tmp_path), "--model-name", "m"]
+        assert server_module.main(argv + ["--verbose"] * verbose) == 0
+        assert root.level == (logging.DEBUG if verbose else logging.INFO)
+        assert queue.level == (before[1] if verbose else logging.ERROR)
+    finally:
+        root.setLevel(before[0])
+        queue.setLevel(before[1])
+
+
+def _version_folder(tmp_path):
+    (tmp_path / "saved_model.pb").write_bytes(b"")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "flags, argument",
+    [
+        (["--model-name", "my/model"], "--model-name"),
+        (["--model-name", ""], "--model-name"),
+        (["--model-name", "m", "--threads", "0"], "--threads"),
+        (["--model-name", "m", "--drain-seconds", "nan"], "--drain-seconds"),
+        (["--model-name", "m", "--max-body-bytes", "-1"], "--max-body-bytes"),
+        (["--model-name", "m", "--poll-seconds", "0"], "--poll-seconds"),
+        (["--model-name", "m", "--port", "70000"], "--port"),
+        (["--model-name", "m", "--port", "-1"], "--port"),
+        (["--model-name", "m", "--header-timeout", "x"], "--header-timeout"),
+        (["--model-name", "m", "--threads", "1.5"], "--threads"),
+        (["--model-name", "m", "--model-base-path", "missing"], "--model-base-path"),
+        (["--model-name", "m", "--model-base-path", _version_folder], "version folder"),
+        (["--port", "1"], "--model-name"),
+    ],
+)
+def test_bad_flags_are_one_line_before_the_model_loads(made, tmp_path, capsys, flags, argument):
+    argv = ["--model-base-path", str(tmp_path)]
+    argv += [flag(tmp_path) if callable(flag) else flag for flag in flags]
+    if "missing" in argv:
+        argv[argv.index("missing")] = str(tmp_path / "missing")
+    try:
+        status = server_module.main(argv)
+    except SystemExit as exited:  # argparse's own errors (a value of the wrong type)
+        status = exited.code
+    assert status == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{PROG}: error: ") and argument in line, line
+    assert made == []  # refused before any model was loaded
+
+
+def _client(made, answers, signum):
+    """Waits for the server, predicts once, then signals this process (the server's)."""
+    deadline = time.monotonic() + 120
+    while not made and time.monotonic() < deadline:
+        time.sleep(0.05)
+    host, port = made[0].server_address[:2]
+    answers.append(port)
+    # Answered only once serve_forever runs, after the signal handlers are installed.
+    answers.append(
+        http_call(
+            f"http://{host}:{port}/v1/models/antisym:predict", "POST", PREDICT_BODY, timeout=60
+        )
+    )
+    os.kill(os.getpid(), signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_serves_until_a_signal_then_drains_closes_and_gives_the_handlers_back(
+    monkeypatch, capsys, signum
+):
+    _, base = exported("antisymmetric")
+    real_make_server, made, answers = server_module.make_server, [], []
+    monkeypatch.setattr(
+        server_module,
+        "make_server",
+        lambda *args, **kwargs: made.append(real_make_server(*args, **kwargs)) or made[-1],
+    )
+    client = threading.Thread(target=_client, args=(made, answers, signum), daemon=True)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    client.start()
+    status = server_module.main(
+        ["--model-base-path", base, "--model-name", "antisym", "--port", "0"]
+    )
+    client.join(timeout=60)
+    assert status == 0
+    port, (code, body) = answers
+    assert code == 200 and len(body["predictions"]) == 3
+    assert f"Serving antisym on http://127.0.0.1:{port}\n" in capsys.readouterr().out
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+    assert not made[0].repository.watching
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()

@@ -1,0 +1,143 @@
+"""The trainers in this process: `make_trainer`'s choice and arguments on each backend,
+and `KerasTrainer`'s `.npz` checkpoints (written, pruned, restored, torn) on TensorFlow.
+
+The JAX and PyTorch runs of `tests/test_trainers.py` train in subprocesses; these tests
+call the same code here, where a wrong argument or a skipped variable is seen at once.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from training import distribution, tasks, trainer_tf, trainers
+from training.optimizers import make_optimizer
+from training.trainer_keras import KerasTrainer
+
+
+class _Recorder:
+    """Stands in for a trainer class: records how it was made."""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+def _made(monkeypatch, backend, **kwargs):
+    made = []
+    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
+    monkeypatch.setattr(distribution, "make", lambda *a, **k: made.append((a, k)) or f"made:{a[0]}")
+    monkeypatch.setattr(trainer_tf, "TFTrainer", _Recorder)
+    monkeypatch.setattr(trainers, "KerasTrainer", _Recorder)
+    trainer = trainers.make_trainer("task", "build", "x", "y", batch_size=8, seed=3, **kwargs)
+    return trainer, made
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_make_trainer_passes_everything_to_the_keras_trainer(monkeypatch, backend):
+    trainer, made = _made(monkeypatch, backend, strategy="mirrored", checkpoint_dir="c",
+                          jit_compile=True, tpu="ignored")  # fmt: skip
+    assert made == [(("mirrored",), {})]  # no `tpu` outside TensorFlow
+    assert trainer.args == ("task", "build", "x", "y")
+    assert trainer.kwargs == {"distribution": "made:mirrored", "batch_size": 8, "seed": 3,
+                              "checkpoint_dir": "c", "jit_compile": True}  # fmt: skip
+
+
+def test_make_trainer_defaults_on_tensorflow(monkeypatch):
+    trainer, made = _made(monkeypatch, "tensorflow")
+    assert made == [(("auto",), {"tpu": None})]
+    assert trainer.args == ("task", "build", "x", "y")
+    assert trainer.kwargs == {"strategy": "made:auto", "batch_size": 8, "seed": 3,
+                              "checkpoint_dir": None, "jit_compile": False}  # fmt: skip
+
+
+def test_make_trainer_passes_the_tpu_and_a_made_strategy_as_is(monkeypatch):
+    _, made = _made(monkeypatch, "tensorflow", strategy="tpu", tpu="grpc://10.0.0.1:8470")
+    assert made == [(("tpu",), {"tpu": "grpc://10.0.0.1:8470"})]
+    strategy = object()
+    trainer, made = _made(monkeypatch, "tensorflow", strategy=strategy)
+    assert made == [] and trainer.kwargs["strategy"] is strategy
+    trainer, made = _made(monkeypatch, "jax", strategy=strategy)
+    assert made == [] and trainer.kwargs["distribution"] is strategy
+
+
+def _keras_trainer(checkpoint_dir, seed=0):
+    task = tasks.get_task("digits")
+    inputs, targets = task.examples("train")
+
+    def build():
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential(
+            [keras.Input((64, 1)), keras.layers.SimpleRNN(4), keras.layers.Dense(10)]
+        )
+        return model, make_optimizer("adam", 0.01)
+
+    return KerasTrainer(task, build, inputs, targets, distribution=None, batch_size=16,
+                        seed=0, checkpoint_dir=checkpoint_dir)  # fmt: skip
+
+
+def _state(trainer):
+    variables = trainer.model.weights + trainer.optimizer.variables
+    return [keras.ops.convert_to_numpy(v) for v in variables]
+
+
+def test_keras_trainer_checkpoints_keep_the_last_three_and_restore_every_variable(tmp_path):
+    folder = tmp_path / "checkpoints"
+    trainer = _keras_trainer(str(folder))
+    saved = {}
+    for step in range(1, 9):
+        trainer.step()
+        if step % 2 == 0:
+            trainer.save(step)
+            saved[step] = _state(trainer)
+    trainer.save(8)  # saved again (a resumed run's first save): listed once
+    index = json.loads((folder / "checkpoint.json").read_text())
+    assert index == {"latest": "ckpt-8.npz", "all": ["ckpt-4.npz", "ckpt-6.npz", "ckpt-8.npz"]}
+    assert sorted(os.listdir(folder)) == ["checkpoint.json", "ckpt-4.npz", "ckpt-6.npz",
+                                          "ckpt-8.npz"]  # fmt: skip
+    # A fresh trainer (other initial weights) comes back to step 8 exactly.
+    fresh = _keras_trainer(str(folder), seed=1)
+    assert any(not np.array_equal(a, b) for a, b in zip(_state(fresh), saved[8], strict=True))
+    assert fresh.restore() == (8, str(folder / "ckpt-8.npz"))
+    for restored, expected in zip(_state(fresh), saved[8], strict=True):
+        np.testing.assert_array_equal(restored, expected)
+    # ... and trains on from there as the original does.
+    assert fresh.step() == pytest.approx(trainer.step(), rel=1e-6)
+
+
+def test_keras_trainer_skips_a_torn_checkpoint_for_the_one_before(tmp_path, capsys):
+    folder = tmp_path / "checkpoints"
+    trainer = _keras_trainer(str(folder))
+    for step in (1, 2):
+        trainer.step()
+        trainer.save(step)
+        if step == 1:
+            first = _state(trainer)
+    newest = folder / "ckpt-2.npz"
+    newest.write_bytes(newest.read_bytes()[:100])  # torn by a crash of the disk
+    fresh = _keras_trainer(str(folder), seed=1)
+    assert fresh.restore() == (1, str(folder / "ckpt-1.npz"))
+    assert f"skipping unreadable checkpoint {newest}" in capsys.readouterr().out
+    for restored, expected in zip(_state(fresh), first, strict=True):
+        np.testing.assert_array_equal(restored, expected)
+
+
+def test_keras_trainer_restore_without_checkpoints(tmp_path):
+    none = _keras_trainer(None)
+    none.save(3)  # no folder: nothing written, nothing to restore
+    assert none.restore() == (0, None)
+    empty = _keras_trainer(str(tmp_path / "empty"))
+    assert empty.restore() == (0, None)
+    assert not (tmp_path / "empty").exists()
+
+
+def test_keras_trainer_save_model_writes_the_trained_weights_uncompiled(tmp_path):
+    trainer = _keras_trainer(None)
+    trainer.step()
+    path = str(tmp_path / "model.keras")
+    trainer.save_model(path)
+    loaded = keras.models.load_model(path)
+    assert not loaded.compiled
+    x = np.random.default_rng(0).random((3, 64, 1), dtype=np.float32)
+    np.testing.assert_allclose(loaded.predict_on_batch(x), trainer.predict(x), rtol=1e-6)
