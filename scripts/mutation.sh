@@ -46,7 +46,7 @@ if [ "${1:-}" = "--app" ]; then
         mapfile -t modules < <(sed -n 's/^# module: //p' scripts/mutation-app.cfg)
     fi
     mkdir -p .mutation-app
-    for path in apputil keras_antisym training serving benchmarks scripts tests; do
+    for path in apputil keras_antisym training serving benchmarks scripts tests docs; do
         rm -rf ".mutation-app/$path"
         cp -r "$path" ".mutation-app/$path"
     done
@@ -120,6 +120,22 @@ def pytest_collection_modifyitems(items):
     except (OSError, ValueError, KeyError):
         return
     items.sort(key=lambda item: durations.get(item.nodeid, float("inf")))
+
+
+def pytest_collection_finish(session):
+    # mutmut's test map gives each function the tests during which it ran; what ran while
+    # the test modules were imported (a dataclass's field factories, registries built at
+    # import) would go to the first test alone, which rarely checks it. Every collected
+    # test may depend on it: they all get it.
+    try:
+        from mutmut.state import state
+    except ImportError:
+        return
+    hits = set(state()._stats)
+    state()._stats.clear()
+    tests = {item.nodeid.removeprefix("mutants/") for item in session.items}
+    for function in hits:
+        state().tests_by_mangled_function_name[function].update(tests)
 PY
 
 start=$(date +%s)

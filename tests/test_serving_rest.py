@@ -493,3 +493,24 @@ def test_local_bad_bodies_answer_400(target):
         assert status == 400, (case, status, answer)
         assert isinstance(answer, dict) and answer["error"].strip(), (case, answer)
     target.assert_still_serving()
+
+
+def test_json_response_is_json_with_its_length_and_nan_as_tensorflow_serving_writes_it():
+    """TensorFlow Serving answers a NaN output as the bare `NaN` token (its JSON writer
+    allows it); the body's length is the header's."""
+    from serving.rest import json_response
+
+    started = []
+    chunks = json_response(
+        lambda status, headers: started.append((status, headers)),
+        400,
+        {"x": [float("nan"), 1.5]},
+        [("Retry-After", "1")],
+    )
+    assert chunks == [b'{"x": [NaN, 1.5]}']
+    assert started == [
+        (
+            "400 Bad Request",
+            [("Content-Type", "application/json"), ("Content-Length", "17"), ("Retry-After", "1")],
+        )
+    ]

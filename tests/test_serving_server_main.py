@@ -6,11 +6,13 @@ call `main` here, so that a wrong default, a flag passed on wrongly or a handler
 behind shows up in the test that caused it.
 """
 
+import io
 import logging
 import os
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -95,6 +97,7 @@ def test_help_is_the_copy_in_the_docs(monkeypatch, capsys):
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: {PROG} ")
+    assert server_module.__doc__.splitlines()[0] in out  # the description
     assert out[out.index("options:") :].rstrip("\n") == _documented_help()
 
 
@@ -125,6 +128,23 @@ def test_defaults_are_the_documented_ones(made, tmp_path):
     assert set(kwargs) == set(server_module.LIMITS)
 
 
+def test_the_url_line_is_flushed_before_serving(made, tmp_path, monkeypatch):
+    """A parent reading the pipe (`--port 0`) gets the line while the server runs."""
+
+    class Pipe(io.StringIO):
+        flushed = ""
+
+        def flush(self):
+            self.flushed = self.getvalue()
+
+    pipe = Pipe()
+    monkeypatch.setattr(sys, "stdout", pipe)
+    seen = []
+    monkeypatch.setattr(_FakeServer, "serve_forever", lambda self: seen.append(pipe.flushed))
+    assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 0
+    assert seen == ["Serving m on http://127.0.0.1:8555\n"]
+
+
 def test_a_drain_that_left_requests_unanswered_exits_1(made, tmp_path):
     made.dropped = 2
     assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 1
@@ -152,6 +172,10 @@ def test_verbose_logs_every_request_and_quiet_mutes_waitress_queue_warnings(
         assert server_module.main(argv + ["--verbose"] * verbose) == 0
         assert root.level == (logging.DEBUG if verbose else logging.INFO)
         assert queue.level == (before[1] if verbose else logging.ERROR)
+        # Each line: time, level, logger, message.
+        record = logging.LogRecord("serving.server", logging.WARNING, "", 0, "hi", None, None)
+        line = root.handlers[0].format(record)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING serving.server hi", line)
     finally:
         root.setLevel(before[0])
         queue.setLevel(before[1])
@@ -162,25 +186,38 @@ def _version_folder(tmp_path):
     return str(tmp_path)
 
 
+def _invalid(argument, expected, got):
+    return f"Received an invalid value for argument `{argument}`, expected {expected}, got {got}."
+
+
 @pytest.mark.parametrize(
-    "flags, argument",
+    "flags, message",
     [
-        (["--model-name", "my/model"], "--model-name"),
-        (["--model-name", ""], "--model-name"),
-        (["--model-name", "m", "--threads", "0"], "--threads"),
-        (["--model-name", "m", "--drain-seconds", "nan"], "--drain-seconds"),
-        (["--model-name", "m", "--max-body-bytes", "-1"], "--max-body-bytes"),
-        (["--model-name", "m", "--poll-seconds", "0"], "--poll-seconds"),
-        (["--model-name", "m", "--port", "70000"], "--port"),
-        (["--model-name", "m", "--port", "-1"], "--port"),
-        (["--model-name", "m", "--header-timeout", "x"], "--header-timeout"),
-        (["--model-name", "m", "--threads", "1.5"], "--threads"),
-        (["--model-name", "m", "--model-base-path", "missing"], "--model-base-path"),
-        (["--model-name", "m", "--model-base-path", _version_folder], "version folder"),
-        (["--port", "1"], "--model-name"),
+        (["--model-name", "my/model"], "`--model-name`"),
+        (["--model-name", ""], "`--model-name`"),
+        (["--model-name", "m", "--threads", "0"], _invalid("--threads", "a positive number", 0)),
+        (["--model-name", "m", "--drain-seconds", "nan"],
+         _invalid("--drain-seconds", "a positive number", "nan")),
+        (["--model-name", "m", "--max-body-bytes", "-1"],
+         _invalid("--max-body-bytes", "a positive number", -1)),
+        (["--model-name", "m", "--poll-seconds", "0"],
+         _invalid("--poll-seconds", "a positive number", 0.0)),
+        (["--model-name", "m", "--port", "65536"], _invalid("--port", "0 to 65535", 65536)),
+        (["--model-name", "m", "--port", "-1"], _invalid("--port", "0 to 65535", -1)),
+        (["--model-name", "m", "--header-timeout", "x"],
+         "argument --header-timeout: invalid float value: 'x'"),
+        (["--model-name", "m", "--threads", "1.5"],
+         "argument --threads: invalid int value: '1.5'"),
+        (["--model-name", "m", "--model-base-path", "missing"],
+         _invalid("--model-base-path", "an existing folder", "'{tmp_path}/missing'")),
+        (["--model-name", "m", "--model-base-path", _version_folder],
+         _invalid("--model-base-path", "a folder of numbered version folders",
+                  "'{tmp_path}' holds a saved_model.pb itself: it is a version folder, the base "
+                  "path is its parent (versions are numbered sub-folders)")),
+        (["--port", "1"], "the following arguments are required: --model-name"),
     ],
-)
-def test_bad_flags_are_one_line_before_the_model_loads(made, tmp_path, capsys, flags, argument):
+)  # fmt: skip
+def test_bad_flags_are_one_line_before_the_model_loads(made, tmp_path, capsys, flags, message):
     argv = ["--model-base-path", str(tmp_path)]
     argv += [flag(tmp_path) if callable(flag) else flag for flag in flags]
     if "missing" in argv:
@@ -191,8 +228,25 @@ def test_bad_flags_are_one_line_before_the_model_loads(made, tmp_path, capsys, f
         status = exited.code
     assert status == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"{PROG}: error: ") and argument in line, line
+    assert line.startswith(f"{PROG}: error: "), line
+    assert message.format(tmp_path=tmp_path) in line
     assert made == []  # refused before any model was loaded
+
+
+def test_the_base_path_is_required(made, capsys):
+    with pytest.raises(SystemExit) as exited:
+        server_module.main(["--model-name", "m"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"{PROG}: error: the following arguments are required: --model-base-path\n"
+    )
+    assert made == []
+
+
+def test_the_highest_port_is_accepted(made, tmp_path):
+    argv = ["--model-base-path", str(tmp_path), "--model-name", "m", "--port", "65535"]
+    assert server_module.main(argv) == 0
+    assert made[0][0][3] == 65535
 
 
 def _client(made, answers, signum):

@@ -141,3 +141,50 @@ def test_keras_trainer_save_model_writes_the_trained_weights_uncompiled(tmp_path
     assert not loaded.compiled
     x = np.random.default_rng(0).random((3, 64, 1), dtype=np.float32)
     np.testing.assert_allclose(loaded.predict_on_batch(x), trainer.predict(x), rtol=1e-6)
+
+
+def test_keras_trainer_in_one_process_is_the_undistributed_chief():
+    trainer = _keras_trainer(None)
+    assert (trainer.chief, trainer.label, trainer.distributed) == (True, "chief", False)
+    assert (trainer.strategy_name, trainer.replicas) == ("default", 1)
+
+
+def test_keras_trainer_checkpoint_arrays_are_named_by_owner_and_position(tmp_path):
+    """The `.npz` layout that older checkpoints have too: `model/i` and `optimizer/i`."""
+    trainer = _keras_trainer(str(tmp_path))
+    trainer.step()
+    trainer.save(1)
+    with np.load(tmp_path / "ckpt-1.npz") as arrays:
+        stored = {key: arrays[key] for key in arrays.files}
+    expected = {f"model/{i}": v for i, v in enumerate(trainer.model.weights)}
+    expected.update({f"optimizer/{i}": v for i, v in enumerate(trainer.optimizer.variables)})
+    assert sorted(stored) == sorted(expected)
+    for key, variable in expected.items():
+        np.testing.assert_array_equal(stored[key], keras.ops.convert_to_numpy(variable))
+
+
+def test_processes_that_restored_different_steps_are_refused(tmp_path, monkeypatch):
+    """Every process must go on from the chief's step: a process that restored another
+    step (it did not see the chief's checkpoints) stops the run with the remedy."""
+    from jax.experimental import multihost_utils
+
+    trainer = _keras_trainer(str(tmp_path))
+    trainer.step()
+    trainer.step()
+    trainer.save(2)
+    monkeypatch.setattr(distribution, "multi_process", lambda: True)
+    gathered = []
+
+    def allgather(value):  # this process restored `value`, a second one step 0
+        gathered.append(int(value))
+        return np.asarray([int(value), 0])
+
+    monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
+    with pytest.raises(distribution.StrategyError) as refused:
+        _keras_trainer(str(tmp_path), seed=1).restore()
+    assert gathered == [2]
+    assert str(refused.value) == (
+        "the processes disagree on the restored step (process 0: 2, process 1: 0); every "
+        "process must read the chief's checkpoints: give them a shared --output-dir or copy "
+        "the chief's checkpoints/ to each"
+    )
