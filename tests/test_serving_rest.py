@@ -8,6 +8,7 @@ and `{"error": ...}` bodies, the server still answering afterwards. Set
 """
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -514,3 +515,64 @@ def test_json_response_is_json_with_its_length_and_nan_as_tensorflow_serving_wri
             [("Content-Type", "application/json"), ("Content-Length", "17"), ("Retry-After", "1")],
         )
     ]
+
+
+class _StatusRepository:
+    """A repository whose status answer is given (or raised): RestApp's routing alone."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def status(self, name, version=None):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return {"name": name, **self.answer}
+
+
+def _wsgi(app, method, path=None):
+    environ = {"REQUEST_METHOD": method}
+    if path is not None:
+        environ["PATH_INFO"] = path
+    started = []
+    body = b"".join(app(environ, lambda status, headers: started.append((status, headers))))
+    status, headers = started[0]
+    return status, dict(headers), json.loads(body) if body else None
+
+
+def test_rest_app_paths_are_utf8_and_undecodable_bytes_are_replaced():
+    """WSGI hands the path over as latin-1 characters, one per byte: a UTF-8 model name
+    comes back whole, bytes that are no UTF-8 become U+FFFD instead of a 500."""
+    from serving.rest import RestApp
+
+    app = RestApp(_StatusRepository({}))
+    status, _, body = _wsgi(app, "GET", "/v1/models/caf\xc3\xa9")
+    assert status == "200 OK" and body == {"name": "café"}
+    status, _, body = _wsgi(app, "GET", "/v1/models/a\xff")
+    assert status == "200 OK" and body == {"name": "a\ufffd"}
+    status, _, body = _wsgi(app, "GET")  # no PATH_INFO at all
+    assert status == "404 Not Found" and body == {"error": "Malformed request: GET "}
+
+
+def test_rest_app_says_when_to_retry_only_when_overloaded():
+    from serving.rest import RestApp
+
+    app = RestApp(_StatusRepository({}), overloaded=lambda: True)
+    # Overload refuses predictions only; other answers carry no Retry-After.
+    status, headers, _ = _wsgi(app, "GET", "/v1/models/m:predict")
+    assert status == "405 Method Not Allowed" and "Retry-After" not in headers
+    app.repository.get = lambda name, version=None: object()
+    status, headers, body = _wsgi(app, "POST", "/v1/models/m:predict")
+    assert status == "503 Service Unavailable" and headers["Retry-After"] == "1"
+    assert body == {"error": "Server overloaded: too many queued requests"}
+
+
+def test_rest_app_logs_a_fault_with_its_request_and_answers_500(caplog):
+    from serving.rest import RestApp
+
+    app = RestApp(_StatusRepository(RuntimeError("boom")))
+    with caplog.at_level(logging.ERROR, logger="serving.server"):
+        status, _, body = _wsgi(app, "GET", "/v1/models/m")
+    assert status == "500 Internal Server Error" and body == {"error": "Internal: boom"}
+    (record,) = caplog.records
+    assert record.getMessage() == "Internal error on GET /v1/models/m"
+    assert record.exc_info[1].args == ("boom",)
