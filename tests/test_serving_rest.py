@@ -576,3 +576,40 @@ def test_rest_app_logs_a_fault_with_its_request_and_answers_500(caplog):
     (record,) = caplog.records
     assert record.getMessage() == "Internal error on GET /v1/models/m"
     assert record.exc_info[1].args == ("boom",)
+
+
+def test_rest_app_refusals_name_the_request_up_to_200_characters(caplog):
+    from serving.rest import RestApp
+
+    app = RestApp(_StatusRepository({}))
+    long = "/v2/" + "x" * 300
+    assert _wsgi(app, "GET", long)[::2] == (
+        "404 Not Found",
+        {"error": f"Malformed request: GET {long[:200]}"},
+    )
+    assert _wsgi(app, "GET", "/v1/models/m:classify")[::2] == (
+        "404 Not Found",
+        {"error": "Malformed request: GET /v1/models/m:classify"},
+    )
+    long_name = "/v1/models/" + "m" * 300
+    assert _wsgi(app, "POST", long_name)[::2] == (
+        "405 Method Not Allowed",
+        {"error": f"Method POST not allowed for {long_name[:200]}, use GET"},
+    )
+    with caplog.at_level(logging.DEBUG, logger="serving.server"):
+        _wsgi(app, "GET", long_name)
+    assert [r.getMessage() for r in caplog.records] == [f"GET {long_name[:200]} -> 200"]
+
+
+def test_rest_app_answers_head_with_the_headers_of_get_and_no_body():
+    from serving.rest import RestApp
+
+    app = RestApp(_StatusRepository({"versions": 1}))
+    assert _wsgi(app, "GET", "/v1/models/m")[2] == {"name": "m", "versions": 1}
+    # HEAD on a GET path is refused with 405 (as TensorFlow Serving), without a body.
+    started = []
+    chunks = app({"REQUEST_METHOD": "HEAD", "PATH_INFO": "/v1/models/m"},
+                 lambda status, headers: started.append((status, dict(headers))))  # fmt: skip
+    assert chunks == []
+    status, headers = started[0]
+    assert status == "405 Method Not Allowed" and int(headers["Content-Length"]) > 0
