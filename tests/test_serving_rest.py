@@ -613,3 +613,9 @@ def test_rest_app_answers_head_with_the_headers_of_get_and_no_body():
     assert chunks == []
     status, headers = started[0]
     assert status == "405 Method Not Allowed" and int(headers["Content-Length"]) > 0
+
+
+def test_rest_app_without_an_overload_test_never_refuses():
+    from serving.rest import RestApp
+
+    assert RestApp(_StatusRepository({})).overloaded() is False

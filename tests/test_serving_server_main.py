@@ -97,7 +97,8 @@ def test_help_is_the_copy_in_the_docs(monkeypatch, capsys):
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: {PROG} ")
-    assert server_module.__doc__.splitlines()[0] in out  # the description
+    # The description is the module's docstring with its layout (an indented example).
+    assert "\n\n    python -m serving.server --model-base-path models/antisym" in out
     assert out[out.index("options:") :].rstrip("\n") == _documented_help()
 
 
@@ -291,3 +292,50 @@ def test_serves_until_a_signal_then_drains_closes_and_gives_the_handlers_back(
     assert not made[0].repository.watching
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+@pytest.mark.parametrize(
+    "soft, hard, wanted, raised_to, fits",
+    [
+        (1024, 4096, 1000, 1064, 1000),  # raised to what the connections and the reserve need
+        (1024, "inf", 1000, 1064, 1000),  # no hard limit: the same
+        (1024, 1030, 1000, 1030, 966),  # raised as far as the hard limit, then fitted
+        (1024, 1024, 1000, None, 960),  # cannot be raised: fitted to soft - 64
+        (1064, 1064, 1000, None, 1000),  # exactly enough already
+        ("inf", "inf", 1000, None, 1000),
+        (100, 100, 1000, None, 36),
+        (60, 60, 1000, None, 1),  # below the reserve: one connection still
+    ],
+)  # fmt: skip
+def test_connection_limit_raises_the_soft_file_limit_or_fits_under_it(
+    monkeypatch, caplog, soft, hard, wanted, raised_to, fits
+):
+    resource = server_module.resource
+    infinity = resource.RLIM_INFINITY
+    limits = [infinity if soft == "inf" else soft, infinity if hard == "inf" else hard]
+    calls = []
+    monkeypatch.setattr(resource, "getrlimit", lambda which: tuple(limits))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, pair: calls.append((which, pair)))
+    with caplog.at_level(logging.WARNING, logger="serving.server"):
+        assert server_module._connection_limit(wanted) == fits
+    expected = [] if raised_to is None else [(resource.RLIMIT_NOFILE, (raised_to, limits[1]))]
+    assert calls == expected
+    warnings = [r.getMessage() for r in caplog.records]
+    if fits == wanted:
+        assert warnings == []
+    else:
+        final = raised_to if raised_to is not None else limits[0]
+        assert warnings == [
+            f"connection limit {wanted} lowered to {fits} to fit `ulimit -n` {final}"
+        ]
+
+
+def test_connection_limit_keeps_the_soft_limit_when_raising_it_fails(monkeypatch):
+    resource = server_module.resource
+
+    def refuse(which, pair):
+        raise ValueError("not allowed")
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
+    monkeypatch.setattr(resource, "setrlimit", refuse)
+    assert server_module._connection_limit(1000) == 960
