@@ -619,3 +619,60 @@ def test_rest_app_without_an_overload_test_never_refuses():
     from serving.rest import RestApp
 
     assert RestApp(_StatusRepository({})).overloaded() is False
+
+
+class _Servable:
+    """What RestApp reads of a loaded version before the prediction itself."""
+
+    max_rank, version = 3, 7
+    signature_def = {"serving_default": {"method_name": "tensorflow/serving/predict"}}
+
+    def input_specs(self, signature_name):
+        from serving.payload import RestError
+
+        raise RestError(400, f"reached the signature {signature_name!r}")
+
+
+def _post(app, body, content_length=None, trailing=b""):
+    import io
+
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/v1/models/m:predict",
+               "wsgi.input": io.BytesIO(body + trailing)}  # fmt: skip
+    if content_length is not None:
+        environ["CONTENT_LENGTH"] = str(content_length)
+    started = []
+    answer = b"".join(app(environ, lambda status, headers: started.append(status)))
+    return started[0], json.loads(answer)
+
+
+def _servable_app(**kwargs):
+    from serving.rest import RestApp
+
+    repository = _StatusRepository({})
+    repository.get = lambda name, version=None: _Servable()
+    return RestApp(repository, **kwargs)
+
+
+def test_rest_app_reads_the_body_up_to_its_content_length_only():
+    """PEP 3333: the input stream need not end at CONTENT_LENGTH (what follows is not
+    this request's)."""
+    body = b'{"signature_name": "s", "instances": [1]}'
+    status, answer = _post(_servable_app(), body, len(body), trailing=b"GET / HTTP/1.1")
+    assert (status, answer) == ("400 Bad Request", {"error": "reached the signature 's'"})
+
+
+def test_rest_app_bounds_the_body_by_its_max_input_elements():
+    body = b"[" + b"0," * 2000 + b"0]"
+    status, answer = _post(_servable_app(max_input_elements=10), body, len(body))
+    assert status == "400 Bad Request"
+    assert answer == {"error": "Request body has about 2001 JSON values, more than inputs of "
+                               "at most 10 numbers need (--max-input-elements)"}  # fmt: skip
+    status, answer = _post(_servable_app(), body, len(body))  # the default bound admits it
+    assert status == "400 Bad Request" and answer == {"error": "JSON Value is not an object"}
+
+
+def test_rest_app_metadata_names_the_model_and_its_version():
+    status, _, body = _wsgi(_servable_app(), "GET", "/v1/models/m/versions/7/metadata")
+    assert status == "200 OK"
+    assert body == {"model_spec": {"name": "m", "signature_name": "", "version": "7"},
+                    "metadata": {"signature_def": _Servable.signature_def}}  # fmt: skip
