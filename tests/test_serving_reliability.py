@@ -89,6 +89,16 @@ class _Traffic:
                 continue
             try:
                 conn.request("POST", self.path, PREDICT_BODY, {"Connection": "close"})
+            except OSError:
+                # Reset while sending: the kernel completed the handshake into the listen
+                # backlog after the draining server's last accept; the server never read
+                # this request, so it is retried like a refused connect.
+                conn.close()
+                with self.lock:
+                    self.refused += 1
+                time.sleep(0.05)
+                continue
+            try:
                 response = conn.getresponse()
                 response.read()
             except (OSError, http.client.HTTPException) as error:
