@@ -10,6 +10,8 @@
 #   MUTATION_SAMPLE=40 scripts/mutation.sh --app serving.names training.schedules
 #   MUTMUT_WORKERS=1 scripts/mutation.sh _validation
 #   MUTATION_SAMPLE=30 scripts/mutation.sh  # 30 random mutants per module: a quick estimate
+#   python scripts/mutation_pending.py >pending.txt  # what is left to check
+#   MUTATION_NAMES_FILE=$PWD/pending.txt scripts/mutation.sh --app
 #   MUTATION_NAMES="NAME ..." scripts/mutation.sh --app serving.payload
 #                                        # these mutants again (e.g. survivors, after new tests)
 #   scripts/mutation.sh --backend jax 'keras_antisym.diagnostics.x__gradients*'
@@ -43,7 +45,7 @@ if [ "${1:-}" = "--app" ]; then
     modules=("$@")
     if [ ${#modules[@]} -eq 0 ]; then
         # Every module of the application where a number, a file or a request is handled.
-        mapfile -t modules < <(sed -n 's/^# module: //p' scripts/mutation-app.cfg)
+        mapfile -t modules < <(sed -n 's/^# module: \([^ ]*\).*/\1/p' scripts/mutation-app.cfg)
     fi
     mkdir -p .mutation-app
     for path in apputil keras_antisym training serving benchmarks scripts tests docs; do
@@ -143,6 +145,10 @@ if [ -n "$backend" ]; then
     # Survivors checked again on another backend (code that TensorFlow never runs).
     "$PYTHON" "$ROOT/scripts/mutation_backends.py" "$backend" "${backend_patterns[@]}" ||
         status=$?
+elif [ -n "${MUTATION_NAMES_FILE:-}" ]; then
+    # A list too long for one variable, one name per line (scripts/mutation_pending.py).
+    mapfile -t names <"$MUTATION_NAMES_FILE"
+    "$MUTMUT" run --max-children "${MUTMUT_WORKERS:-2}" "${names[@]}" || status=$?
 elif [ -n "${MUTATION_NAMES:-}" ]; then
     # These mutants (names or patterns, space-separated) checked again, e.g. a report's
     # survivors after new tests.

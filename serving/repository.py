@@ -205,10 +205,6 @@ class ModelRepository:
                 loadable[version] = names[0]
         return loadable, broken
 
-    def versions_on_disk(self) -> list[int]:
-        """Loadable version numbers, highest first; OSError if unreadable."""
-        return list(self.scan()[0])
-
     def refresh(self) -> None:
         """One scan: serve the highest version that loads, as TF Serving's `latest` does."""
         loadable, broken = self.scan()
@@ -316,11 +312,6 @@ class ModelRepository:
             return f"version {version} is not loaded: the served version is {served}"
         code, message = next(iter(listing.values()))
         return f"no version loads; the highest: {code}: {message}"
-
-    def status_entries(self) -> dict[int, tuple[str, str]]:
-        """`{version: (error_code, error_message)}` of every version folder seen last scan."""
-        with self._lock:
-            return dict(self._listing)
 
     def status(self, name: str, version: str | None = None) -> dict:
         """The `GET /v1/models/NAME[/versions/V]` body: every version folder, highest first.

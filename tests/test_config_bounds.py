@@ -1,11 +1,12 @@
 """`RunConfig.validate` at the edge of every numeric range: the last accepted value passes,
 the first refused one fails with the whole message, naming the flag and the range."""
 
+import dataclasses
 import math
 
 import pytest
 
-from training.config import RunConfig, UsageError
+from training.config import RunConfig, UsageError, check_types
 
 POSITIVE_INTEGER = "a positive integer"
 NON_NEGATIVE_INTEGER = "a non-negative integer"
@@ -26,6 +27,10 @@ BOUNDS = {
     "timesteps": ((None, 1), (0,), POSITIVE_INTEGER),
     "validation_fraction": ((0.0, 0.999), (1.0, -0.001), "a float in [0, 1)"),
     "num_processes": ((None, 1), (0,), POSITIVE_INTEGER),
+    # The host is everything before the last colon (an IPv6 address keeps its own).
+    "coordinator": ((None, "auto", "h:1", "h:65535", "[::1]:8476", "10.0.0.2:80"),
+                    ("h:0", "h:65536", ":80", "h:", "h:x", "h:-1", "h:+1", "host", "AUTO", ""),
+                    "HOST:PORT (a port in 1..65535) or auto"),
 }  # fmt: skip
 
 
@@ -95,3 +100,26 @@ def test_an_unknown_schedule_is_named_with_the_choices():
         "Received an invalid value for argument `--lr-schedule`, expected one of "
         "constant, cosine, step, got 'linear'."
     )
+
+
+@dataclasses.dataclass
+class _Typed:
+    flag_name: int | str = 0
+    rate: float = 0.5
+    rate_or_none: float | None = None
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [("flag_name", 0.5, "an integer or a string"), ("flag_name", True, "an integer or a string"),
+     ("rate", "x", "a number"), ("rate_or_none", [1], "a number (or null)")],
+)  # fmt: skip
+def test_a_value_of_a_wrong_type_names_its_flag_and_every_type_it_may_take(field, value, expected):
+    assert check_types(_Typed()) is None
+    with pytest.raises(UsageError) as caught:
+        check_types(_Typed(**{field: value}))
+    flag = "--" + field.replace("_", "-")
+    assert str(caught.value) == (
+        f"Received an invalid value for argument `{flag}`, expected {expected}, got {value!r}."
+    )
+    check_types(_Typed(**{field: value}), skip=(field,))  # a skipped field is not checked

@@ -83,8 +83,9 @@ def test_version_watcher_survives_any_error(tmp_path, monkeypatch):
         def emfile():
             raise OSError(errno.EMFILE, "Too many open files")
 
-        monkeypatch.setattr(repository, "versions_on_disk", emfile)
+        monkeypatch.setattr(repository, "scan", emfile)
         time.sleep(0.2)
+        assert repository.watching and _served(repository) == 1
         monkeypatch.undo()
         assert repository.watching and _served(repository) == 1
         _fake_version(base, "5")
@@ -94,3 +95,20 @@ def test_version_watcher_survives_any_error(tmp_path, monkeypatch):
             time.sleep(0.02)
     finally:
         repository.stop()
+
+
+def test_an_empty_base_path_says_how_versions_are_laid_out_and_a_version_folder_says_so(tmp_path):
+    from serving.repository import no_versions_message
+
+    base = str(tmp_path)
+    assert no_versions_message("m", base) == (
+        f"No versions of servable m found under base path {base} "
+        "(version folders are numbered: 1/, 2/)"
+    )
+    _fake_version(base, "3")
+    version = os.path.join(base, "3")
+    assert no_versions_message("m", version) == (
+        f"No versions of servable m found under base path {version} ({version!r} holds a "
+        "saved_model.pb itself: it is a version folder, the base path is its parent (versions "
+        "are numbered sub-folders))"
+    )

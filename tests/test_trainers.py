@@ -192,6 +192,22 @@ def test_loop_stops_at_the_first_non_finite_loss(bad):
     assert trainer.saved == [2]  # the checkpoint before the divergence, none after
 
 
+@pytest.mark.parametrize("checkpoint_every, last", [(2, "step 2"), (10, "none yet")])
+def test_a_divergence_names_the_checkpoint_to_resume_from(checkpoint_every, last):
+    from training.summaries import ScalarWriter
+
+    trainer = _FakeTrainer([1.0, 0.9, float("nan"), 0.8])
+    with pytest.raises(errors.DivergenceError) as caught:
+        loop.train(trainer, RunConfig(steps=4, checkpoint_every=checkpoint_every, log_every=1), 0,
+                   writer=ScalarWriter(None), log=lambda line: None)  # fmt: skip
+    assert str(caught.value) == (
+        f"training diverged at step 3: the loss is nan. The last checkpoint ({last}) is from "
+        "before it; lower --learning-rate, set --clipnorm, or lower --epsilon (docs: the "
+        "stable ranges), or resume from it with another --learning-rate and "
+        "--change-on-resume learning_rate."
+    )
+
+
 def test_loop_warns_once_when_the_loss_blows_up_while_finite():
     from training.summaries import ScalarWriter
 

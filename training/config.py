@@ -358,6 +358,7 @@ def _is_instance(value, expected) -> bool:
 def _type_words(expected) -> str:
     words = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
     if isinstance(expected, types.UnionType):
-        arms = [a for a in typing.get_args(expected) if a is not type(None)]
-        return " or ".join(words[a] for a in arms) + " (or null)"
+        arms = typing.get_args(expected)
+        said = " or ".join(words[a] for a in arms if a is not type(None))
+        return said + " (or null)" if type(None) in arms else said
     return words[expected]
