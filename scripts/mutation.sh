@@ -100,8 +100,11 @@ printf "%s\n" numpy tensorflow keras >mutants/mutmut_preload.txt
 cat > mutants/mutmut_keras_compat.py <<'PY'
 """Written by scripts/mutation.sh: getfullargspec follows mutmut's trampolines."""
 
+import collections
+import importlib
 import inspect
 import json
+import os
 
 _getfullargspec = inspect.getfullargspec
 
@@ -124,20 +127,75 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: durations.get(item.nodeid, float("inf")))
 
 
-def pytest_collection_finish(session):
-    # mutmut's test map gives each function the tests during which it ran; what ran while
-    # the test modules were imported (a dataclass's field factories, registries built at
-    # import) would go to the first test alone, which rarely checks it. Every collected
-    # test may depend on it: they all get it.
-    try:
-        from mutmut.state import state
-    except ImportError:
-        return
+# mutmut's test map gives each function the tests during which it ran. What runs while the
+# test modules are collected would go to the first test alone, which rarely checks it: the
+# mutated modules' own import-time code (a dataclass's field factories, registries) is run
+# first, before collection, and goes to every test; what a test module runs while it is
+# collected (parametrize arguments, module constants) goes to that module's tests.
+_hits_by_module = {}
+
+
+def _take_hits():
+    from mutmut.state import state
+
     hits = set(state()._stats)
     state()._stats.clear()
-    tests = {item.nodeid.removeprefix("mutants/") for item in session.items}
-    for function in hits:
-        state().tests_by_mangled_function_name[function].update(tests)
+    return hits
+
+
+def _mutated_modules():
+    import configparser
+
+    parsed = configparser.ConfigParser()
+    parsed.read(["../setup.cfg", "setup.cfg"])
+    paths = parsed.get("mutmut", "only_mutate", fallback="").split()
+    if not paths:  # the library: every module of its source folders
+        import pathlib
+
+        folders = parsed.get("mutmut", "source_paths", fallback="").split()
+        paths = [str(path) for folder in folders for path in pathlib.Path(folder).rglob("*.py")]
+    modules = [path.removesuffix(".py").replace("/", ".") for path in paths if path.endswith(".py")]
+    return [module.removesuffix(".__init__") for module in modules]
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("MUTANT_UNDER_TEST") != "stats":
+        return
+    for module in _mutated_modules():
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the tests that import it fail the same way
+            pass
+    _hits_by_module[""] = _take_hits()
+
+
+def pytest_collectstart(collector):
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats" and collector.nodeid.endswith(".py"):
+        _hits_by_module.setdefault("", set()).update(_take_hits())
+
+
+def pytest_collectreport(report):
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats" and report.nodeid.endswith(".py"):
+        _hits_by_module[report.nodeid] = _take_hits()
+
+
+def pytest_collection_finish(session):
+    if os.environ.get("MUTANT_UNDER_TEST") != "stats":
+        return
+    from mutmut.state import state
+
+    everyone = _hits_by_module.pop("", set()) | _take_hits()
+    tests_by_module = collections.defaultdict(set)
+    for item in session.items:
+        nodeid = item.nodeid.removeprefix("mutants/")
+        tests_by_module[nodeid.split("::")[0]].add(nodeid)
+    every_test = set().union(*tests_by_module.values())
+    for function in everyone:
+        state().tests_by_mangled_function_name[function].update(every_test)
+    for module, hits in _hits_by_module.items():
+        tests = tests_by_module.get(module.removeprefix("mutants/"), set())
+        for function in hits:
+            state().tests_by_mangled_function_name[function].update(tests)
 PY
 
 start=$(date +%s)

@@ -117,3 +117,127 @@ def test_accelerator_markdown_reads_the_committed_results():
     text = accelerator.markdown(found)
     assert text.startswith("### jax on ") and "### torch on " in text
     assert "| training step (s) | AntisymmetricRNN |" in text
+
+
+def _words(text):
+    return " ".join(text.split())
+
+
+def test_parser_flags_defaults_and_help():
+    plain = common.parser("bench", "What it measures.")
+    assert vars(plain.parse_args([])) == {"quick": False, "output": common.DEFAULT_OUTPUT}
+    assert vars(plain.parse_args(["--quick", "--output", "out"])) == {
+        "quick": True, "output": "out"
+    }  # fmt: skip
+    help_text = _words(plain.format_help())
+    assert help_text.startswith("usage: bench [-h] [--quick] [--output OUTPUT] What it measures.")
+    assert "--quick tiny shapes (smoke test)" in help_text
+    assert f"--output OUTPUT results folder (default {common.DEFAULT_OUTPUT})" in help_text
+    assert "--backends" not in help_text
+    with pytest.raises(SystemExit) as stopped:
+        plain.parse_args(["--backends", "jax"])
+    assert stopped.value.code == 2
+
+    children = common.parser("bench", "doc", backends=90)
+    assert vars(children.parse_args([])) == {
+        "quick": False, "output": common.DEFAULT_OUTPUT, "backends": "jax,torch",
+        "timeout": 90, "child": False,
+    }  # fmt: skip
+    given = children.parse_args(["--backends", "torch", "--timeout", "2.5", "--child"])
+    assert (given.backends, given.timeout, given.child) == ("torch", 2.5, True)
+    help_text = _words(children.format_help())
+    assert "--backends BACKENDS comma list of Keras backends" in help_text
+    assert "--timeout TIMEOUT seconds per backend" in help_text
+    assert "--child" not in help_text  # the children's flag is hidden
+
+
+def test_environment_describes_this_process():
+    import platform
+
+    import keras
+    import tensorflow as tf
+
+    info = common.environment()
+    assert info == {
+        "backend": keras.backend.backend(),
+        "keras": keras.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor(),
+        "tensorflow": tf.__version__,
+        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+    }
+    json.dumps(info)  # written into the results as it is
+
+
+def test_run_backends_runs_one_child_per_backend_and_names_the_failed(monkeypatch, capsys):
+    calls = []
+
+    def run_child(args, timeout, env, capture=True):
+        calls.append((args, timeout, env, capture))
+        if env["KERAS_BACKEND"] == "torch":
+            raise common.ChildError("-m bench: exit status 1\nTraceback (most recent call last):")
+
+    monkeypatch.setattr(common, "run_child", run_child)
+    failed = common.run_backends("bench", ["jax", "torch"], "out", True, 30.0, ["--layer", "x"])
+    assert failed == ["torch"]
+    expected_args = ["-m", "bench", "--child", "--output", "out", "--quick", "--layer", "x"]
+    assert calls == [
+        (expected_args, 30.0, {"KERAS_BACKEND": b, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, False)
+        for b in ("jax", "torch")
+    ]
+    assert capsys.readouterr().err == "torch: -m bench: exit status 1\n"
+    calls.clear()
+    assert common.run_backends("bench", ["jax"], "out", False, 5.0) == []
+    assert calls[0][0] == ["-m", "bench", "--child", "--output", "out"]
+
+
+def test_a_child_whose_output_is_not_captured_returns_nothing():
+    assert common.run_child(["-c", "pass"], 60, capture=False) == ""
+
+
+def test_sections_are_written_with_the_indent_and_announced_at_once(tmp_path, monkeypatch):
+    import keras
+
+    class Stdout:
+        def __init__(self):
+            self.text, self.flushed = "", []
+
+        def write(self, text):
+            self.text += text
+
+        def flush(self):
+            self.flushed.append(self.text)
+
+    def bench(part):
+        part["x"] = [1, 2]
+        yield
+
+    path = str(tmp_path / "r.json")
+    stdout = Stdout()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    results = common.run_sections(path, {}, [("first", bench, {})])
+    monkeypatch.undo()
+    assert Path(path).read_text() == json.dumps(results, indent=2)
+    assert stdout.text == f"{keras.backend.backend()}: first done in 0 s\n"
+    assert stdout.flushed == [stdout.text]  # flushed: a parent shows a child's progress live
+    assert 0 <= results["first_seconds"] < 5
+
+    seen = []
+
+    def watched(part):
+        part["y"] = 1
+        yield
+        seen.append(Path(path).read_text())
+
+    common.run_sections(path, {}, [("second", watched, {})], indent=None)
+    assert seen == [json.dumps(json.loads(seen[0]))]  # compact, piece by piece as at the end
+    assert Path(path).read_text() == json.dumps(json.loads(Path(path).read_text()))
+
+
+def test_write_json_and_write_text(tmp_path):
+    common.write_json(str(tmp_path / "a.json"), {"a": [1]})
+    assert (tmp_path / "a.json").read_text() == '{\n  "a": [\n    1\n  ]\n}'
+    common.write_text(str(tmp_path / "b.md"), "# title\n")
+    assert (tmp_path / "b.md").read_text() == "# title\n"

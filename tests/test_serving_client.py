@@ -144,3 +144,109 @@ def test_cli_usage_errors_are_one_line(args, argument, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m serving.client: error: ")
     assert argument in lines[0]
+
+
+def _url(server):
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+class _Stdout:
+    """Records what is written and, at each flush, what had been written by then."""
+
+    def __init__(self):
+        self.text, self.flushed = "", []
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        self.flushed.append(self.text)
+
+
+def test_cli_predict_sends_the_version_and_signature_and_prints_indented_json(
+    stub, tmp_path, capsys
+):
+    from serving.client import main
+
+    batch = tmp_path / "batch.json"
+    batch.write_text("[[1, 2]]")
+    stub.script = [(503, {"error": "busy"}, 0), (200, {"predictions": [[0.5]]}, 0)]
+    argv = ["--url", _url(stub), "--model", "m", "--version", "3", "--retries", "1", "predict",
+            "--instances-file", str(batch), "--signature-name", "padded"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out == json.dumps({"predictions": [[0.5]]}, indent=2) + "\n"
+    assert stub.paths == [("POST", "/v1/models/m/versions/3:predict")] * 2
+    assert json.loads(stub.bodies[-1]) == {"instances": [[1, 2]], "signature_name": "padded"}
+
+
+def test_cli_streams_a_sequence_file_and_flushes_each_answer(stub, tmp_path, monkeypatch):
+    import numpy as np
+
+    from serving.client import main
+
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(10, dtype="float32").reshape(5, 2))
+    dims = {"dim": [{"size": "-1"}, {"size": "2"}]}
+    metadata = {"model_spec": {"version": "4"}, "metadata": {"signature_def": {"signature_def": {
+        "stream": {"inputs": {"sequence": {}, "state": {"tensor_shape": dims}}}}}}}  # fmt: skip
+    answers = [{"outputs": {"p": [[0.1 * k]], "state": [[k, k]]}} for k in (1, 2, 3)]
+    stub.script = [(200, metadata, 0)] + [(200, a, 0) for a in answers]
+    stdout = _Stdout()
+    monkeypatch.setattr("sys.stdout", stdout)
+    argv = ["--url", _url(stub), "--model", "m", "stream", "--sequence-file", str(path),
+            "--chunk", "2"]  # fmt: skip
+    assert main(argv) == 0
+    lines = [json.dumps({"steps": s, "p": [0.1 * k]}) for s, k in ((2, 1), (4, 2), (5, 3))]
+    assert stdout.text == "".join(line + "\n" for line in lines)
+    assert stdout.flushed == ["".join(line + "\n" for line in lines[: i + 1]) for i in range(3)]
+    sent = [json.loads(body) for body in stub.bodies[1:]]
+    assert [b["inputs"]["state"] for b in sent] == [[[0.0, 0.0]], [[1, 1]], [[2, 2]]]
+    assert [b["inputs"]["sequence"] for b in sent] == [
+        [[[0, 1], [2, 3]]], [[[4, 5], [6, 7]]], [[[8, 9]]]
+    ]  # fmt: skip
+    assert stub.paths[1:] == [("POST", "/v1/models/m/versions/4:predict")] * 3
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["predict"], "Received an invalid value for argument `--instances-file`, expected a "
+         "JSON file for `predict`, got none."),
+        (["stream"], "Received an invalid value for argument `--sequence-file`, expected a .npy "
+         "file for `stream`, got none."),
+        (["stream", "--sequence-file", "{flat}"], "Received an invalid value for argument "
+         "`--sequence-file`, expected a non-empty array of shape (T, m) or (batch, T, m), got "
+         "'{flat}' of shape (3,)."),
+        (["--retries", "1.5", "status"], "argument --retries: invalid int value: '1.5'"),
+    ],
+)  # fmt: skip
+def test_cli_usage_errors_are_the_whole_message(args, message, tmp_path, capsys):
+    import numpy as np
+
+    from serving.client import main
+
+    flat = str(tmp_path / "flat.npy")
+    np.save(flat, np.zeros(3, "float32"))
+    args = [arg.format(flat=flat) for arg in args]
+    try:
+        status = main(["--model", "m", *args])
+    except SystemExit as stopped:  # argparse's own errors exit from parse_args
+        status = stopped.code
+    assert status == 2
+    assert capsys.readouterr().err == (
+        f"python -m serving.client: error: {message.format(flat=flat)}\n"
+    )
+
+
+def test_cli_needs_a_model_and_documents_its_flags(capsys):
+    from serving.client import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["status"])
+    assert stopped.value.code == 2
+    assert "the following arguments are required: --model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--instances-file INSTANCES_FILE JSON list of instances (predict)" in help_text
+    assert "--chunk CHUNK steps per request (default 28)" in help_text
