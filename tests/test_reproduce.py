@@ -307,3 +307,43 @@ def test_curves_are_labelled_with_the_split_they_were_evaluated_on():
     assert report.curve_label([{"curve_split": "validation"}]) == "validation accuracy"
     mixed = report.curve_label([{"curve_split": "validation"}, {"curve_split": "test"}])
     assert mixed == "accuracy (test or validation: see the table)"
+
+
+def test_the_accuracy_at_a_run_s_last_step_is_its_test_accuracy_not_its_curve():
+    row = _row("g", "gated", 0.83, 100, curve=[
+        {"step": 50, "seconds": 50, "accuracy": 0.6},
+        {"step": 100, "seconds": 100, "accuracy": 0.81},  # validation, not test
+    ])  # fmt: skip
+    assert report.accuracy_at_step(row, 100) == 0.83
+    assert report.accuracy_at_step(row, 99) == 0.6
+    assert report.accuracy_at_step(dict(row, test_accuracy=None), 100) == 0.81
+
+
+def test_a_best_run_without_a_point_by_the_rival_s_time_leads_from_zero():
+    best = _row("g", "gated", 0.9, 100, curve=[
+        {"step": 100, "seconds": 100, "accuracy": 0.9},
+    ])  # fmt: skip
+    rival = _row("l", "lstm", 0.2, 30, curve=[{"step": 100, "seconds": 30, "accuracy": 0.2}])
+    line = report.targets_markdown([best, rival], [("task", "t", ("gated",), 0.5, "lstm", 0)])
+    assert line.splitlines()[-1].endswith("| +70.0 / -20.0 points |")  # at 30 s: 0 - 0.2
+
+
+def test_heatmap_axes_name_the_parameters_on_a_fixed_scale(tmp_path, monkeypatch):
+    made = []
+    subplots = report.plt.subplots
+
+    def recording(*args, **kwargs):
+        made.append(subplots(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(report.plt, "subplots", recording)
+    trials = [{"epsilon": 0.01, "gamma": 0.1, "score": 0.25}]
+    report.plot_heatmap(trials, "the title", str(tmp_path / "h.png"))
+    _, axis = made[0]
+    assert (axis.get_xlabel(), axis.get_ylabel()) == ("γ (diffusion)", "ε (step size)")
+    assert axis.get_title() == "the title"
+    (image,) = axis.images
+    assert image.get_cmap().name == "viridis" and image.get_clim() == (0, 1)
+    assert [text.get_text() for text in axis.texts] == ["0.25"]
+    assert [t.get_text() for t in axis.get_xticklabels()] == ["0.1"]
+    assert [t.get_text() for t in axis.get_yticklabels()] == ["0.01"]

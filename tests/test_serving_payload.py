@@ -58,6 +58,11 @@ def test_inputs_that_are_not_the_signatures_are_listed_as_tensorflow_serving_doe
         "input size does not match signature: 3!=2 len({a,c,d}) != len({a,b}). "
         "Sent extra: {c,d}. Missing but required: {b}."
     )
+    message = _error({"inputs": {"c": [1]}}, TWO)
+    assert message == (
+        "input size does not match signature: 1!=2 len({c}) != len({a,b}). "
+        "Sent extra: {c}. Missing but required: {a,b}."
+    )
 
 
 @pytest.mark.parametrize(

@@ -112,3 +112,71 @@ def test_an_empty_base_path_says_how_versions_are_laid_out_and_a_version_folder_
         "saved_model.pb itself: it is a version folder, the base path is its parent (versions "
         "are numbered sub-folders))"
     )
+
+
+class _CodedError(Exception):
+    """Like `tf.errors.OpError`: an `error_code` and a `message` apart from `str()`."""
+
+    def __init__(self, code, message):
+        super().__init__("str() of the error, not its message")
+        self.error_code, self.message = code, message
+
+
+@pytest.mark.parametrize(
+    "error, expected",
+    [
+        (_CodedError(5, "no such file\nand pages of context"), ("NOT_FOUND", "no such file")),
+        (_CodedError(1, "cancelled"), ("CANCELLED", "cancelled")),
+        (_CodedError(16, "who are you"), ("UNAUTHENTICATED", "who are you")),
+        (_CodedError(9, ""), ("FAILED_PRECONDITION", "")),
+        # Codes outside TensorFlow's (and OK, which is no failure) are told by their class.
+        (_CodedError(0, "ok?"), ("UNKNOWN", "_CodedError: str() of the error, not its message")),
+        (_CodedError(17, "x"), ("UNKNOWN", "_CodedError: str() of the error, not its message")),
+        (_CodedError("5", "x"), ("UNKNOWN", "_CodedError: str() of the error, not its message")),
+        (FileNotFoundError(2, "gone"), ("NOT_FOUND", "FileNotFoundError: [Errno 2] gone")),
+        (PermissionError(13, "no"), ("PERMISSION_DENIED", "PermissionError: [Errno 13] no")),
+        (ValueError("bad\nmore"), ("UNKNOWN", "ValueError: bad")),
+        (_CodedError(13, "x" * 600), ("INTERNAL", "x" * 500)),
+    ],
+)
+def test_a_load_failure_is_reported_with_tensorflow_serving_s_code_and_first_line(error, expected):
+    from serving.repository import error_status
+
+    assert error_status(error) == expected
+
+
+def test_a_real_tensorflow_error_keeps_its_code_and_message():
+    import tensorflow as tf
+
+    from serving.repository import error_status
+
+    error = tf.errors.InvalidArgumentError(None, None, "bad graph\nnode context")
+    assert error_status(error) == ("INVALID_ARGUMENT", "bad graph")
+
+
+def test_a_failed_version_waits_for_its_retry_unless_its_files_change(tmp_path):
+    from serving.repository import ModelRepository
+
+    calls = []
+
+    def failing(path, version):
+        calls.append(version)
+        raise ValueError(f"cannot load {version}")
+
+    base = str(tmp_path)
+    _fake_version(base, "1")
+    repository = ModelRepository(base, "m", poll_seconds=0.5, loader=failing)
+    repository.refresh()
+    repository.refresh()  # the same files, before the retry is due: not loaded again
+    assert calls == [1]
+    assert repository.status("m")["model_version_status"][0]["status"]["error_code"] == "UNKNOWN"
+    with open(os.path.join(base, "1", "variables", "more"), "w") as f:
+        f.write("copied on")
+    repository.refresh()  # its files changed: tried at once
+    assert calls == [1, 1]
+    time.sleep(0.6)
+    repository.refresh()  # the files as they are now: the delay doubled to 1 s
+    assert calls == [1, 1]
+    time.sleep(0.6)
+    repository.refresh()
+    assert calls == [1, 1, 1]
