@@ -294,10 +294,10 @@ class ModelRepository:
         if name != self.name:
             raise RestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: {request}")
 
-    def _why_unavailable(self, version: int | None = None) -> str:
-        """Why nothing (or not `version`) is served: for 404 messages."""
+    def _why_unavailable(self, version: int | None = None, served: int | None = None) -> str:
+        """Why nothing (or not `version`, while `served` is) is served: for 404 messages."""
         with self._lock:
-            listing, current = self._listing, self._current
+            listing = self._listing
         if self._last_error and not listing:
             return f"cannot read base path {self.base_path}: {self._last_error}"
         if not listing:
@@ -308,7 +308,6 @@ class ModelRepository:
             code, message = listing[version]
             if code != "OK":
                 return f"version {version} is not loaded: {code}: {message}"
-            served = "none" if current is None else current.version
             return f"version {version} is not loaded: the served version is {served}"
         code, message = next(iter(listing.values()))
         return f"no version loads; the highest: {code}: {message}"
@@ -355,7 +354,10 @@ class ModelRepository:
         if version is not None:
             number = parse_version(version)
             if number != current.version:
-                why = self._why_unavailable(number) if number is not None else "not a version"
+                why = (
+                    "not a version" if number is None
+                    else self._why_unavailable(number, current.version)
+                )  # fmt: skip
                 raise RestError(
                     HTTPStatus.NOT_FOUND,
                     f"Servable not found for request: Specific({name}, {version}): {why}",

@@ -210,9 +210,12 @@ def test_sections_are_written_with_the_indent_and_announced_at_once(tmp_path, mo
         def flush(self):
             self.flushed.append(self.text)
 
+    during = []
+
     def bench(part):
         part["x"] = [1, 2]
         yield
+        during.append(Path(path).read_text())
 
     path = str(tmp_path / "r.json")
     stdout = Stdout()
@@ -220,6 +223,7 @@ def test_sections_are_written_with_the_indent_and_announced_at_once(tmp_path, mo
     results = common.run_sections(path, {}, [("first", bench, {})])
     monkeypatch.undo()
     assert Path(path).read_text() == json.dumps(results, indent=2)
+    assert during == [json.dumps(json.loads(during[0]), indent=2)]  # each piece: indented too
     assert stdout.text == f"{keras.backend.backend()}: first done in 0 s\n"
     assert stdout.flushed == [stdout.text]  # flushed: a parent shows a child's progress live
     assert 0 <= results["first_seconds"] < 5

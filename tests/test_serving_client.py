@@ -21,7 +21,7 @@ class _Scripted(BaseHTTPRequestHandler):
         self.server.paths.append((self.command, self.path))
         status, body, delay = self.server.script.pop(0)
         time.sleep(delay)
-        data = json.dumps(body).encode()
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -250,3 +250,20 @@ def test_cli_needs_a_model_and_documents_its_flags(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--instances-file INSTANCES_FILE JSON list of instances (predict)" in help_text
     assert "--chunk CHUNK steps per request (default 28)" in help_text
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b'{"error": "bad \xff input"}', "bad \ufffd input"),  # undecodable bytes replaced
+        (b"plain text", "plain text"),
+        (b'{"other": 1}', '{"other": 1}'),
+        (b"[1]", "[1]"),
+        (b"", "Bad Request"),  # no body: the status line's reason
+    ],
+)
+def test_an_error_answer_s_message_is_its_error_field_else_its_text(stub, body, message):
+    stub.script = [(400, body, 0)]
+    with pytest.raises(ServingError) as error:
+        _client(stub).status()
+    assert (error.value.status, error.value.message) == (400, message)

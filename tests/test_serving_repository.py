@@ -180,3 +180,104 @@ def test_a_failed_version_waits_for_its_retry_unless_its_files_change(tmp_path):
     time.sleep(0.6)
     repository.refresh()
     assert calls == [1, 1, 1]
+
+
+class _Refusing(_FakeServable):
+    """Loads as `_FakeServable`, except the versions listed in `REFUSED`."""
+
+    REFUSED = (2,)
+
+    def __init__(self, path, version):
+        if version in self.REFUSED:
+            raise ValueError(f"cannot load {version}")
+        super().__init__(path, version)
+
+
+def _not_found(call):
+    from serving.payload import RestError
+
+    with pytest.raises(RestError) as caught:
+        call()
+    assert caught.value.status == 404
+    return caught.value.message
+
+
+def test_each_404_says_why_the_version_asked_for_is_not_served(tmp_path):
+    from serving.repository import ModelRepository
+
+    base = str(tmp_path)
+    for name in ("1", "2"):
+        _fake_version(base, name)
+    repository = ModelRepository(base, "m", poll_seconds=60, loader=_Refusing)
+    repository.refresh()
+    assert _served(repository) == 1
+    assert _not_found(lambda: repository.get("m", "2")) == (
+        "Servable not found for request: Specific(m, 2): version 2 is not loaded: UNKNOWN: "
+        "ValueError: cannot load 2"
+    )
+    _fake_version(base, "3")
+    _fake_version(base, "4", variables=False)
+    repository.refresh()
+    assert _served(repository) == 3
+    assert _not_found(lambda: repository.get("m", "1")) == (
+        "Servable not found for request: Specific(m, 1): version 1 is not loaded: the served "
+        "version is 3"
+    )
+    assert _not_found(lambda: repository.get("m", "7")) == (
+        f"Servable not found for request: Specific(m, 7): no version folder 7 under {base}"
+    )
+    assert _not_found(lambda: repository.get("m", "x")) == (
+        "Servable not found for request: Specific(m, x): not a version"
+    )
+    assert _not_found(lambda: repository.get("other")) == (
+        "Servable not found for request: Latest(other)"
+    )
+    assert _not_found(lambda: repository.status("other")) == (
+        "Servable not found for request: Latest(other)"
+    )
+    assert _not_found(lambda: repository.status("other", "3")) == (
+        "Servable not found for request: Specific(other, 3)"
+    )
+    assert _not_found(lambda: repository.status("m", "7")) == "Could not find version 7 of model m"
+    assert [e["version"] for e in repository.status("m", "4")["model_version_status"]] == ["4"]
+
+
+def test_with_no_version_served_the_404_names_the_highest_failure(tmp_path, monkeypatch):
+    from serving.repository import ModelRepository
+
+    monkeypatch.setattr(_Refusing, "REFUSED", (1, 2))
+    base = str(tmp_path)
+    for name in ("1", "2"):
+        _fake_version(base, name)
+    repository = ModelRepository(base, "m", poll_seconds=60, loader=_Refusing)
+    repository.refresh()
+    assert _not_found(lambda: repository.get("m")) == (
+        "Servable not found for request: Latest(m): no version loads; the highest: UNKNOWN: "
+        "ValueError: cannot load 2"
+    )
+
+
+def test_an_unreadable_base_path_is_named_until_a_scan_succeeds(tmp_path):
+    from serving.repository import ModelRepository
+
+    base = str(tmp_path / "base")
+    repository = ModelRepository(base, "m", poll_seconds=0.05, loader=_FakeServable)
+    repository.start()
+    try:
+        message = _not_found(lambda: repository.get("m"))
+        assert message.startswith(
+            f"Servable not found for request: Latest(m): cannot read base path {base}: "
+            "FileNotFoundError: "
+        ), message
+        _fake_version(base, "1")
+        deadline = time.monotonic() + 10
+        while _served(repository) != 1:
+            assert time.monotonic() < deadline, "version 1 was not loaded"
+            time.sleep(0.02)
+        os.rename(base, base + ".moved")  # versions were listed: they stay the answer
+        time.sleep(0.2)
+        assert _not_found(lambda: repository.get("m", "2")) == (
+            f"Servable not found for request: Specific(m, 2): no version folder 2 under {base}"
+        )
+    finally:
+        repository.stop()
