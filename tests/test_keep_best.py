@@ -135,6 +135,21 @@ def test_best_weights_newer_than_the_restored_checkpoint_are_dropped(tmp_path):
     older.resume(20, logs.append)  # an older checkpoint was restored
     assert older.step is None and older.weights is None
     assert logs == ["ignoring the best weights of step 30: the run resumes from step 20"]
+    same = loop.BestWeights(str(tmp_path / "best.npz"))
+    same.resume(30, logs.append)  # the checkpoint of the best step itself: kept
+    assert same.step == 30 and len(logs) == 1
+
+
+def test_nothing_is_written_before_an_evaluation_and_a_torn_file_is_ignored(tmp_path):
+    path = tmp_path / "best.npz"
+    best = loop.BestWeights(str(path))
+    best.save()
+    assert not path.exists()
+    path.write_bytes(b"PK\x03\x04 torn")
+    logs = []
+    best.resume(10, logs.append)
+    assert best.step is None and best.weights is None
+    assert len(logs) == 1 and logs[0].startswith(f"ignoring unreadable best weights {path}: ")
 
 
 @pytest.mark.parametrize(

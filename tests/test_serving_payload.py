@@ -136,3 +136,8 @@ def test_outputs_come_in_the_row_or_the_columnar_layout():
         "predictions": [3.0, 12.0]
     }
     assert payload.predict(single, "serving_default", {"x": x}, False) == {"outputs": [3.0, 12.0]}
+
+
+def test_a_rest_error_is_an_exception_with_its_message_and_status():
+    error = RestError(404, "not here")
+    assert (str(error), error.message, error.status) == ("not here", "not here", 404)

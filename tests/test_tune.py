@@ -70,6 +70,18 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+def test_a_space_contains_its_grid_values_or_with_log_scale_its_ranges():
+    grid = SearchSpace({"epsilon": [0.01, 1.0]})
+    assert grid.contains("epsilon", 0.01) and grid.contains("epsilon", 1.0)
+    assert not grid.contains("epsilon", 0.1)  # between the values, but no value
+    ranges = SearchSpace({"epsilon": [0.01, 1.0], "gamma": [0.1]}, log_scale=True)
+    assert ranges.contains("epsilon", 0.01) and ranges.contains("epsilon", 0.1)
+    assert ranges.contains("epsilon", 1.0)
+    assert not ranges.contains("epsilon", 0.009) and not ranges.contains("epsilon", 1.01)
+    assert ranges.contains("gamma", 0.1) and not ranges.contains("gamma", 0.2)  # one value
+    assert ranges.contains("optimizer", "sgd") and not ranges.contains("optimizer", "adam")
+
+
 def test_small_random_search_stays_in_the_space_and_names_the_best_trial(tmp_path, capsys):
     directory = tmp_path / "search"
     argv = [*TINY, "--model", "antisymmetric", "--tuner", "random", "--max-trials", "3"]
