@@ -296,6 +296,13 @@ def test_report_has_a_section_per_search_and_reads_an_older_single_search(tmp_pa
     assert "## Search: LSTM (noise-padded Fashion-MNIST, T=1000)" in markdown
     lstm = markdown[markdown.index("## Search: LSTM") :]
     assert lstm.index("| 0.0005 | 12.5% |") < lstm.index("| 0.005 | 25.0% |")
+    search = suite.select_searches(["search_noise_padded_lstm"])[0]
+    steps = search.argv[search.argv.index("--steps-per-trial") + 1]
+    assert (
+        f"{search.title}, LSTM: validation accuracy after {steps} steps (2 trials, "
+        "`python -m training.reproduce --search --only search_noise_padded_lstm`)."
+    ) in lstm
+    assert "| learning rate | validation accuracy |\n| --- | --- |\n| 0.0005 |" in lstm
     results = json.loads((docs / "reproduction" / "results.json").read_text())["search"]
     assert results["search_noise_padded_gated"] == old
     assert results["search_noise_padded_lstm"][0] == {"score": 0.25, "learning_rate": 0.005}
@@ -347,3 +354,68 @@ def test_heatmap_axes_name_the_parameters_on_a_fixed_scale(tmp_path, monkeypatch
     assert [text.get_text() for text in axis.texts] == ["0.25"]
     assert [t.get_text() for t in axis.get_xticklabels()] == ["0.1"]
     assert [t.get_text() for t in axis.get_yticklabels()] == ["0.01"]
+
+
+def _smoke_run(model):
+    return next(r for r in suite.SUITES["smoke"] if r.name == f"smoke_digits_{model}")
+
+
+def test_a_run_cut_short_reports_its_curve_s_last_point(tmp_path):
+    run = _smoke_run("lstm")
+    folder = tmp_path / run.name
+    folder.mkdir()
+    points = [{"step": 10, "train_seconds": 5.0, "test_accuracy": 0.3},
+              {"step": 20, "train_seconds": 9.0, "test_accuracy": 0.4}]  # fmt: skip
+    (folder / "curve.json").write_text(json.dumps({"points": points}))
+    row = report.collect(run, str(tmp_path), None)
+    assert (row["status"], row["test_accuracy"], row["steps"], row["train_seconds"]) == (
+        "partial",
+        0.4,
+        20,
+        9.0,
+    )
+    assert row["curve"] == [{"step": 10, "seconds": 5.0, "accuracy": 0.3},
+                            {"step": 20, "seconds": 9.0, "accuracy": 0.4}]  # fmt: skip
+    validation = [{**p, "validation_accuracy": p.pop("test_accuracy")} for p in points]
+    (folder / "curve.json").write_text(json.dumps({"points": validation, "split": "validation"}))
+    row = report.collect(run, str(tmp_path), None)  # validation is no test accuracy
+    assert (row["status"], row["test_accuracy"], row["curve_split"]) == (
+        "partial",
+        None,
+        "validation",
+    )
+    assert [p["accuracy"] for p in row["curve"]] == [0.3, 0.4]
+
+
+def test_a_digits_run_needs_no_data_and_is_just_not_run(tmp_path):
+    row = report.collect(_smoke_run("antisymmetric"), str(tmp_path), str(tmp_path / "no-data"))
+    assert row["status"] == "not run"
+
+
+def test_a_runs_folder_is_named_relatively_or_not_at_all(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert report.portable_dir(str(tmp_path / "runs" / "a")) == os.path.join("runs", "a")
+    assert report.portable_dir(str(tmp_path.parent)) == "RUNS_DIR"
+
+
+def test_curves_plot_accuracy_against_steps_and_against_seconds(tmp_path, monkeypatch):
+    made = []
+    subplots = report.plt.subplots
+
+    def recording(*args, **kwargs):
+        made.append(subplots(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(report.plt, "subplots", recording)
+    row = _row("a", "gated", 0.5, 30, curve=[
+        {"step": 10, "seconds": 3, "accuracy": 0.2}, {"step": 20, "seconds": 7, "accuracy": 0.5},
+    ])  # fmt: skip
+    assert report.plot_curves("title", [row], str(tmp_path / "c.png"))
+    _, (by_steps, by_seconds) = made[0]
+    np.testing.assert_array_equal(by_steps.lines[0].get_xydata(), [[10, 0.2], [20, 0.5]])
+    np.testing.assert_array_equal(by_seconds.lines[0].get_xydata(), [[3, 0.2], [7, 0.5]])
+    assert (by_steps.get_xlabel(), by_seconds.get_xlabel()) == (
+        "training steps",
+        "training seconds",
+    )
+    assert by_steps.get_ylim() == (0, 1) and by_seconds.get_ylabel() == "test accuracy"

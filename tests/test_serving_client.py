@@ -1,6 +1,8 @@
 """`serving.client`: retries on 503, timeouts, errors carrying the server's message."""
 
+import errno
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +21,7 @@ class _Scripted(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", "0"))
         self.server.bodies.append(self.rfile.read(length) if length else b"")
         self.server.paths.append((self.command, self.path))
+        self.server.types.append(self.headers.get("Content-Type"))
         status, body, delay = self.server.script.pop(0)
         time.sleep(delay)
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -41,7 +44,7 @@ class _Scripted(BaseHTTPRequestHandler):
 def stub():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
     server.daemon_threads = True
-    server.script, server.paths, server.bodies = [], [], []
+    server.script, server.paths, server.bodies, server.types = [], [], [], []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -110,6 +113,8 @@ def test_connection_refused_raises_serving_error():
     with pytest.raises(ServingError) as error:
         ServingClient("http://127.0.0.1:9", "m", timeout=2, retries=0).status()
     assert error.value.status is None
+    refused = ConnectionRefusedError(errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED))
+    assert error.value.message == str(refused)  # the reason, not urllib's wrapper
 
 
 @pytest.mark.parametrize(
@@ -267,3 +272,35 @@ def test_an_error_answer_s_message_is_its_error_field_else_its_text(stub, body, 
     with pytest.raises(ServingError) as error:
         _client(stub).status()
     assert (error.value.status, error.value.message) == (400, message)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: ServingClient("ftp://127.0.0.1", "m"), "argument `url`, expected an http:// or "
+         "https:// URL with a host, e.g. http://127.0.0.1:8501, got 'ftp://127.0.0.1'."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "m", timeout=0), "argument `timeout`, "
+         "expected a positive number of seconds, got 0."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "m", retries=-1), "argument `retries`, "
+         "expected a non-negative integer, got -1."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "m").predict(), "argument `instances`, "
+         "expected exactly one of `instances` and `inputs`, got neither."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "m").predict(instances=[1], inputs=[1]),
+         "argument `instances`, expected exactly one of `instances` and `inputs`, got both."),
+    ],
+)  # fmt: skip
+def test_invalid_arguments_are_the_whole_message(make, message):
+    with pytest.raises(ValueError) as caught:
+        make()
+    assert str(caught.value) == f"Received an invalid value for {message}"
+
+
+def test_a_body_is_sent_as_json_or_as_given_bytes_and_a_get_has_none(stub):
+    stub.script = [(200, {}, 0)] * 3
+    client = _client(stub)
+    url = f"{_url(stub)}/v1/models/m:predict"
+    client.request("POST", url, b'{"instances": [1]}')
+    client.request("POST", url, {"instances": [2]})
+    client.request("GET", f"{_url(stub)}/v1/models/m")
+    assert stub.bodies == [b'{"instances": [1]}', b'{"instances": [2]}', b""]
+    assert stub.types == ["application/json", "application/json", None]
