@@ -141,3 +141,20 @@ def test_outputs_come_in_the_row_or_the_columnar_layout():
 def test_a_rest_error_is_an_exception_with_its_message_and_status():
     error = RestError(404, "not here")
     assert (str(error), error.message, error.status) == ("not here", "not here", 404)
+
+
+@pytest.mark.parametrize(
+    "instances, servable, message",
+    [
+        ([{"a": [1.0, 2.0], "b": 1}, {"a": [1.0, 2.0]}], TWO,
+         "Every instance must have exactly the keys ['a', 'b']"),
+        ([[1.0, 2.0]], TWO,
+         "Instances must be objects with keys ['a', 'b'] (or all plain values for one input)"),
+        ([[[0.5]], {"x": [[0.5]]}], ONE,
+         "Instances must be objects with keys ['x'] (or all plain values for one input)"),
+    ],
+)  # fmt: skip
+def test_row_instances_are_all_objects_or_all_plain_values_of_one_input(
+    instances, servable, message
+):
+    assert _error({"instances": instances}, servable) == message
