@@ -40,7 +40,13 @@ def _error(body, servable=ONE, max_elements=payload.DEFAULT_MAX_INPUT_ELEMENTS):
 
 @pytest.mark.parametrize(
     "leaf, kind",
-    [("1", "string"), (True, "boolean"), (None, "null"), ({"v": 1}, "dict")],
+    [
+        ("1", "string"),
+        (True, "boolean"),
+        (None, "null"),
+        ({"v": 1}, "dict"),
+        ([0.5], "list (ragged nesting)"),
+    ],
 )
 def test_a_leaf_that_is_no_number_is_named_by_its_json_kind(leaf, kind):
     message = _error({"instances": [[[0.5], [leaf], [0.5]]]})
