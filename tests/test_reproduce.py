@@ -419,3 +419,11 @@ def test_curves_plot_accuracy_against_steps_and_against_seconds(tmp_path, monkey
         "training seconds",
     )
     assert by_steps.get_ylim() == (0, 1) and by_seconds.get_ylabel() == "test accuracy"
+
+
+def test_each_table_s_curves_are_titled_with_the_table(tmp_path, monkeypatch):
+    titles = []
+    monkeypatch.setattr(report, "plot_curves", lambda title, rows, path: titles.append(title))
+    runs = suite.SUITES["smoke"]
+    report.write(runs, str(tmp_path / "runs"), str(tmp_path / "docs"))
+    assert titles == list(dict.fromkeys(run.table for run in runs))

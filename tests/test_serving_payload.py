@@ -164,3 +164,52 @@ def test_row_instances_are_all_objects_or_all_plain_values_of_one_input(
     instances, servable, message
 ):
     assert _error({"instances": instances}, servable) == message
+
+
+def _as_array(value, spec, budget=None):
+    try:
+        return payload.as_input_array(value, spec, "x", budget or [100])
+    except RestError as error:
+        assert error.status == 400
+        return error.message
+
+
+@pytest.mark.parametrize(
+    "value, spec, message",
+    [
+        ([1.0], tf.TensorSpec(None, tf.float32), "Input 'x' has an unsupported dtype or unknown "
+         "rank: TensorSpec(shape=<unknown>, dtype=tf.float32, name=None)"),
+        (["a"], tf.TensorSpec([None], tf.string), "Input 'x' has an unsupported dtype or unknown "
+         "rank: TensorSpec(shape=(None,), dtype=tf.string, name=None)"),
+        ([2**31], tf.TensorSpec([None], tf.int32), "Input 'x' has values out of int32 range"),
+        ([10**400], tf.TensorSpec([None], tf.int32), "Input 'x' has values out of int32 range"),
+        ([10**400], tf.TensorSpec([None], tf.float32),
+         "Input 'x' has values out of float32 range"),
+    ],
+)  # fmt: skip
+def test_an_input_outside_its_dtype_is_a_400_naming_it(value, spec, message):
+    assert _as_array(value, spec) == message
+
+
+def test_integers_are_read_exactly_and_a_float_overflow_is_refused_without_a_warning():
+    import warnings
+
+    exact = _as_array([9007199254740993, -(2**63)], tf.TensorSpec([None], tf.int64))
+    assert exact.dtype == np.int64 and exact.tolist() == [9007199254740993, -(2**63)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float64 to float32 overflows quietly, then is refused
+        assert _as_array([1e39], tf.TensorSpec([None], tf.float32)) == (
+            "Input 'x' contains NaN, Infinity or values out of float32 range"
+        )
+
+
+def test_the_request_s_number_budget_is_shared_by_its_inputs():
+    budget = [10]
+    spec = tf.TensorSpec([None, 3], tf.float32)
+    assert _as_array([[1, 2, 3], [4, 5, 6]], spec, budget).shape == (2, 3)
+    assert budget == [4]
+    assert _as_array([[1, 2, 3]], spec, budget).shape == (1, 3)  # exactly what is left
+    assert budget == [1]
+    assert _as_array([[1, 2, 3]], spec, budget) == (
+        "Request has more than 1 input numbers (--max-input-elements); input 'x' alone has 3"
+    )
