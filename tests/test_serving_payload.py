@@ -213,3 +213,34 @@ def test_the_request_s_number_budget_is_shared_by_its_inputs():
     assert _as_array([[1, 2, 3]], spec, budget) == (
         "Request has more than 1 input numbers (--max-input-elements); input 'x' alone has 3"
     )
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b'{"a": NaN}', "NaN is not a valid JSON number"),
+        (b"[-Infinity]", "-Infinity is not a valid JSON number"),
+        (b"[" * 100_000, "nesting too deep"),
+        (b"{", "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        # JSON between systems is UTF-8: json.loads alone would accept UTF-16.
+        ("[1]".encode("utf-16"),
+         "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+    ],
+)  # fmt: skip
+def test_a_body_that_is_not_json_is_tensorflow_serving_s_parse_error(body, message):
+    with pytest.raises(RestError) as caught:
+        payload.decode_json(body)
+    assert (caught.value.status, caught.value.message) == (400, f"JSON Parse error: {message}")
+
+
+def test_json_is_decoded_from_bytes_or_text():
+    assert payload.decode_json(b'{"a": [1.5]}') == payload.decode_json('{"a": [1.5]}') == {
+        "a": [1.5]
+    }  # fmt: skip
+    assert payload.decode_json(bytearray(b"[2]")) == [2]
+
+
+def test_a_single_unnamed_tensor_needs_a_signature_of_one_input():
+    assert _error({"inputs": [[1.0, 2.0]]}, TWO) == (
+        "Expected inputs ['a', 'b'], got a single unnamed tensor"
+    )
