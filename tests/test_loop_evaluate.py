@@ -1,6 +1,8 @@
 """`training.loop.evaluate`, the number every learning curve, `--keep-best` and the final
 test accuracy come from, against a NumPy recomputation."""
 
+import json
+
 import numpy as np
 
 from training import loop, tasks
@@ -73,3 +75,66 @@ def test_diagnostics_probe_the_first_examples_and_write_log_and_keep_each_value(
         f"step 5 diagnostics antisymmetric/e2e_eig_abs_mean={mean:.4g} "
         f"antisymmetric/euler_margin={margin:.4g}"
     ]
+
+
+class _Linear:
+    """A trainer whose predictions are a fixed linear map of the digits' pixels."""
+
+    def __init__(self, weights):
+        self.weights = weights
+
+    def predict(self, x):
+        return x[:, :, 0] @ self.weights
+
+
+def test_the_learning_curve_records_evaluations_saves_and_resumes_its_clock(tmp_path):
+    task = tasks.get_task("digits")
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 17, size=(12, 8, 8)).astype("float64")
+    labels = rng.integers(0, 10, size=12)
+    weights = rng.normal(size=(64, 10))
+    loss, accuracy = _reference((images.reshape(12, 64) / 16.0) @ weights, labels)
+    path = tmp_path / "curve.json"
+    curve = loop.LearningCurve(str(path), 5, "validation", (images, labels), task, 8, 0)
+    writer, lines = _Writer(), []
+    for step, seconds in ((5, 1.5), (10, 2.5), (10, 3.0)):  # step 10 evaluated again
+        curve.record(_Linear(weights), step, seconds, writer, lines.append)
+    assert [(p["step"], p["train_seconds"]) for p in curve.points] == [(5, 1.5), (10, 3.0)]
+    np.testing.assert_allclose(curve.points[-1]["validation_loss"], loss, rtol=1e-5)
+    assert curve.points[-1]["validation_accuracy"] == accuracy
+    assert writer.scalars[-2:] == [
+        ("validation/accuracy", accuracy, 10),
+        ("validation/loss", curve.points[-1]["validation_loss"], 10),
+    ]
+    assert lines[-1] == (
+        f"step 10 validation_accuracy {accuracy:.4f} validation_loss "
+        f"{curve.points[-1]['validation_loss']:.4f}"
+    )
+    curve.record(_Linear(weights), 12, 4.0, writer, lines.append)
+    curve.record(_Linear(weights), 20, 6.0, writer, lines.append)
+    curve.save()
+    body = {"split": "validation", "every": 5, "points": curve.points}
+    assert path.read_text() == json.dumps(body, indent=1) + "\n"
+
+    resumed = loop.LearningCurve(str(path), 5, "validation", (images, labels), task, 8, 0)
+    resumed.resume(15)  # the checkpoint of step 15: the evaluation of step 20 is dropped
+    assert [p["step"] for p in resumed.points] == [5, 10, 12]
+    resumed.record(_Linear(weights), 20, 0.5, writer, lines.append)
+    assert resumed.points[-1]["train_seconds"] == 4.5  # the clock goes on from step 12's
+
+
+def test_a_curve_without_points_starts_its_clock_at_zero(tmp_path):
+    task = tasks.get_task("digits")
+    images, labels = np.zeros((2, 8, 8)), np.zeros(2, "int64")
+    for text in (None, '{"split": "test", "every": 5}'):
+        path = tmp_path / "curve.json"
+        if text is not None:
+            path.write_text(text)
+        curve = loop.LearningCurve(str(path), 5, "test", (images, labels), task, 8, 0)
+        curve.resume(10)
+        assert curve.points == [] and curve.seconds_before == 0.0
+        curve.record(_Linear(np.zeros((64, 10))), 5, 2.0, _Writer(), lambda line: None)
+        assert curve.points[0]["train_seconds"] == 2.0
+    fresh = loop.LearningCurve(str(tmp_path / "new.json"), 5, "test", (images, labels), task, 8, 0)
+    fresh.record(_Linear(np.zeros((64, 10))), 5, 2.0, _Writer(), lambda line: None)
+    assert fresh.points[0]["train_seconds"] == 2.0  # without a resume too
