@@ -63,6 +63,11 @@ def test_the_config_flag_is_documented(capsys):
         ),
         ("- 1\n- 2\n", "argument --config: {path} is not a mapping of options"),
         ("units: [\n", "argument --config: {path} is not valid YAML"),
+        (
+            "units: 8\nname: \x01\n",
+            "argument --config: {path} is not valid YAML: unacceptable "
+            "character #x0001: special characters are not allowed\n",
+        ),
         ("colour: red\n", "argument --config: unknown option 'colour' in {path}"),
     ],
 )

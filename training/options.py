@@ -127,7 +127,8 @@ def read_yaml_mapping(path: str, argument: str) -> dict:
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
-        problem = getattr(error, "problem", None) or type(error).__name__
+        # A reader error (a control character) has no problem text: its message's first line.
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise ConfigFileError(
             f"argument {argument}: {path} is not valid YAML{at}: {problem}"
         ) from None
