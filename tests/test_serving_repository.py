@@ -281,3 +281,26 @@ def test_an_unreadable_base_path_is_named_until_a_scan_succeeds(tmp_path):
         )
     finally:
         repository.stop()
+
+
+def test_a_loaded_version_prints_its_signatures_as_tensorflow_serving_does():
+    from serving.repository import Servable
+    from tests.serving_helpers import FEATURES, STEPS, exported
+
+    _, base = exported("antisymmetric")
+    servable = Servable(os.path.join(base, "1"), 1)
+    assert servable.version == 1
+    assert servable.max_rank == 3  # (batch, T, m): the deepest input of any signature
+    signatures = servable.signature_def["signature_def"]
+    # The whole SignatureDefMap, as TensorFlow Serving prints it: the init op's entry too.
+    assert sorted(signatures) == ["__saved_model_init_op", "padded", "serving_default", "stream"]
+    default = signatures["serving_default"]
+    assert default["method_name"] == "tensorflow/serving/predict"
+    sequence = default["inputs"]["sequence"]
+    assert sequence["dtype"] == "DT_FLOAT"
+    # Field names kept and default values printed (`unknown_rank: false`, empty dim names).
+    assert sequence["tensor_shape"] == {
+        "dim": [{"size": "-1", "name": ""}, {"size": str(STEPS), "name": ""},
+                {"size": str(FEATURES), "name": ""}],
+        "unknown_rank": False,
+    }  # fmt: skip
