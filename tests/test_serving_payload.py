@@ -208,11 +208,13 @@ def test_the_request_s_number_budget_is_shared_by_its_inputs():
     spec = tf.TensorSpec([None, 3], tf.float32)
     assert _as_array([[1, 2, 3], [4, 5, 6]], spec, budget).shape == (2, 3)
     assert budget == [4]
-    assert _as_array([[1, 2, 3]], spec, budget).shape == (1, 3)  # exactly what is left
+    assert _as_array([[1, 2, 3]], spec, budget).shape == (1, 3)
     assert budget == [1]
     assert _as_array([[1, 2, 3]], spec, budget) == (
         "Request has more than 1 input numbers (--max-input-elements); input 'x' alone has 3"
     )
+    assert _as_array([7.0], tf.TensorSpec([None], tf.float32), budget).tolist() == [7.0]
+    assert budget == [0]  # exactly what was left is allowed
 
 
 @pytest.mark.parametrize(
