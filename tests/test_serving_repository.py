@@ -122,6 +122,14 @@ class _CodedError(Exception):
         self.error_code, self.message = code, message
 
 
+class _CodeOnly(Exception):
+    """An `error_code` without a `message`: `str()` is its text."""
+
+    def __init__(self, code):
+        super().__init__("str() when there is no message")
+        self.error_code = code
+
+
 @pytest.mark.parametrize(
     "error, expected",
     [
@@ -137,6 +145,7 @@ class _CodedError(Exception):
         (PermissionError(13, "no"), ("PERMISSION_DENIED", "PermissionError: [Errno 13] no")),
         (ValueError("bad\nmore"), ("UNKNOWN", "ValueError: bad")),
         (_CodedError(13, "x" * 600), ("INTERNAL", "x" * 500)),
+        (_CodeOnly(14), ("UNAVAILABLE", "str() when there is no message")),
     ],
 )
 def test_a_load_failure_is_reported_with_tensorflow_serving_s_code_and_first_line(error, expected):
@@ -304,3 +313,19 @@ def test_a_loaded_version_prints_its_signatures_as_tensorflow_serving_does():
                 {"size": str(FEATURES), "name": ""}],
         "unknown_rank": False,
     }  # fmt: skip
+
+
+def test_the_deepest_input_of_a_saved_model_without_ranks_is_zero(tmp_path):
+    import tensorflow as tf
+
+    from serving.repository import Servable
+
+    bare = str(tmp_path / "bare")
+    tf.saved_model.save(tf.Module(), bare)
+    assert Servable(bare, 1).max_rank == 0  # no signature at all
+
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": x}, input_signature=[tf.TensorSpec(None, tf.float32)])
+    unranked = str(tmp_path / "unranked")
+    tf.saved_model.save(module, unranked, signatures={"serving_default": module.f})
+    assert Servable(unranked, 1).max_rank == 0  # an input of unknown rank counts as none
