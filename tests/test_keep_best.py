@@ -128,7 +128,7 @@ def test_best_weights_newer_than_the_restored_checkpoint_are_dropped(tmp_path):
     logs = []
     again = loop.BestWeights(str(tmp_path / "best.npz"))
     again.resume(40, logs.append)
-    assert again.step == 30 and again.accuracy == 0.7
+    assert again.step == 30 and again.accuracy == 0.7 and again.loss == 1.0
     for saved, weight in zip(again.weights, model.get_weights(), strict=True):
         np.testing.assert_array_equal(saved, weight)
     older = loop.BestWeights(str(tmp_path / "best.npz"))
@@ -145,10 +145,16 @@ def test_nothing_is_written_before_an_evaluation_and_a_torn_file_is_ignored(tmp_
     best = loop.BestWeights(str(path))
     best.save()
     assert not path.exists()
+    best.offer(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]), 5, 0.5, 0.9)
+    best.save()
+    path.unlink()
+    best.save()  # nothing new since the last save: not written again
+    assert not path.exists()
     path.write_bytes(b"PK\x03\x04 torn")
     logs = []
-    best.resume(10, logs.append)
-    assert best.step is None and best.weights is None
+    torn = loop.BestWeights(str(path))
+    torn.resume(10, logs.append)
+    assert torn.step is None and torn.weights is None
     assert len(logs) == 1 and logs[0].startswith(f"ignoring unreadable best weights {path}: ")
 
 
