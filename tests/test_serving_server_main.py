@@ -337,3 +337,106 @@ def test_connection_limit_keeps_the_soft_limit_when_raising_it_fails(monkeypatch
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
     monkeypatch.setattr(resource, "setrlimit", refuse)
     assert server_module._connection_limit(1000) == 960
+
+
+class _Recorded:
+    """Stand-ins for the repository and the server thread: what `make_server` passes them."""
+
+    def __init__(self, monkeypatch):
+        self.repositories, self.servers = [], []
+        recorded = self
+
+        class Repository:
+            def __init__(self, *args):
+                self.args, self.started = args, False
+                recorded.repositories.append(self)
+
+            def start(self):
+                self.started = True
+
+        class Thread:
+            def __init__(self, app, host, port, request_timeout, header_timeout, **options):
+                self.app, self.host, self.port = app, host, port
+                self.timeouts = (request_timeout, header_timeout)
+                self.options, self.waiting = options, 0
+                recorded.servers.append(self)
+
+            def queued(self):
+                return self.waiting
+
+        monkeypatch.setattr(server_module, "ModelRepository", Repository)
+        monkeypatch.setattr(server_module, "ServerThread", Thread)
+        monkeypatch.setattr(server_module, "_connection_limit", lambda wanted: wanted - 1)
+
+
+def test_make_server_passes_every_limit_on_with_its_type(tmp_path, monkeypatch):
+    recorded = _Recorded(monkeypatch)
+    made = server_module.make_server(str(tmp_path), "m")
+    (repository,) = recorded.repositories
+    assert repository.args == (str(tmp_path), "m", 1.0) and repository.started
+    assert made.repository is repository and made.drain_seconds == 10.0
+    assert (made.host, made.port, made.timeouts) == ("127.0.0.1", 8501, (30.0, 10.0))
+    assert made.app.repository is repository
+    assert made.options == {
+        "threads": 4, "connection_limit": 999, "channel_timeout": 30, "cleanup_interval": 1,
+        "max_request_header_size": 64 * 1024,
+        "max_request_body_size": server_module.LIMITS["max_body_bytes"][0] + 1,
+        "ident": "keras-antisym-local-serving", "expose_tracebacks": False,
+        "asyncore_use_poll": True,
+    }  # fmt: skip
+    made.waiting = 32
+    assert not made.app.overloaded()
+    made.waiting = 33  # more than --max-queued-requests wait: 503
+    assert made.app.overloaded()
+
+    given = server_module.make_server(
+        str(tmp_path), "m", "localhost", 0, 0.5, threads=2.0, channel_timeout=2.5,
+        max_queued_requests=1, drain_seconds=3, connection_limit=50, max_body_bytes=100,
+        max_header_bytes=200.0, request_timeout=4, header_timeout=5,
+    )  # fmt: skip
+    assert recorded.repositories[-1].args == (str(tmp_path), "m", 0.5)
+    assert (given.host, given.port, given.timeouts, given.drain_seconds) == (
+        "localhost",
+        0,
+        (4, 5),
+        3,
+    )
+    assert (given.options["threads"], given.options["channel_timeout"]) == (2, 3)
+    assert given.options["connection_limit"] == 49
+    assert given.options["max_request_body_size"] == 101
+    assert given.options["max_request_header_size"] == 200
+    given.waiting = 2
+    assert given.app.overloaded()
+
+
+def test_make_server_refuses_unknown_limits_and_ports_outside_tcp(tmp_path, monkeypatch):
+    _Recorded(monkeypatch)
+    with pytest.raises(TypeError) as caught:
+        server_module.make_server(str(tmp_path), "m", threads=2, speed=3)
+    assert str(caught.value) == (
+        f"Unknown limits ['speed'], expected some of {sorted(server_module.LIMITS)}"
+    )
+    for port in (-1, 65536):
+        with pytest.raises(ValueError) as caught:
+            server_module.make_server(str(tmp_path), "m", port=port)
+        assert str(caught.value) == (
+            f"Received an invalid value for argument `port`, expected 0 to 65535, got {port}."
+        )
+    assert server_module.make_server(str(tmp_path), "m", port=65535).port == 65535
+
+
+@pytest.mark.parametrize(
+    "host, warned",
+    [("127.0.0.1", False), ("127.0.0.2", False), ("::1", False), ("localhost", False),
+     ("0.0.0.0", True), ("192.0.2.1", True), ("example.org", True)],
+)  # fmt: skip
+def test_binding_beyond_loopback_warns_that_there_is_no_authentication(
+    host, warned, tmp_path, monkeypatch, caplog
+):
+    _Recorded(monkeypatch)  # nothing is bound: the stand-in records the host
+    with caplog.at_level(logging.WARNING, logger="serving.server"):
+        server_module.make_server(str(tmp_path), "m", host=host)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "serving.server"]
+    expected = (f"Binding {host}: this server has no authentication, anyone who can reach it "
+                "can query the model")  # fmt: skip
+    assert warnings == ([expected] if warned else [])
