@@ -440,3 +440,29 @@ def test_binding_beyond_loopback_warns_that_there_is_no_authentication(
     expected = (f"Binding {host}: this server has no authentication, anyone who can reach it "
                 "can query the model")  # fmt: skip
     assert warnings == ([expected] if warned else [])
+
+
+def test_make_server_refuses_a_version_folder_and_a_non_positive_poll(tmp_path, monkeypatch):
+    _Recorded(monkeypatch)
+    version = tmp_path / "1"
+    version.mkdir()
+    (version / "saved_model.pb").write_bytes(b"pb")
+    with pytest.raises(ValueError) as caught:
+        server_module.make_server(str(version), "m")
+    assert str(caught.value) == (
+        "Received an invalid value for argument `model_base_path`, expected a folder of "
+        f"numbered version folders, got {str(version)!r} holds a saved_model.pb itself: it is a "
+        "version folder, the base path is its parent (versions are numbered sub-folders)."
+    )
+    with pytest.raises(ValueError) as caught:
+        server_module.make_server(str(tmp_path), "m", poll_seconds=0)
+    assert str(caught.value) == (
+        "Received an invalid value for argument `poll_seconds`, expected a positive number, got 0."
+    )
+
+
+def test_help_keeps_the_description_s_own_line_breaks(capsys):
+    with pytest.raises(SystemExit):
+        server_module.main(["--help"])
+    command = "    python -m serving.server --model-base-path models/antisym --model-name antisym"
+    assert f"\n{command} --port 8501\n" in capsys.readouterr().out
