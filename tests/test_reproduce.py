@@ -335,7 +335,8 @@ def test_a_best_run_without_a_point_by_the_rival_s_time_leads_from_zero():
     assert line.splitlines()[-1].endswith("| +70.0 / -20.0 points |")  # at 30 s: 0 - 0.2
 
 
-def test_heatmap_axes_name_the_parameters_on_a_fixed_scale(tmp_path, monkeypatch):
+def _record_figures(monkeypatch):
+    """The `(figure, axes)` of every `plt.subplots` call of `report`, kept after it closes them."""
     made = []
     subplots = report.plt.subplots
 
@@ -344,6 +345,11 @@ def test_heatmap_axes_name_the_parameters_on_a_fixed_scale(tmp_path, monkeypatch
         return made[-1]
 
     monkeypatch.setattr(report.plt, "subplots", recording)
+    return made
+
+
+def test_heatmap_axes_name_the_parameters_on_a_fixed_scale(tmp_path, monkeypatch):
+    made = _record_figures(monkeypatch)
     trials = [{"epsilon": 0.01, "gamma": 0.1, "score": 0.25}]
     report.plot_heatmap(trials, "the title", str(tmp_path / "h.png"))
     _, axis = made[0]
@@ -399,14 +405,7 @@ def test_a_runs_folder_is_named_relatively_or_not_at_all(tmp_path, monkeypatch):
 
 
 def test_curves_plot_accuracy_against_steps_and_against_seconds(tmp_path, monkeypatch):
-    made = []
-    subplots = report.plt.subplots
-
-    def recording(*args, **kwargs):
-        made.append(subplots(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(report.plt, "subplots", recording)
+    made = _record_figures(monkeypatch)
     row = _row("a", "gated", 0.5, 30, curve=[
         {"step": 10, "seconds": 3, "accuracy": 0.2}, {"step": 20, "seconds": 7, "accuracy": 0.5},
     ])  # fmt: skip
