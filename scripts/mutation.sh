@@ -35,6 +35,9 @@ if [ "${1:-}" = "--backend" ]; then
     shift 2
     backend_patterns=("$@")
     set --
+    if [ "${backend_patterns[0]:-}" = "--app" ]; then
+        set -- --app  # the recheck reads the tree as the last run left it
+    fi
 fi
 if [ "${1:-}" = "--app" ]; then
     shift
@@ -47,20 +50,22 @@ if [ "${1:-}" = "--app" ]; then
         # Every module of the application where a number, a file or a request is handled.
         mapfile -t modules < <(sed -n 's/^# module: \([^ ]*\).*/\1/p' scripts/mutation-app.cfg)
     fi
-    mkdir -p .mutation-app
-    for path in apputil keras_antisym training serving benchmarks scripts tests docs; do
-        rm -rf ".mutation-app/$path"
-        cp -r "$path" ".mutation-app/$path"
-    done
-    cp pyproject.toml .mutation-app/
-    # setup.cfg with its [mutmut] section (the last one) replaced by the app's, whose
-    # only_mutate is the modules asked for (verdicts of the others stay cached).
-    sed '/^\[mutmut\]/,$d' setup.cfg >.mutation-app/setup.cfg
-    {
-        grep -v '^# module: ' scripts/mutation-app.cfg
-        echo "only_mutate ="
-        for module in "${modules[@]}"; do echo "    ${module//.//}.py"; done
-    } >>.mutation-app/setup.cfg
+    if [ -z "$backend" ]; then
+        mkdir -p .mutation-app
+        for path in apputil keras_antisym training serving benchmarks scripts tests docs; do
+            rm -rf ".mutation-app/$path"
+            cp -r "$path" ".mutation-app/$path"
+        done
+        cp pyproject.toml .mutation-app/
+        # setup.cfg with its [mutmut] section (the last one) replaced by the app's, whose
+        # only_mutate is the modules asked for (verdicts of the others stay cached).
+        sed '/^\[mutmut\]/,$d' setup.cfg >.mutation-app/setup.cfg
+        {
+            grep -v '^# module: ' scripts/mutation-app.cfg
+            echo "only_mutate ="
+            for module in "${modules[@]}"; do echo "    ${module//.//}.py"; done
+        } >>.mutation-app/setup.cfg
+    fi
     [[ "$REPORT" = /* ]] || REPORT="$ROOT/$REPORT"
     cd .mutation-app
 else
@@ -278,7 +283,8 @@ for line in sys.stdin:
             if verdict["status"] == "killed" and verdict["hash"] == hashes.get(function)
         )
         if killed_on:
-            status = "other backend"
+            # TensorFlow is mutmut's own backend: a kill there is a recheck with newer tests.
+            status = "recheck" if "tensorflow" in killed_on else "other backend"
             survivors.append(f"  {'killed on ' + '+'.join(killed_on):>18}  {name}")
         elif name in equivalent:
             status = "equivalent"
@@ -286,10 +292,11 @@ for line in sys.stdin:
     # keras_antisym.cells.x_f__mutmut_3, keras_antisym.cells.xǁClassǁmethod__mutmut_3
     module = name.split(".x", 1)[0]
     rows[module][status] += 1
-    if status not in ("killed", "timeout", "not checked", "other backend", "equivalent"):
+    if status not in ("killed", "timeout", "not checked", "recheck", "other backend", "equivalent"):
         survivors.append(f"  {status:>18}  {name}")
 columns = [
-    "killed", "timeout", "other backend", "equivalent", "survived", "no tests", "suspicious",
+    "killed", "timeout", "recheck", "other backend", "equivalent", "survived", "no tests",
+    "suspicious",
     "segfault", "not checked",
 ]
 header = f"{'module':<28}{'mutants':>8}" + "".join(f"{c:>14}" for c in columns)
@@ -297,8 +304,10 @@ header += f"{'score':>8}{'w/o eq.':>9}"
 lines = [
     f"mutmut report, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
     f"scripts/mutation.sh {modules} took {elapsed} s",
-    "score = (killed + timeout + other backend) / (mutants - not checked); 'w/o eq.' leaves",
-    "the equivalent mutants out of the denominator. 'timeout' is also mutmut's name for a",
+    "score = (killed + timeout + recheck + other backend) / (mutants - not checked); 'w/o eq.'",
+    "leaves the equivalent mutants out of the denominator. 'recheck': survived mutmut's run,",
+    "killed by the tests written since (scripts/mutation_backends.py tensorflow --tests).",
+    "'timeout' is also mutmut's name for a",
     "worker that died (exit code 255: the mutated library or its tests failed to import);",
     "'other backend': survived on TensorFlow, killed on JAX or PyTorch by",
     "scripts/mutation_backends.py; 'equivalent': listed in docs/mutation-equivalents.txt.",
@@ -312,7 +321,7 @@ for counts in rows.values():
 for module, counts in [*sorted(rows.items()), ("TOTAL", total)]:
     generated = sum(counts.values())
     tested = generated - counts["not checked"]
-    killed = counts["killed"] + counts["timeout"] + counts["other backend"]
+    killed = counts["killed"] + counts["timeout"] + counts["recheck"] + counts["other backend"]
     score = f"{100 * killed / tested:.1f}%" if tested else "-"
     rest = tested - counts["equivalent"]
     without = f"{100 * killed / rest:.1f}%" if rest else "-"

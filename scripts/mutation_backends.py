@@ -14,15 +14,25 @@ anything else is checked again at the next call.
 Tests that fail on this backend without any mutant are left out (a baseline run
 first), as are mutants that mutmut killed already.
 
+With `tensorflow` it is the recheck of survivors after new tests were written for
+them: `--tests PATH ...` adds tests that mutmut's map (collected before they
+existed) cannot name, and the current `tests/` is copied into the tree first.
+The report counts those kills as "recheck". `--app` works in `.mutation-app/`.
+
     scripts/mutation.sh --backend jax 'keras_antisym.diagnostics.x__gradients*'
     python scripts/mutation_backends.py torch 'keras_antisym.layers.*'  # the same
+    python scripts/mutation_backends.py --app --tests tests/test_tune.py \
+        tensorflow 'training.tune.*'
 
-Run it after `scripts/mutation.sh` (it reads mutmut's results and test map).
+Run it after `scripts/mutation.sh` (it reads mutmut's results and test map), not
+beside a mutmut run (it rewrites the tree's tests).
 """
 
+import argparse
 import fnmatch
 import json
 import os
+import shutil
 import signal
 import sys
 
@@ -67,7 +77,7 @@ def _killed(verdict, hashes, mutant):
     )
 
 
-def _run_pytest(tests, mutant, report=None):
+def _run_pytest(tests, mutant, report=None, deselect=()):
     """pytest on `tests` in a forked child with `mutant` on: (exit code, first failure)."""
     import pytest
 
@@ -81,6 +91,7 @@ def _run_pytest(tests, mutant, report=None):
         signal.alarm(TIMEOUT_S)
         args = ["-q", "-p", "mutmut_keras_compat", "-p", "no:cacheprovider", "-p", "no:xdist"]
         args += ["-p", "no:randomly", "--rootdir=.", "-o", "addopts="]
+        args += [f"--deselect={test}" for test in deselect]
         if report is None:
             args.append("-x")
         else:
@@ -98,13 +109,32 @@ def _run_pytest(tests, mutant, report=None):
     return code, (failed[0][:200] if failed else "")
 
 
+def _parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--app", action="store_true", help="the tree of scripts/mutation.sh --app")
+    parser.add_argument(
+        "--tests", nargs="+", default=[], metavar="PATH", help="tests run for every mutant too"
+    )
+    parser.add_argument("backend", choices=("jax", "torch", "tensorflow"))
+    parser.add_argument("patterns", nargs="+", metavar="MUTANT_PATTERN")
+    return parser.parse_args(argv)
+
+
 def main(argv):
-    if len(argv) < 2 or argv[0] not in ("jax", "torch", "tensorflow"):
-        sys.exit(f"usage: {sys.argv[0]} jax|torch|tensorflow MUTANT_PATTERN [...]")
-    backend, patterns = argv[0], argv[1:]
+    args = _parse(argv)
+    backend, patterns = args.backend, args.patterns
     os.environ["KERAS_BACKEND"] = backend
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mutants"))
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    tree = os.path.join(root, ".mutation-app" if args.app else "", "mutants")
+    # The tests as they are now: the new ones are what a recheck is for.
+    shutil.copytree(
+        os.path.join(root, "tests"),
+        os.path.join(tree, "tests"),
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    os.chdir(tree)
     sys.path.insert(0, os.getcwd())
     os.environ["MUTANT_UNDER_TEST"] = ""
     with open("mutmut-stats.json") as f:
@@ -132,17 +162,18 @@ def main(argv):
     # (PyTorch) aborts a process in which TensorFlow was imported first.
     import keras  # noqa: F401
 
-    every_test = sorted({t for m in todo for t in tests_by_function.get(_function(m), ())})
+    extra = set(args.tests)
+    every_test = sorted(extra.union(*(tests_by_function.get(_function(m), ()) for m in todo)))
     failing = []
     _run_pytest(every_test, "", report=failing)
     if failing:
         print(f"left out, failing on {backend} without a mutant: {', '.join(failing)}")
     for mutant in todo:
-        tests = sorted(set(tests_by_function.get(_function(mutant), ())) - set(failing))
+        tests = sorted((set(tests_by_function.get(_function(mutant), ())) | extra) - set(failing))
         if not tests:
             status, detail = "no tests", ""
         else:
-            code, detail = _run_pytest(tests, mutant)
+            code, detail = _run_pytest(tests, mutant, deselect=failing)
             status = {0: "survived", 1: "killed"}.get(code, "timeout" if code < 0 else "error")
             if code not in (0, 1) and code >= 0:
                 detail = f"pytest exit code {code}"

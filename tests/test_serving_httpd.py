@@ -1,0 +1,331 @@
+"""serving.httpd in this process: waitress's errors as JSON, lingering close, the drain's pieces.
+
+A WSGI app that echoes what it read stands in for the model server (no TensorFlow);
+every server listens on 127.0.0.1 only, every socket has a timeout.
+"""
+
+import contextlib
+import json
+import socket
+import threading
+import time
+
+import pytest
+from waitress import wasyncore
+from waitress.adjustments import Adjustments
+from waitress.parser import HTTPRequestParser
+
+from serving import httpd
+
+pytestmark = pytest.mark.timeout(120)
+
+CAP = 1000  # the largest body the servers here accept
+LIMITS = {"max_request_header_size": 200}
+
+
+def _echo(environ, start_response):
+    body = json.dumps({"read": len(environ["wsgi.input"].read())}).encode()
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [body]
+
+
+def _thread(**adjustments):
+    """A ServerThread of `_echo`, not yet serving."""
+    adjustments.setdefault("max_request_body_size", CAP + 1)  # as serving.server sets it
+    return httpd.ServerThread(_echo, "127.0.0.1", 0, request_timeout=5.0, **adjustments)
+
+
+@contextlib.contextmanager
+def _serving(**adjustments):
+    server = _thread(**adjustments)
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    worker.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        worker.join(timeout=10)
+
+
+def _connect(server, timeout=5.0):
+    return socket.create_connection(server.server_address, timeout=timeout)
+
+
+def _read_all(sock, deadline=10.0):
+    """Everything the server sends until it closes: `(bytes, closed)`."""
+    data, end = b"", time.monotonic() + deadline
+    while time.monotonic() < end:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            return data, False
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
+def _answer(data):
+    """`(status line, {header: value} as sent, body)` of one raw response."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return lines[0], headers, body
+
+
+def _post(length, body=b""):
+    head = f"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n"
+    return head.encode() + body
+
+
+def _waitress_error(data):
+    """The error waitress's own parser finds in `data` (the reference)."""
+    parser = HTTPRequestParser(Adjustments(max_request_body_size=CAP + 1, **LIMITS))
+    while data and not parser.completed:
+        data = data[parser.received(data) :]
+    return parser.error
+
+
+GZIP = b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"
+NEGATIVE = _post(-1)
+LONG_HEAD = b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 300 + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "message"),
+    [
+        # waitress answers an unknown Transfer-Encoding with 501: it is the client's framing
+        (GZIP, "400 Bad Request", lambda e: f"Bad Request: {e.body}"),
+        (NEGATIVE, "400 Bad Request", lambda e: f"Bad Request: {e.body}"),
+        (LONG_HEAD, "431 Request Header Fields Too Large", lambda e: f"{e.reason}: {e.body}"),
+        (_post(CAP + 1), "413 Request Entity Too Large",
+         lambda e: f"Request body exceeds the limit of {CAP} bytes"),
+    ],
+    ids=["unknown transfer-encoding", "negative content-length", "head too large", "body over cap"],
+)  # fmt: skip
+def test_waitress_errors_are_one_json_answer_then_close(data, status, message):
+    expected = message(_waitress_error(data))
+    with _serving(**LIMITS) as server, _connect(server) as sock:
+        sock.sendall(data)
+        raw, closed = _read_all(sock)
+    line, headers, body = _answer(raw)
+    assert line.split(" ", 1)[1] == status  # HTTP/1.0 when the head was not read
+    assert headers["Content-Type"] == "application/json"
+    assert headers["Connection"] == "close"
+    assert int(headers["Content-Length"]) == len(body)
+    assert json.loads(body) == {"error": expected}
+    assert closed
+
+
+def test_a_body_of_exactly_the_cap_is_read():
+    with _serving() as server, _connect(server) as sock:
+        sock.sendall(_post(CAP, b"x" * CAP))
+        line, _, body = _answer(sock.recv(65536))
+    assert line == "HTTP/1.1 200 OK"
+    assert json.loads(body) == {"read": CAP}
+
+
+def test_a_refused_client_still_sending_reads_its_answer():
+    """The server reads and drops the rest of a refused body instead of resetting the
+    connection, which would destroy the answer in the client's buffer."""
+    with _serving() as server, _connect(server) as sock:
+        sock.sendall(_post(64 * CAP))
+        time.sleep(0.3)  # the answer is sent and the server has closed its side
+        with contextlib.suppress(OSError):
+            for _ in range(16):
+                sock.sendall(b"y" * (4 * CAP))
+                time.sleep(0.01)
+        raw, closed = _read_all(sock)
+    line, _, body = _answer(raw)
+    assert line.startswith("HTTP/1.1 413"), raw[:200]
+    assert "exceeds the limit" in json.loads(body)["error"]
+    assert closed
+
+
+def test_has_input_peeks_without_consuming():
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)  # as the channels' sockets are
+        assert httpd._has_input(a) is False
+        b.sendall(b"xy")
+        time.sleep(0.05)
+        assert httpd._has_input(a) is True
+        assert a.recv(10) == b"xy"  # still there for the channel's own read
+        assert httpd._has_input(a) is False
+        b.shutdown(socket.SHUT_WR)
+        time.sleep(0.05)
+        assert httpd._has_input(a) is True  # the client's FIN counts
+    assert httpd._has_input(a) is True  # closed: the channel's read finds the error
+
+
+def test_close_after_asks_every_request_for_connection_close():
+    class Request:
+        def __init__(self):
+            self.headers = {"CONNECTION": "keep-alive", "HOST": "x"}
+
+    requests = [Request(), Request()]
+    httpd._close_after(requests)
+    assert [r.headers for r in requests] == [{"CONNECTION": "close", "HOST": "x"}] * 2
+
+
+def test_draining_answers_keep_alive_requests_with_connection_close():
+    with _serving() as server, _connect(server) as sock:
+        server.server.draining = True
+        sock.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        raw, closed = _read_all(sock)
+    line, headers, _ = _answer(raw)
+    assert line == "HTTP/1.1 200 OK"
+    assert headers["Connection"] == "close"
+    assert closed
+
+
+def _pump(server, until, seconds=5.0):
+    end = time.monotonic() + seconds
+    while not until() and time.monotonic() < end:
+        wasyncore.loop(timeout=0.05, map=server._map, count=1)
+    assert until()
+
+
+def test_accept_pending_takes_the_whole_backlog():
+    server = _thread()
+    try:
+        clients = [_connect(server) for _ in range(3)]
+        time.sleep(0.1)  # the kernel completes the handshakes
+        assert server.server.accept_pending() == 3
+        assert server.server.accept_pending() == 0
+        channels = list(server.server.active_channels.values())
+        assert len(channels) == 3
+        assert all(not channel.socket.getblocking() for channel in channels)
+        names = sorted(client.getsockname() for client in clients)
+        assert sorted(channel.addr for channel in channels) == names
+        for client in clients:
+            client.close()
+    finally:
+        server.server_close()
+
+
+def test_accept_pending_skips_a_client_gone_before_its_options(monkeypatch):
+    server = _thread()
+    set_options, calls = server.server.set_socket_options, []
+
+    def flaky(conn):
+        calls.append(conn)
+        if len(calls) == 1:
+            raise OSError("gone")
+        set_options(conn)
+
+    monkeypatch.setattr(server.server, "set_socket_options", flaky)
+    try:
+        clients = [_connect(server) for _ in range(3)]
+        time.sleep(0.1)
+        assert server.server.accept_pending() == 2
+        assert len(server.server.active_channels) == 2
+        assert calls[0].fileno() == -1  # closed
+        for client in clients:
+            client.close()
+    finally:
+        server.server_close()
+
+
+def test_busy_is_a_request_in_progress_on_an_open_connection():
+    server = _thread()
+    try:
+        with _connect(server) as client:
+            time.sleep(0.1)
+            assert server.server.accept_pending() == 1
+            (channel,) = server.server.active_channels.values()
+            assert channel.busy() is False  # idle keep-alive
+            client.sendall(b"GET /x HTTP/1.1\r\nHo")  # half a head
+            _pump(server, lambda: channel.request is not None)
+            assert channel.request.header_plus and not channel.request.headers_finished
+            assert channel.busy() is True
+            channel.request = None
+            assert channel.busy() is False
+            channel.total_outbufs_len = 10  # an answer not yet flushed
+            assert channel.busy() is True
+            channel.total_outbufs_len = 0
+            channel.linger_until = time.monotonic() + 1  # reading what a refused client sends
+            assert channel.busy() is True
+            channel.linger_until = None
+            channel.connected = False
+            channel.total_outbufs_len = 10
+            assert channel.busy() is False  # gone: nothing left to answer
+    finally:
+        server.server_close()
+
+
+class _ListenFails:
+    """A listening socket whose `listen` fails (the drain must go on without it)."""
+
+    def __init__(self, sock):
+        self._sock = sock
+
+    def listen(self, backlog):
+        raise OSError("listen failed")
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+@pytest.mark.parametrize("listen_fails", [False, True], ids=["listen", "listen fails"])
+def test_drain_answers_the_backlog_and_says_so(caplog, listen_fails):
+    """Connections the kernel completed before the drain are clients with a request on
+    the way: taken from the backlog and answered (closing), then the loop returns."""
+    server = _thread()
+    if listen_fails:
+        server.server.socket = _ListenFails(server.server.socket)
+    clients = [_connect(server) for _ in range(2)]
+    for client in clients:
+        client.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(0.1)
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    try:
+        with caplog.at_level("INFO", logger="serving.server"):
+            server.drain(0.9)  # under a second: the log shows it, not a floor of 1
+            worker.start()
+            worker.join(timeout=10)
+        assert not worker.is_alive()
+        for client in clients:
+            raw, closed = _read_all(client)
+            line, headers, body = _answer(raw)
+            assert (line, headers["Connection"], closed) == ("HTTP/1.1 200 OK", "close", True)
+        assert server.dropped == 0
+        first, last = caplog.messages[0], caplog.messages[-1]
+        within = float(first.rsplit(" ", 2)[1])
+        assert first == (
+            "draining: not accepting connections (2 taken from the backlog), answering "
+            f"the requests in progress within {within:.1f} s"
+        )
+        assert 0.0 < within <= 0.9
+        assert last == "drained: every request in progress was answered"
+    finally:
+        for client in clients:
+            client.close()
+        server.server_close()
+
+
+def test_a_second_drain_stops_at_once():
+    release = threading.Event()
+
+    def held(environ, start_response):
+        release.wait(timeout=60)
+        return _echo(environ, start_response)
+
+    server = httpd.ServerThread(held, "127.0.0.1", 0, request_timeout=5.0)
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    worker.start()
+    try:
+        with _connect(server) as client:
+            client.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.3)  # the request is with the app
+            server.drain(60.0)
+            worker.join(timeout=0.5)
+            assert worker.is_alive()  # waiting for the held request
+            server.drain(60.0)
+            worker.join(timeout=5)
+            assert not worker.is_alive()
+            assert server.dropped == 1
+    finally:
+        release.set()
+        server.server_close()
