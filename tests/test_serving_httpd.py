@@ -20,6 +20,8 @@ from serving import httpd
 pytestmark = pytest.mark.timeout(120)
 
 CAP = 1000  # the largest body the servers here accept
+GOOD = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
+BARE = b"GET /b HTTP/1.1\nHost: x\n\n"
 LIMITS = {"max_request_header_size": 200}
 
 
@@ -74,6 +76,28 @@ def _answer(data):
     return lines[0], headers, body
 
 
+def _read_one(sock):
+    """One whole response from a connection that stays open."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    line, headers, body = _answer(data)
+    while len(body) < int(headers["Content-Length"]):
+        body += sock.recv(65536)
+    return line, headers, body
+
+
+def _answers(data):
+    """Every response in `data`, in order, as `_answer` gives one."""
+    answers = []
+    while data:
+        line, headers, rest = _answer(data)
+        length = int(headers["Content-Length"])
+        answers.append((line, headers, rest[:length]))
+        data = rest[length:]
+    return answers
+
+
 def _post(length, body=b""):
     head = f"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n"
     return head.encode() + body
@@ -121,7 +145,7 @@ def test_waitress_errors_are_one_json_answer_then_close(data, status, message):
 def test_a_body_of_exactly_the_cap_is_read():
     with _serving() as server, _connect(server) as sock:
         sock.sendall(_post(CAP, b"x" * CAP))
-        line, _, body = _answer(sock.recv(65536))
+        line, _, body = _read_one(sock)
     assert line == "HTTP/1.1 200 OK"
     assert json.loads(body) == {"read": CAP}
 
@@ -305,27 +329,137 @@ def test_drain_answers_the_backlog_and_says_so(caplog, listen_fails):
         server.server_close()
 
 
-def test_a_second_drain_stops_at_once():
+def test_a_second_drain_stops_at_once_and_counts_what_it_cut_off():
     release = threading.Event()
 
     def held(environ, start_response):
         release.wait(timeout=60)
         return _echo(environ, start_response)
 
-    server = httpd.ServerThread(held, "127.0.0.1", 0, request_timeout=5.0)
+    server = httpd.ServerThread(held, "127.0.0.1", 0, request_timeout=5.0, threads=2)
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    worker.start()
+    clients = [_connect(server) for _ in range(2)]
+    try:
+        for client in clients:
+            client.sendall(GOOD)
+        time.sleep(0.3)  # both requests are with the app
+        server.drain(60.0)
+        worker.join(timeout=0.5)
+        assert worker.is_alive()  # waiting for the held requests
+        server.drain(60.0)
+        worker.join(timeout=5)
+        assert not worker.is_alive()
+        assert server.dropped == 2
+    finally:
+        release.set()
+        for client in clients:
+            client.close()
+        server.server_close()
+
+
+def test_drain_closes_idle_connections_without_waiting_for_them():
+    server = _thread()
     worker = threading.Thread(target=server.serve_forever, daemon=True)
     worker.start()
     try:
-        with _connect(server) as client:
-            client.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
-            time.sleep(0.3)  # the request is with the app
-            server.drain(60.0)
-            worker.join(timeout=0.5)
-            assert worker.is_alive()  # waiting for the held request
-            server.drain(60.0)
-            worker.join(timeout=5)
-            assert not worker.is_alive()
-            assert server.dropped == 1
+        with _connect(server) as idle:
+            idle.sendall(GOOD)
+            assert _read_one(idle)[0] == "HTTP/1.1 200 OK"
+            start = time.monotonic()
+            server.drain(3.0)
+            worker.join(timeout=10)
+            assert time.monotonic() - start < 1.5
+            assert server.dropped == 0
+            assert _closed_within(idle, 1)
     finally:
-        release.set()
         server.server_close()
+
+
+BARE_LF = "Bad Request: Bare LF in the request head (CRLF required)"
+
+
+@pytest.mark.parametrize(
+    ("data", "answered"),
+    [
+        (BARE, 0),
+        (b"\n\n" + GOOD, 0),  # bare line ends from the first byte
+        (GOOD + BARE + GOOD, 1),  # the first is answered, the bare one ends the connection
+        (BARE + GOOD + b"\n\n", 0),  # a later CRLF CRLF does not excuse the bare one
+    ],
+    ids=["bare", "leading bare", "good, bare, good", "bare, good"],
+)
+def test_bare_lf_heads_are_refused_where_they_start(data, answered):
+    """A head ended by bare LFs is refused at once, not left to wait for a CRLF CRLF that
+    a lax parser would find in the next request."""
+    with _serving() as server, _connect(server) as sock:
+        sock.sendall(data)
+        raw, closed = _read_all(sock)
+    answers = _answers(raw)
+    assert [a[0].split(" ", 1)[1] for a in answers] == ["200 OK"] * answered + ["400 Bad Request"]
+    assert json.loads(answers[-1][2]) == {"error": BARE_LF}
+    assert closed
+
+
+def test_blank_lines_inside_a_body_are_not_framing():
+    body = b"\n\n{}\n\n"
+    with _serving() as server, _connect(server) as sock:
+        sock.sendall(_post(len(body)))
+        time.sleep(0.1)  # the body arrives after the head was parsed
+        sock.sendall(body)
+        line, _, answer = _read_one(sock)
+    assert (line, json.loads(answer)) == ("HTTP/1.1 200 OK", {"read": len(body)})
+
+
+def _closed_within(sock, seconds):
+    """Whether the server closes `sock` (without an answer) within `seconds`."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(100) == b""
+    except TimeoutError:
+        return False
+
+
+def test_slow_heads_and_bodies_are_cut_off():
+    """No answer, the connection closed: nothing sent or half a head past
+    `header_timeout`, a trickling body past `request_timeout`; an idle keep-alive
+    connection after a whole request is not a slow head."""
+    server = httpd.ServerThread(
+        _echo, "127.0.0.1", 0, request_timeout=2.5, header_timeout=1.0, cleanup_interval=1
+    )
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    worker.start()
+    try:
+        silent, half, trickle, idle = (_connect(server) for _ in range(4))
+        start = time.monotonic()
+        half.sendall(b"GET /x HTTP/1.1\r\nHo")
+        trickle.sendall(_post(20))
+        idle.sendall(GOOD)
+        assert _read_one(idle)[0] == "HTTP/1.1 200 OK"
+        assert _closed_within(silent, 5) and _closed_within(half, 5)
+        assert time.monotonic() - start < 4.0
+        while time.monotonic() - start < 2.0:  # past the header timeout, within the request's
+            trickle.sendall(b"x")
+            time.sleep(0.2)
+        assert not _closed_within(trickle, 0.1)
+        assert _closed_within(trickle, 5)
+        assert not _closed_within(idle, 0.5)
+        idle.sendall(GOOD)
+        assert _read_one(idle)[0] == "HTTP/1.1 200 OK"
+        for sock in (silent, half, trickle, idle):
+            sock.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        worker.join(timeout=10)
+
+
+def test_server_close_closes_the_listener_and_every_connection():
+    server = _thread()
+    with _connect(server) as client:
+        time.sleep(0.1)
+        assert server.server.accept_pending() == 1
+        server.server_close()
+        assert _closed_within(client, 5)
+    with pytest.raises(ConnectionRefusedError):
+        _connect(server).close()
