@@ -142,6 +142,37 @@ def test_waitress_errors_are_one_json_answer_then_close(data, status, message):
     assert closed
 
 
+CHUNKED = (
+    "POST /x HTTP/{}\r\nHost: x\r\nTransfer-Encoding: chunked\r\n{}\r\n5\r\nhello\r\n0\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (CHUNKED.format("1.1", "Content-Length: 5\r\n").encode() + GOOD,
+         "Bad Request: Both Transfer-Encoding and Content-Length"),
+        (CHUNKED.format("1.0", "").encode() + GOOD, "Bad Request: Transfer-Encoding on HTTP/1.0"),
+    ],
+    ids=["chunked with content-length", "chunked on HTTP/1.0"],
+)  # fmt: skip
+def test_ambiguous_framing_is_refused_and_nothing_after_it_is_read(data, message):
+    with _serving() as server, _connect(server) as sock:
+        sock.sendall(data)
+        raw, closed = _read_all(sock)
+    (answer,) = _answers(raw)  # GOOD, after the body, is never read as a request
+    assert answer[0].split(" ", 1)[1] == "400 Bad Request"
+    assert json.loads(answer[2]) == {"error": message}
+    assert closed
+
+
+def test_a_chunked_body_is_read():
+    with _serving() as server, _connect(server) as sock:
+        sock.sendall(CHUNKED.format("1.1", "").encode())
+        line, _, body = _read_one(sock)
+    assert (line, json.loads(body)) == ("HTTP/1.1 200 OK", {"read": 5})
+
+
 def test_a_body_of_exactly_the_cap_is_read():
     with _serving() as server, _connect(server) as sock:
         sock.sendall(_post(CAP, b"x" * CAP))
