@@ -166,6 +166,14 @@ def test_ambiguous_framing_is_refused_and_nothing_after_it_is_read(data, message
     assert closed
 
 
+def test_http_1_0_without_transfer_encoding_is_answered():
+    with _serving() as server, _connect(server) as sock:
+        sock.sendall(_post(2, b"{}").replace(b"HTTP/1.1", b"HTTP/1.0"))
+        raw, _ = _read_all(sock)
+    line, _, body = _answer(raw)
+    assert (line, json.loads(body)) == ("HTTP/1.0 200 OK", {"read": 2})
+
+
 def test_a_chunked_body_is_read():
     with _serving() as server, _connect(server) as sock:
         sock.sendall(CHUNKED.format("1.1", "").encode())
