@@ -198,8 +198,11 @@ class LocalWSGIServer(TcpWSGIServer):
         for channel in list(self.active_channels.values()):
             request = channel.request
             if channel.linger_until and mono > channel.linger_until:
+                # Closed by the loop's write pass, as waitress closes channels: this runs
+                # while the loop collects the sockets to select on, and closing here
+                # would leave a closed one among them (select fails, the loop dies).
                 channel.linger_until = 0.0
-                HTTPChannel.handle_close(channel)
+                channel.will_close = True
             elif channel.requests:
                 continue  # complete: a worker answers it
             elif request is None:

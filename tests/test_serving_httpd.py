@@ -502,3 +502,56 @@ def test_server_close_closes_the_listener_and_every_connection():
         assert _closed_within(client, 5)
     with pytest.raises(ConnectionRefusedError):
         _connect(server).close()
+
+
+def _wait_until(condition, seconds):
+    end = time.monotonic() + seconds
+    while not condition() and time.monotonic() < end:
+        time.sleep(0.02)
+    return condition()
+
+
+def _refused(server):
+    """A connection whose request was refused (body over the cap): answer read, lingering."""
+    sock = _connect(server)
+    sock.sendall(_post(64 * CAP))
+    line, headers, _ = _read_one(sock)
+    assert line == "HTTP/1.1 413 Request Entity Too Large"
+    assert sock.recv(10) == b""  # the server's FIN: the answer is complete
+    assert len(server.server.active_channels) == 1  # still reading what the client sends
+    return sock
+
+
+def test_lingering_reads_and_drops_until_the_client_closes(monkeypatch):
+    monkeypatch.setattr(httpd, "LINGER_SECONDS", 30.0)
+    with _serving(cleanup_interval=1) as server:
+        with _refused(server) as sock:
+            sock.sendall(GOOD)  # read and dropped: no answer to a request after a refusal
+            time.sleep(0.6)
+            assert len(server.server.active_channels) == 1
+            sock.shutdown(socket.SHUT_WR)
+            assert _wait_until(lambda: not server.server.active_channels, 2)
+            assert sock.recv(10) == b""
+
+
+def test_lingering_stops_after_four_times_the_cap(monkeypatch):
+    monkeypatch.setattr(httpd, "LINGER_SECONDS", 30.0)
+    with _serving(cleanup_interval=1) as server, _refused(server) as sock:
+        sock.sendall(b"y" * (httpd.LINGER_FACTOR * CAP - 100))
+        time.sleep(0.3)
+        assert len(server.server.active_channels) == 1  # under the budget: still reading
+        with contextlib.suppress(OSError):
+            sock.sendall(b"y" * 200)
+        assert _wait_until(lambda: not server.server.active_channels, 2)
+
+
+def test_lingering_stops_after_its_seconds(monkeypatch):
+    monkeypatch.setattr(httpd, "LINGER_SECONDS", 0.5)
+    with _serving(cleanup_interval=1) as server, _refused(server):
+        start = time.monotonic()
+        assert _wait_until(lambda: not server.server.active_channels, 5)
+        assert 0.4 < time.monotonic() - start < 2.5  # the next maintenance after 0.5 s
+        time.sleep(1.5)  # the loop goes on (closing under its select would have ended it)
+        with _connect(server) as sock:
+            sock.sendall(GOOD)
+            assert _read_one(sock)[0] == "HTTP/1.1 200 OK"
