@@ -555,3 +555,31 @@ def test_lingering_stops_after_its_seconds(monkeypatch):
         with _connect(server) as sock:
             sock.sendall(GOOD)
             assert _read_one(sock)[0] == "HTTP/1.1 200 OK"
+
+
+def test_drain_returns_soon_after_the_last_answer():
+    release = threading.Event()
+
+    def held(environ, start_response):
+        release.wait(timeout=60)
+        return _echo(environ, start_response)
+
+    server = httpd.ServerThread(held, "127.0.0.1", 0, request_timeout=5.0)
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    worker.start()
+    try:
+        with _connect(server) as client:
+            client.sendall(GOOD)
+            time.sleep(0.3)
+            server.drain(30.0)
+            time.sleep(0.3)
+            released = time.monotonic()
+            release.set()
+            worker.join(timeout=10)
+            # Progress is checked every 0.1 s while draining, not at the loop's 1 s pace.
+            assert time.monotonic() - released < 0.7
+            assert _read_one(client)[1]["Connection"] == "close"
+            assert server.dropped == 0
+    finally:
+        release.set()
+        server.server_close()
