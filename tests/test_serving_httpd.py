@@ -576,10 +576,35 @@ def test_drain_returns_soon_after_the_last_answer():
             released = time.monotonic()
             release.set()
             worker.join(timeout=10)
-            # Progress is checked every 0.1 s while draining, not at the loop's 1 s pace.
             assert time.monotonic() - released < 0.7
             assert _read_one(client)[1]["Connection"] == "close"
             assert server.dropped == 0
+    finally:
+        release.set()
+        server.server_close()
+
+
+def test_drain_stops_at_its_deadline_without_waiting_for_events():
+    release = threading.Event()
+
+    def held(environ, start_response):
+        release.wait(timeout=60)
+        return _echo(environ, start_response)
+
+    server = httpd.ServerThread(held, "127.0.0.1", 0, request_timeout=5.0)
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    worker.start()
+    try:
+        with _connect(server) as client:
+            client.sendall(GOOD)
+            time.sleep(0.3)
+            start = time.monotonic()
+            server.drain(0.3)
+            worker.join(timeout=10)
+            # Checked every 0.1 s while draining: the deadline is not overrun by the
+            # loop's idle wait (1 s), though nothing happens on any socket.
+            assert 0.3 <= time.monotonic() - start < 0.6
+            assert server.dropped == 1
     finally:
         release.set()
         server.server_close()
