@@ -541,7 +541,7 @@ def test_lingering_stops_after_four_times_the_cap(monkeypatch):
         time.sleep(0.3)
         assert len(server.server.active_channels) == 1  # under the budget: still reading
         with contextlib.suppress(OSError):
-            sock.sendall(b"y" * 200)
+            sock.sendall(b"y" * 100)  # exactly the budget
         assert _wait_until(lambda: not server.server.active_channels, 2)
 
 
