@@ -585,7 +585,7 @@ def test_drain_returns_soon_after_the_last_answer():
         server.server_close()
 
 
-def test_drain_stops_at_its_deadline_without_waiting_for_events():
+def test_drain_stops_at_its_deadline_without_waiting_for_events(caplog):
     release = threading.Event()
 
     def held(environ, start_response):
@@ -600,12 +600,24 @@ def test_drain_stops_at_its_deadline_without_waiting_for_events():
             client.sendall(GOOD)
             time.sleep(0.3)
             start = time.monotonic()
-            server.drain(0.3)
-            worker.join(timeout=10)
+            with caplog.at_level("INFO", logger="serving.server"):
+                server.drain(0.3)
+                worker.join(timeout=10)
             # Checked every 0.1 s while draining: the deadline is not overrun by the
             # loop's idle wait (1 s), though nothing happens on any socket.
             assert 0.3 <= time.monotonic() - start < 0.6
             assert server.dropped == 1
+            assert caplog.messages[-1] == "stopped draining with 1 requests unanswered"
     finally:
         release.set()
+        server.server_close()
+
+
+def test_server_thread_defaults():
+    server = httpd.ServerThread(_echo, "127.0.0.1", 0, request_timeout=7.0)
+    try:
+        assert (server.server.request_timeout, server.server.header_timeout) == (7.0, 10.0)
+        assert server.server_address[0] == "127.0.0.1" and server.server_address[1] > 0
+        assert server.drain_seconds == 10.0 and server.dropped == 0
+    finally:
         server.server_close()
