@@ -392,7 +392,7 @@ def test_make_server_passes_every_limit_on_with_its_type(tmp_path, monkeypatch):
     given = server_module.make_server(
         str(tmp_path), "m", "localhost", 0, 0.5, threads=2.0, channel_timeout=2.5,
         max_queued_requests=1, drain_seconds=3, connection_limit=50, max_body_bytes=100,
-        max_header_bytes=200.0, request_timeout=4, header_timeout=5,
+        max_header_bytes=200.0, request_timeout=4, header_timeout=5, max_input_elements=77.0,
     )  # fmt: skip
     assert recorded.repositories[-1].args == (str(tmp_path), "m", 0.5)
     assert (given.host, given.port, given.timeouts, given.drain_seconds) == (
@@ -405,6 +405,7 @@ def test_make_server_passes_every_limit_on_with_its_type(tmp_path, monkeypatch):
     assert given.options["connection_limit"] == 49
     assert given.options["max_request_body_size"] == 101
     assert given.options["max_request_header_size"] == 200
+    assert given.app.max_input_elements == 77 and type(given.app.max_input_elements) is int
     given.waiting = 2
     assert given.app.overloaded()
 
