@@ -546,9 +546,10 @@ def test_lingering_stops_after_four_times_the_cap(monkeypatch):
         assert _wait_until(lambda: not server.server.active_channels, 2)
 
 
-def test_lingering_stops_after_its_seconds(monkeypatch):
+@pytest.mark.parametrize("use_poll", [False, True], ids=["select", "poll"])
+def test_lingering_stops_after_its_seconds(monkeypatch, use_poll):
     monkeypatch.setattr(httpd, "LINGER_SECONDS", 0.5)
-    with _serving(cleanup_interval=1) as server, _refused(server):
+    with _serving(cleanup_interval=1, asyncore_use_poll=use_poll) as server, _refused(server):
         start = time.monotonic()
         assert _wait_until(lambda: not server.server.active_channels, 5)
         assert 0.4 < time.monotonic() - start < 2.5  # the next maintenance after 0.5 s
