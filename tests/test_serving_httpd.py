@@ -622,3 +622,29 @@ def test_server_thread_defaults():
         assert server.drain_seconds == 10.0 and server.dropped == 0
     finally:
         server.server_close()
+
+
+def test_a_request_being_answered_does_not_shield_a_slow_client():
+    release = threading.Event()
+
+    def held(environ, start_response):
+        release.wait(timeout=60)
+        return _echo(environ, start_response)
+
+    server = httpd.ServerThread(
+        held, "127.0.0.1", 0, request_timeout=30.0, header_timeout=1.0, cleanup_interval=1
+    )
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    worker.start()
+    try:
+        with _connect(server) as answered, _connect(server) as slow:
+            answered.sendall(GOOD)  # first in the server's table of connections
+            slow.sendall(b"GET /x HTTP/1.1\r\nHo")
+            assert _closed_within(slow, 5)
+            release.set()
+            assert _read_one(answered)[0] == "HTTP/1.1 200 OK"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        worker.join(timeout=10)
