@@ -170,6 +170,19 @@ def test_grid_and_hyperband_search_then_retrain_the_best(tmp_path, tuner, model)
             ["--learning-rate-values", "0.1,x"],
             "Received an invalid value for argument `--learning-rate-values`, expected positive",
         ),
+        # Not numbers: the message names what each flag takes.
+        (
+            ["--gamma-values", "0.1,x"],
+            "argument `--gamma-values`, expected non-negative floats, got '0.1,x'.",
+        ),
+        (
+            ["--sigma-w-values", "one"],
+            "argument `--sigma-w-values`, expected non-negative floats, got 'one'.",
+        ),
+        (
+            ["--epsilon-values", "0.1;0.2"],
+            "argument `--epsilon-values`, expected positive floats, got '0.1;0.2'.",
+        ),
         (["--optimizer-values", "rmsprop"], "argument `--optimizer-values`"),
         (["--tuner", "grid", "--log-scale"], "argument `--tuner`"),
         (["--validation-fraction", "0"], "argument `--validation-fraction`"),
