@@ -187,3 +187,17 @@ def test_a_folder_lock_is_held_by_one_holder_at_a_time(tmp_path):
     second.release()
     (tmp_path / ".lock").write_text("")
     assert first.holder() == "unknown"  # an empty record
+
+
+def test_remove_partials_tolerates_a_file_removed_meanwhile(tmp_path, monkeypatch):
+    """Another cleaner (a resumed peer) may delete a partial file between the listing and
+    the removal: that is the wanted outcome, not an error."""
+    (tmp_path / "ckpt-1.partial.npz").write_bytes(b"x")
+    listed = os.listdir
+
+    def listing_a_ghost(path):
+        return ["ckpt-0.partial.npz", *listed(path)]  # gone before it is removed
+
+    monkeypatch.setattr(files.os, "listdir", listing_a_ghost)
+    files.remove_partials(tmp_path)
+    assert listed(tmp_path) == []
