@@ -29,6 +29,7 @@ beside a mutmut run (it rewrites the tree's tests).
 """
 
 import argparse
+import fcntl
 import fnmatch
 import json
 import os
@@ -57,16 +58,19 @@ def _function(mutant):
 
 
 def _record(mutant, backend, verdict):
-    """Adds one verdict to the file, keeping what other runs (backends) wrote meanwhile."""
-    verdicts = {}
-    if os.path.exists(VERDICTS):
-        with open(VERDICTS) as f:
-            verdicts = json.load(f)
-    verdicts.setdefault(mutant, {})[backend] = verdict
-    temporary = f"{VERDICTS}.{os.getpid()}.tmp"
-    with open(temporary, "w") as f:
-        json.dump(verdicts, f, indent=1, sort_keys=True)
-    os.replace(temporary, VERDICTS)
+    """Adds one verdict to the file, keeping what other runs (backends, or a second
+    recheck over other patterns) wrote meanwhile: read and replaced under a lock."""
+    with open(f"{VERDICTS}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        verdicts = {}
+        if os.path.exists(VERDICTS):
+            with open(VERDICTS) as f:
+                verdicts = json.load(f)
+        verdicts.setdefault(mutant, {})[backend] = verdict
+        temporary = f"{VERDICTS}.{os.getpid()}.tmp"
+        with open(temporary, "w") as f:
+            json.dump(verdicts, f, indent=1, sort_keys=True)
+        os.replace(temporary, VERDICTS)
 
 
 def _killed(verdict, hashes, mutant):
