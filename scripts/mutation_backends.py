@@ -16,7 +16,8 @@ first), as are mutants that mutmut killed already.
 
 With `tensorflow` it is the recheck of survivors after new tests were written for
 them: `--tests PATH ...` adds tests that mutmut's map (collected before they
-existed) cannot name, and the current `tests/` is copied into the tree first.
+existed) cannot name (`--only`: runs them alone, without the map's), and the
+current `tests/` is copied into the tree first.
 The report counts those kills as "recheck". `--app` works in `.mutation-app/`.
 
     scripts/mutation.sh --backend jax 'keras_antisym.diagnostics.x__gradients*'
@@ -119,6 +120,9 @@ def _parse(argv):
     parser.add_argument(
         "--tests", nargs="+", default=[], metavar="PATH", help="tests run for every mutant too"
     )
+    parser.add_argument(
+        "--only", action="store_true", help="run the --tests alone, not mutmut's map"
+    )
     parser.add_argument("backend", choices=("jax", "torch", "tensorflow"))
     parser.add_argument("patterns", nargs="+", metavar="MUTANT_PATTERN")
     return parser.parse_args(argv)
@@ -167,6 +171,8 @@ def main(argv):
     import keras  # noqa: F401
 
     extra = set(args.tests)
+    if args.only:
+        tests_by_function = {}
     every_test = sorted(extra.union(*(tests_by_function.get(_function(m), ()) for m in todo)))
     failing = []
     _run_pytest(every_test, "", report=failing)
