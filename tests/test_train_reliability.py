@@ -275,6 +275,8 @@ def test_a_search_is_continued_only_with_its_own_settings(tmp_path, capsys):
         (["--steps-per-trial", "3"], "--steps-per-trial"),
         (["--epsilon-values", "0.1"], "--epsilon-values"),
         (["--tuner", "bayesian"], "--tuner"),
+        (["--hyperband-max-epochs", "4"], "--hyperband-max-epochs"),
+        (["--log-scale"], "--log-scale"),
     ):
         assert tune.main([*argv, *change]) == 2, change
         err = capsys.readouterr().err.splitlines()

@@ -82,6 +82,19 @@ def test_a_space_contains_its_grid_values_or_with_log_scale_its_ranges():
     assert ranges.contains("optimizer", "sgd") and not ranges.contains("optimizer", "adam")
 
 
+def test_a_space_as_recorded_in_search_json():
+    """Every hyperparameter's values, sorted and without repeats, and the log-scale switch."""
+    space = SearchSpace({"epsilon": [1.0, 0.01, 1.0], "optimizer": "adagrad"}, log_scale=True)
+    assert space.to_dict() == {
+        "log_scale": True,
+        "epsilon": [0.01, 1.0],
+        "gamma": [0.001, 0.01, 0.1, 1.0],  # the paper's grids
+        "learning_rate": [0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0],
+        "sigma_w": [0.0, 1.0, 2.0, 4.0, 8.0, 16.0],
+        "optimizer": ["adagrad"],
+    }
+
+
 def test_small_random_search_stays_in_the_space_and_names_the_best_trial(tmp_path, capsys):
     directory = tmp_path / "search"
     argv = [*TINY, "--model", "antisymmetric", "--tuner", "random", "--max-trials", "3"]
