@@ -82,6 +82,37 @@ def test_a_space_contains_its_grid_values_or_with_log_scale_its_ranges():
     assert ranges.contains("optimizer", "sgd") and not ranges.contains("optimizer", "adam")
 
 
+def _search(**fields):
+    from training.config import RunConfig
+
+    run = RunConfig(task="digits", model="antisymmetric", validation_fraction=0.2)
+    return tune.SearchConfig(run=run, space=SearchSpace(), **fields)
+
+
+def test_search_budgets_take_their_smallest_values():
+    config = _search(max_trials=1, steps_per_trial=1, hyperband_max_epochs=1, retrain_steps=0)
+    assert config.validate() is config
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag", "expected"),
+    [
+        ("max_trials", 0, "--max-trials", "a positive integer"),
+        ("steps_per_trial", 0, "--steps-per-trial", "a positive integer"),
+        ("hyperband_max_epochs", -2, "--hyperband-max-epochs", "a positive integer"),
+        ("retrain_steps", -1, "--retrain-steps", "a non-negative integer"),
+    ],
+)
+def test_search_budgets_out_of_range_are_refused_by_flag(field, value, flag, expected):
+    from apputil.errors import UsageError
+
+    with pytest.raises(UsageError) as refused:
+        _search(**{field: value}).validate()
+    assert str(refused.value) == (
+        f"Received an invalid value for argument `{flag}`, expected {expected}, got {value}."
+    )
+
+
 def test_a_space_as_recorded_in_search_json():
     """Every hyperparameter's values, sorted and without repeats, and the log-scale switch."""
     space = SearchSpace({"epsilon": [1.0, 0.01, 1.0], "optimizer": "adagrad"}, log_scale=True)
