@@ -113,6 +113,21 @@ def test_search_budgets_out_of_range_are_refused_by_flag(field, value, flag, exp
     )
 
 
+# 1.0 is refused by the run's own check first; a search also refuses 0 (no validation split).
+@pytest.mark.parametrize(("fraction", "expected"), [(0.0, "(0, 1)"), (1.0, "[0, 1)")])
+def test_a_search_needs_a_validation_split(fraction, expected):
+    from apputil.errors import UsageError
+    from training.config import RunConfig
+
+    run = RunConfig(task="digits", model="antisymmetric", validation_fraction=fraction)
+    with pytest.raises(UsageError) as refused:
+        tune.SearchConfig(run=run, space=SearchSpace()).validate()
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--validation-fraction`, "
+        f"expected a float in {expected}, got {fraction}."
+    )
+
+
 def test_a_space_as_recorded_in_search_json():
     """Every hyperparameter's values, sorted and without repeats, and the log-scale switch."""
     space = SearchSpace({"epsilon": [1.0, 0.01, 1.0], "optimizer": "adagrad"}, log_scale=True)
