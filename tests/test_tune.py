@@ -128,6 +128,21 @@ def test_a_search_needs_a_validation_split(fraction, expected):
     )
 
 
+def test_a_grid_search_needs_discrete_values():
+    from apputil.errors import UsageError
+    from training.config import RunConfig
+
+    run = RunConfig(task="digits", model="antisymmetric", validation_fraction=0.2)
+    space = SearchSpace(log_scale=True)
+    with pytest.raises(UsageError) as refused:
+        tune.SearchConfig(run=run, space=space, tuner="grid").validate()
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--tuner`, expected random, bayesian or "
+        "hyperband with --log-scale (grid needs discrete values), got 'grid'."
+    )
+    assert tune.SearchConfig(run=run, space=space, tuner="bayesian").validate()
+
+
 def test_a_space_as_recorded_in_search_json():
     """Every hyperparameter's values, sorted and without repeats, and the log-scale switch."""
     space = SearchSpace({"epsilon": [1.0, 0.01, 1.0], "optimizer": "adagrad"}, log_scale=True)
