@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from training import tune
+from training.errors import SearchError
 from training.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -391,3 +392,53 @@ def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):
     assert "[tuner0] trial 0 " not in log  # not redone
     best = json.loads((directory / "p" / "best.json").read_text())
     assert best["completed_trials"] == 3
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (SearchError("no trial of p completed; see its trial.json files"), 2),
+        (OSError("disk full"), 1),
+    ],
+)
+def test_main_splits_the_cpu_then_searches_and_reports_a_failure_in_one_line(
+    monkeypatch, tmp_path, capsys, error, status
+):
+    """In process, with the search replaced: what `main` hands on, and its exit status."""
+    from training import distribution, search
+
+    calls = []
+    monkeypatch.setattr(distribution, "split_cpu", lambda count: calls.append(("split", count)))
+
+    def failing(config):
+        calls.append(("search", config.max_trials, config.run.units))
+        raise error
+
+    monkeypatch.setattr(search, "run", failing)
+    argv = [*TINY, "--directory", str(tmp_path), "--cpu-devices", "2", "--max-trials", "3"]
+    assert tune.main(argv) == status
+    assert calls == [("split", 2), ("search", 3, 8)]
+    assert capsys.readouterr().err == f"python -m training.tune: error: {error}\n"
+
+
+def test_a_space_file_takes_dashed_names_and_flags_override_it(tmp_path):
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("learning-rate: [0.3, 0.1]\nsigma-w: 2\ngamma: [0.5]\n")
+    args = tune.build_parser().parse_args(
+        [*TINY, "--space", str(space_file), "--gamma-values", "0.25,0"]
+    )
+    space = tune.make_space(args)
+    assert space.values["learning_rate"] == (0.1, 0.3)
+    assert space.values["sigma_w"] == (2.0,)
+    assert space.values["gamma"] == (0.0, 0.25)  # the flag wins over the file
+    assert space.values["epsilon"] == PAPER_GRID["epsilon"]
+
+
+def test_a_space_file_that_is_not_a_mapping_is_named(tmp_path, capsys):
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("- 1\n- 2\n")
+    assert tune.main([*TINY, "--space", str(space_file), "--directory", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"python -m training.tune: error: argument --space: {space_file} is not a mapping "
+        "of options\n"
+    )
