@@ -442,3 +442,15 @@ def test_a_space_file_that_is_not_a_mapping_is_named(tmp_path, capsys):
         f"python -m training.tune: error: argument --space: {space_file} is not a mapping "
         "of options\n"
     )
+
+
+def test_help_names_the_command_and_what_it_does(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as exited:
+        tune.main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m training.tune ")
+    description = out.split("\n\n")[1]
+    assert description == "Search ε, γ, learning rate, σ_w and the optimizer with keras-tuner."
+    assert "--cpu-devices" in out and "--max-trials" in out
