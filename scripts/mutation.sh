@@ -306,7 +306,7 @@ lines = [
     f"scripts/mutation.sh {modules} took {elapsed} s",
     "score = (killed + timeout + recheck + other backend) / (mutants - not checked); 'w/o eq.'",
     "leaves the equivalent mutants out of the denominator. 'recheck': survived mutmut's run,",
-    "killed by the tests written since (scripts/mutation_backends.py tensorflow --tests).",
+    "killed by the tests written since (scripts/mutation_backends.py tensorflow --test).",
     "'timeout' is also mutmut's name for a",
     "worker that died (exit code 255: the mutated library or its tests failed to import);",
     "'other backend': survived on TensorFlow, killed on JAX or PyTorch by",

@@ -15,14 +15,14 @@ Tests that fail on this backend without any mutant are left out (a baseline run
 first), as are mutants that mutmut killed already.
 
 With `tensorflow` it is the recheck of survivors after new tests were written for
-them: `--tests PATH ...` adds tests that mutmut's map (collected before they
+them: `--test PATH` (repeated) adds tests that mutmut's map (collected before they
 existed) cannot name (`--only`: runs them alone, without the map's), and the
 current `tests/` is copied into the tree first.
 The report counts those kills as "recheck". `--app` works in `.mutation-app/`.
 
     scripts/mutation.sh --backend jax 'keras_antisym.diagnostics.x__gradients*'
     python scripts/mutation_backends.py torch 'keras_antisym.layers.*'  # the same
-    python scripts/mutation_backends.py --app --tests tests/test_tune.py \
+    python scripts/mutation_backends.py --app --test tests/test_tune.py \
         tensorflow 'training.tune.*'
 
 Run it after `scripts/mutation.sh` (it reads mutmut's results and test map), not
@@ -118,10 +118,15 @@ def _parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--app", action="store_true", help="the tree of scripts/mutation.sh --app")
     parser.add_argument(
-        "--tests", nargs="+", default=[], metavar="PATH", help="tests run for every mutant too"
+        "--test",
+        dest="tests",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a test (file or node id) run for every mutant too; repeat for more",
     )
     parser.add_argument(
-        "--only", action="store_true", help="run the --tests alone, not mutmut's map"
+        "--only", action="store_true", help="run the --test ones alone, not mutmut's map"
     )
     parser.add_argument("backend", choices=("jax", "torch", "tensorflow"))
     parser.add_argument("patterns", nargs="+", metavar="MUTANT_PATTERN")
