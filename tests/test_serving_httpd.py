@@ -408,7 +408,7 @@ def test_drain_closes_idle_connections_without_waiting_for_them():
             start = time.monotonic()
             server.drain(3.0)
             worker.join(timeout=10)
-            assert time.monotonic() - start < 1.5
+            assert time.monotonic() - start < 2.5  # not the drain's 3 s
             assert server.dropped == 0
             assert _closed_within(idle, 1)
     finally:
@@ -578,7 +578,7 @@ def test_drain_returns_soon_after_the_last_answer():
             released = time.monotonic()
             release.set()
             worker.join(timeout=10)
-            assert time.monotonic() - released < 0.7
+            assert time.monotonic() - released < 2.0
             assert _read_one(client)[1]["Connection"] == "close"
             assert server.dropped == 0
     finally:
@@ -605,8 +605,8 @@ def test_drain_stops_at_its_deadline_without_waiting_for_events(caplog):
                 server.drain(0.3)
                 worker.join(timeout=10)
             # Checked every 0.1 s while draining: the deadline is not overrun by the
-            # loop's idle wait (1 s), though nothing happens on any socket.
-            assert 0.3 <= time.monotonic() - start < 0.6
+            # loop's idle wait (1 s, and 30 s for waitress's loop), though no socket stirs.
+            assert 0.3 <= time.monotonic() - start < 0.9
             assert server.dropped == 1
             assert caplog.messages[-1] == "stopped draining with 1 requests unanswered"
     finally:
