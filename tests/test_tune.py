@@ -454,3 +454,7 @@ def test_help_names_the_command_and_what_it_does(capsys, monkeypatch):
     description = out.split("\n\n")[1]
     assert description == "Search ε, γ, learning rate, σ_w and the optimizer with keras-tuner."
     assert "--cpu-devices" in out and "--max-trials" in out
+    assert (
+        "\nsearch space (default: the paper's grids; overrides --epsilon, --gamma, --sigma-w, "
+        "--optimizer, --learning-rate):\n  --epsilon-values V1,V2,...\n"
+    ) in out
