@@ -648,3 +648,23 @@ def test_a_request_being_answered_does_not_shield_a_slow_client():
         server.shutdown()
         server.server_close()
         worker.join(timeout=10)
+
+
+def test_a_connection_closed_after_its_answer_is_released_at_once():
+    """Only a refused client is lingered on; `Connection: close` ends the connection."""
+    with _serving() as server, _connect(server) as sock:
+        sock.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw, closed = _read_all(sock)
+        assert _answer(raw)[0] == "HTTP/1.1 200 OK" and closed
+        assert _wait_until(lambda: not server.server.active_channels, 1.0)  # sock still open
+
+
+def test_a_client_resetting_while_lingered_on_is_released_at_once(monkeypatch):
+    import struct
+
+    monkeypatch.setattr(httpd, "LINGER_SECONDS", 30.0)
+    with _serving(cleanup_interval=1) as server:
+        sock = _refused(server)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset, not a FIN: the server's read fails
+        assert _wait_until(lambda: not server.server.active_channels, 2.0)
