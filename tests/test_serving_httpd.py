@@ -668,3 +668,19 @@ def test_a_client_resetting_while_lingered_on_is_released_at_once(monkeypatch):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()  # a reset, not a FIN: the server's read fails
         assert _wait_until(lambda: not server.server.active_channels, 2.0)
+
+
+def test_an_idle_keep_alive_connection_costs_no_cpu():
+    """The loop sleeps in select while a connection waits: nothing to write is not writable."""
+    import resource
+
+    def cpu():
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    with _serving() as server, _connect(server) as sock:
+        sock.sendall(GOOD)
+        assert _read_one(sock)[0] == "HTTP/1.1 200 OK"
+        before = cpu()
+        time.sleep(1.0)
+        assert cpu() - before < 0.3  # a loop spinning on a writable socket takes the second
