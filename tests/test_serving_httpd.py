@@ -31,6 +31,23 @@ def _echo(environ, start_response):
     return [body]
 
 
+def _holding(release):
+    """`_echo`, answering once `release` is set: a request held in flight."""
+
+    def held(environ, start_response):
+        release.wait(timeout=60)
+        return _echo(environ, start_response)
+
+    return held
+
+
+def _start(server):
+    """`server.serve_forever` in a daemon thread; returns the thread."""
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    worker.start()
+    return worker
+
+
 def _thread(**adjustments):
     """A ServerThread of `_echo`, not yet serving."""
     adjustments.setdefault("max_request_body_size", CAP + 1)  # as serving.server sets it
@@ -40,8 +57,7 @@ def _thread(**adjustments):
 @contextlib.contextmanager
 def _serving(**adjustments):
     server = _thread(**adjustments)
-    worker = threading.Thread(target=server.serve_forever, daemon=True)
-    worker.start()
+    worker = _start(server)
     try:
         yield server
     finally:
@@ -371,13 +387,8 @@ def test_drain_answers_the_backlog_and_says_so(caplog, listen_fails):
 def test_a_second_drain_stops_at_once_and_counts_what_it_cut_off():
     release = threading.Event()
 
-    def held(environ, start_response):
-        release.wait(timeout=60)
-        return _echo(environ, start_response)
-
-    server = httpd.ServerThread(held, "127.0.0.1", 0, request_timeout=5.0, threads=2)
-    worker = threading.Thread(target=server.serve_forever, daemon=True)
-    worker.start()
+    server = httpd.ServerThread(_holding(release), "127.0.0.1", 0, request_timeout=5.0, threads=2)
+    worker = _start(server)
     clients = [_connect(server) for _ in range(2)]
     try:
         for client in clients:
@@ -399,8 +410,7 @@ def test_a_second_drain_stops_at_once_and_counts_what_it_cut_off():
 
 def test_drain_closes_idle_connections_without_waiting_for_them():
     server = _thread()
-    worker = threading.Thread(target=server.serve_forever, daemon=True)
-    worker.start()
+    worker = _start(server)
     try:
         with _connect(server) as idle:
             idle.sendall(GOOD)
@@ -466,8 +476,7 @@ def test_slow_heads_and_bodies_are_cut_off():
     server = httpd.ServerThread(
         _echo, "127.0.0.1", 0, request_timeout=2.5, header_timeout=1.0, cleanup_interval=1
     )
-    worker = threading.Thread(target=server.serve_forever, daemon=True)
-    worker.start()
+    worker = _start(server)
     try:
         silent, half, trickle, idle = (_connect(server) for _ in range(4))
         start = time.monotonic()
@@ -562,13 +571,8 @@ def test_lingering_stops_after_its_seconds(monkeypatch, use_poll):
 def test_drain_returns_soon_after_the_last_answer():
     release = threading.Event()
 
-    def held(environ, start_response):
-        release.wait(timeout=60)
-        return _echo(environ, start_response)
-
-    server = httpd.ServerThread(held, "127.0.0.1", 0, request_timeout=5.0)
-    worker = threading.Thread(target=server.serve_forever, daemon=True)
-    worker.start()
+    server = httpd.ServerThread(_holding(release), "127.0.0.1", 0, request_timeout=5.0)
+    worker = _start(server)
     try:
         with _connect(server) as client:
             client.sendall(GOOD)
@@ -589,13 +593,8 @@ def test_drain_returns_soon_after_the_last_answer():
 def test_drain_stops_at_its_deadline_without_waiting_for_events(caplog):
     release = threading.Event()
 
-    def held(environ, start_response):
-        release.wait(timeout=60)
-        return _echo(environ, start_response)
-
-    server = httpd.ServerThread(held, "127.0.0.1", 0, request_timeout=5.0)
-    worker = threading.Thread(target=server.serve_forever, daemon=True)
-    worker.start()
+    server = httpd.ServerThread(_holding(release), "127.0.0.1", 0, request_timeout=5.0)
+    worker = _start(server)
     try:
         with _connect(server) as client:
             client.sendall(GOOD)
@@ -627,15 +626,15 @@ def test_server_thread_defaults():
 def test_a_request_being_answered_does_not_shield_a_slow_client():
     release = threading.Event()
 
-    def held(environ, start_response):
-        release.wait(timeout=60)
-        return _echo(environ, start_response)
-
     server = httpd.ServerThread(
-        held, "127.0.0.1", 0, request_timeout=30.0, header_timeout=1.0, cleanup_interval=1
+        _holding(release),
+        "127.0.0.1",
+        0,
+        request_timeout=30.0,
+        header_timeout=1.0,
+        cleanup_interval=1,
     )
-    worker = threading.Thread(target=server.serve_forever, daemon=True)
-    worker.start()
+    worker = _start(server)
     try:
         with _connect(server) as answered, _connect(server) as slow:
             answered.sendall(GOOD)  # first in the server's table of connections
