@@ -19,9 +19,11 @@
 #                                        # scripts/mutation_backends.py
 #
 # Writes only mutants/ (mutmut's copy of the tree, its cache of verdicts: a second run
-# tests only new or changed mutants; delete mutants/ to start over), .mutation-app/ (the
-# same for --app) and the report, docs/mutation-report.txt (docs/mutation-report-app.txt
-# for --app; or $MUTATION_REPORT).
+# tests only new or changed mutants), .mutation-app/ (the same for --app), the report,
+# docs/mutation-report.txt (docs/mutation-report-app.txt for --app; or $MUTATION_REPORT),
+# and the verdicts kept in the repository, docs/mutation-verdicts.json
+# (docs/mutation-verdicts-app.json), restored into a fresh mutants/ before each run
+# (scripts/mutation_verdicts.py). Delete mutants/ and that file to start over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -45,6 +47,7 @@ if [ "${1:-}" = "--app" ]; then
     # tests): mutmut reads it from setup.cfg, and a change of its test selection would
     # drop every cached verdict of the library, so they run in a copy of the tree.
     REPORT="${MUTATION_REPORT:-docs/mutation-report-app.txt}"
+    STORE=docs/mutation-verdicts-app.json
     modules=("$@")
     if [ ${#modules[@]} -eq 0 ]; then
         # Every module of the application where a number, a file or a request is handled.
@@ -70,6 +73,7 @@ if [ "${1:-}" = "--app" ]; then
     cd .mutation-app
 else
     REPORT="${MUTATION_REPORT:-docs/mutation-report.txt}"
+    STORE=docs/mutation-verdicts.json
     modules=("$@")
     if [ ${#modules[@]} -eq 0 ]; then
         modules=(cells layers stability diagnostics initializers _validation _keras_private)
@@ -83,6 +87,9 @@ else
 fi
 
 mkdir -p mutants
+# The verdicts of earlier runs, committed (mutants/ is not): a fresh clone goes on from them.
+STORE="$ROOT/$STORE"
+"$PYTHON" "$ROOT/scripts/mutation_verdicts.py" restore "$STORE" mutants
 # mutmut maps tests to functions once, then updates the map only for what it sees changed;
 # after a change of the sources or the tests it has been seen to keep a map of a few
 # functions, and every mutant outside it then "survives" untested. So the map is collected
@@ -251,6 +258,7 @@ PY
     done
 fi
 elapsed=$(($(date +%s) - start))
+"$PYTHON" "$ROOT/scripts/mutation_verdicts.py" save mutants "$STORE"
 
 # `mutmut results --all true` prints one "    <module>.<mutant>: <status>" line per mutant;
 # mutants/backend-verdicts.json (scripts/mutation_backends.py) and the equivalents listed

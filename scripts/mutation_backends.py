@@ -195,6 +195,11 @@ def main(argv):
         verdict = {"status": status, "hash": hashes.get(_function(mutant)), "detail": detail}
         print(f"{status:>9}  {mutant}  {detail}", flush=True)
         _record(mutant, backend, verdict)
+    # Kept in the repository with mutmut's verdicts (mutants/ is not committed).
+    import mutation_verdicts
+
+    store = os.path.join(root, "docs", f"mutation-verdicts{'-app' if args.app else ''}.json")
+    print(f"{mutation_verdicts.save('.', store)} verdicts saved to {store}")
     return 0
 
 

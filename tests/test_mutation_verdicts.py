@@ -1,0 +1,155 @@
+"""scripts/mutation_verdicts.py: mutmut's verdicts saved to a committed file and restored.
+
+The meta files are written here in mutmut 3's format (the keys its
+`SourceFileMutationData.load` requires); the expected contents are written out by hand.
+"""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+_PATH = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "mutation_verdicts.py"
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    spec = importlib.util.spec_from_file_location("mutation_verdicts", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _meta(codes, hashes):
+    return {
+        "exit_code_by_key": codes,
+        "hash_by_function_name": hashes,
+        "type_check_error_by_key": {},
+        "durations_by_key": {"pkg.mod.x_f__mutmut_1": 0.5},
+        "estimated_durations_by_key": {},
+    }
+
+
+def _write(path, value):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value))
+
+
+def _tree(root):
+    """A mutants/ folder: pkg/mod.py with functions f (2 mutants) and C.g (2 mutants)."""
+    codes = {
+        "pkg.mod.x_f__mutmut_1": 1,
+        "pkg.mod.x_f__mutmut_2": 0,
+        "pkg.mod.xǁCǁg__mutmut_1": None,
+        "pkg.mod.xǁCǁg__mutmut_2": 33,
+    }
+    _write(root / "pkg" / "mod.py.meta", _meta(codes, {"x_f": "hf", "xǁCǁg": "hg"}))
+    recheck = {"status": "killed", "hash": "hf", "detail": ""}
+    _write(root / "backend-verdicts.json", {"pkg.mod.x_f__mutmut_2": {"tensorflow": recheck}})
+    return codes
+
+
+def test_save_keeps_decided_verdicts_hashes_and_rechecks(verdicts, tmp_path):
+    _tree(tmp_path / "mutants")
+    store = tmp_path / "store.json"
+    assert verdicts.save(tmp_path / "mutants", store) == 3
+    saved = json.loads(store.read_text())
+    assert saved["files"] == {
+        "pkg/mod.py": {
+            "hash_by_function_name": {"x_f": "hf", "xǁCǁg": "hg"},
+            "exit_code_by_key": {
+                "pkg.mod.x_f__mutmut_1": 1,
+                "pkg.mod.x_f__mutmut_2": 0,
+                "pkg.mod.xǁCǁg__mutmut_2": 33,
+            },
+        }
+    }
+    assert saved["rechecks"]["pkg.mod.x_f__mutmut_2"]["tensorflow"]["hash"] == "hf"
+
+
+def test_save_replaces_the_files_it_has_and_keeps_the_others(verdicts, tmp_path):
+    store = tmp_path / "store.json"
+    other = {
+        "hash_by_function_name": {"x_h": "hh"},
+        "exit_code_by_key": {"pkg.other.x_h__mutmut_1": 1},
+    }
+    stale = {
+        "hash_by_function_name": {"x_f": "old"},
+        "exit_code_by_key": {"pkg.mod.x_f__mutmut_9": 1},
+    }
+    store.write_text(
+        json.dumps({"files": {"pkg/other.py": other, "pkg/mod.py": stale}, "rechecks": {}})
+    )
+    _tree(tmp_path / "mutants")
+    verdicts.save(tmp_path / "mutants", store)
+    files = json.loads(store.read_text())["files"]
+    assert files["pkg/other.py"] == other
+    assert "pkg.mod.x_f__mutmut_9" not in files["pkg/mod.py"]["exit_code_by_key"]
+    assert files["pkg/mod.py"]["hash_by_function_name"]["x_f"] == "hf"
+
+
+def test_restore_into_a_fresh_tree_writes_meta_files_mutmut_can_load(verdicts, tmp_path):
+    _tree(tmp_path / "before")
+    store = tmp_path / "store.json"
+    verdicts.save(tmp_path / "before", store)
+    fresh = tmp_path / "after"
+    assert verdicts.restore(store, fresh) == 3
+    meta = json.loads((fresh / "pkg" / "mod.py.meta").read_text())
+    # Every key mutmut's loader pops, and nothing else (it asserts that).
+    assert set(meta) == {
+        "exit_code_by_key", "hash_by_function_name", "type_check_error_by_key",
+        "durations_by_key", "estimated_durations_by_key",
+    }  # fmt: skip
+    assert meta["exit_code_by_key"] == {
+        "pkg.mod.x_f__mutmut_1": 1,
+        "pkg.mod.x_f__mutmut_2": 0,
+        "pkg.mod.xǁCǁg__mutmut_2": 33,
+    }
+    assert meta["hash_by_function_name"] == {"x_f": "hf", "xǁCǁg": "hg"}
+    rechecks = json.loads((fresh / "backend-verdicts.json").read_text())
+    assert rechecks["pkg.mod.x_f__mutmut_2"]["tensorflow"]["status"] == "killed"
+
+
+def test_restore_fills_only_unchecked_mutants_of_unchanged_functions(verdicts, tmp_path):
+    store = tmp_path / "store.json"
+    entry = {
+        "hash_by_function_name": {"x_f": "hf", "xǁCǁg": "changed"},
+        "exit_code_by_key": {
+            "pkg.mod.x_f__mutmut_1": 0,  # decided locally as 1: the local verdict stays
+            "pkg.mod.xǁCǁg__mutmut_1": 1,  # unchecked locally, but g's hash differs
+        },
+    }
+    store.write_text(json.dumps({"files": {"pkg/mod.py": entry}, "rechecks": {}}))
+    mutants = tmp_path / "mutants"
+    codes = _tree(mutants)
+    assert verdicts.restore(store, mutants) == 0
+    assert json.loads((mutants / "pkg" / "mod.py.meta").read_text())["exit_code_by_key"] == codes
+    entry["hash_by_function_name"]["xǁCǁg"] = "hg"
+    store.write_text(json.dumps({"files": {"pkg/mod.py": entry}, "rechecks": {}}))
+    assert verdicts.restore(store, mutants) == 1
+    restored = json.loads((mutants / "pkg" / "mod.py.meta").read_text())["exit_code_by_key"]
+    assert restored == {**codes, "pkg.mod.xǁCǁg__mutmut_1": 1}
+
+
+def test_restore_keeps_local_rechecks_first(verdicts, tmp_path):
+    mutants = tmp_path / "mutants"
+    _tree(mutants)
+    stored = {"status": "survived", "hash": "old", "detail": ""}
+    jax = {"status": "killed", "hash": "hf", "detail": ""}
+    rechecks = {"pkg.mod.x_f__mutmut_2": {"tensorflow": stored, "jax": jax}}
+    store = tmp_path / "store.json"
+    store.write_text(json.dumps({"files": {}, "rechecks": rechecks}))
+    verdicts.restore(store, mutants)
+    merged = json.loads((mutants / "backend-verdicts.json").read_text())["pkg.mod.x_f__mutmut_2"]
+    assert merged["tensorflow"]["hash"] == "hf"  # the local recheck
+    assert merged["jax"] == jax
+
+
+def test_the_command_line_round_trip(verdicts, tmp_path, capsys):
+    _tree(tmp_path / "mutants")
+    store = str(tmp_path / "store.json")
+    assert verdicts.main(["save", str(tmp_path / "mutants"), store]) == 0
+    assert verdicts.main(["restore", store, str(tmp_path / "fresh")]) == 0
+    out = capsys.readouterr().out
+    assert f"3 verdicts saved to {store}" in out and f"3 verdicts restored from {store}" in out
