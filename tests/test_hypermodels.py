@@ -214,3 +214,34 @@ def test_under_a_schedule_the_sampled_learning_rate_is_its_peak(monkeypatch, how
         optimizer.iterations.assign(150)
         assert float(optimizer.learning_rate) == pytest.approx(value * 0.5, rel=1e-6)
         CHECKS["optimizer"](None, optimizer, assignment["optimizer"])
+
+
+@pytest.mark.parametrize(
+    ("change", "argument", "expected", "got"),
+    [
+        ({"model": "transformer"}, "model", "one of antisymmetric, gated, ablation, lstm",
+         "'transformer'"),
+        ({"validation_fraction": 0.0}, "validation_fraction", "a float in (0, 1)", "0.0"),
+        ({"validation_fraction": 1.0}, "validation_fraction", "a float in (0, 1)", "1.0"),
+        ({"validation_fraction": -0.5}, "validation_fraction", "a float in (0, 1)", "-0.5"),
+    ],
+)  # fmt: skip
+def test_a_hypermodel_refuses_a_config_it_cannot_search(change, argument, expected, got):
+    """A config from Python (not through `validate`) with a model or split a search cannot use."""
+    from apputil.errors import UsageError
+
+    task = tasks.get_task(SHARED.task)
+    with pytest.raises(UsageError) as refused:
+        hypermodels.RNNHyperModel(task, SHARED.replace(**change), SearchSpace())
+    assert str(refused.value) == (
+        f"Received an invalid value for argument `{argument}`, expected {expected}, got {got}."
+    )
+
+
+@pytest.mark.parametrize("fraction", [0.01, 0.5, 0.99])
+def test_a_hypermodel_takes_any_validation_split_inside_zero_and_one(fraction):
+    task = tasks.get_task(SHARED.task)
+    config = SHARED.replace(model="gated", validation_fraction=fraction)
+    hypermodel = hypermodels.RNNHyperModel(task, config, SearchSpace(), steps_per_trial=8, rounds=2)
+    assert hypermodel.name == "gated_digits" and hypermodel.tunable
+    assert (hypermodel.steps_per_trial, hypermodel.rounds) == (8, 2)
