@@ -10,11 +10,12 @@ of the modules marked `# sample: N` in scripts/mutation-app.cfg (the same sample
 collects the test map once; mutmut runs the fastest mutants first.
 """
 
-import json
 import pathlib
 import random
 import re
 import sys
+
+import mutation_verdicts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -33,34 +34,45 @@ def _selected(codes, module, sample):
     return names
 
 
-def pending(config_text, meta_dir):
-    """Yields the names still to check, module by module as the configuration lists them."""
+def _source(module):
+    return module.replace(".", "/") + ".py"
+
+
+def pending(config_text, files):
+    """Yields the names still to check, module by module as the configuration lists them.
+
+    `files`: `{source path: meta}` (`mutation_verdicts.view`).
+    """
     for module, sample in _modules(config_text):
-        meta = meta_dir / f"{module.replace('.', '/')}.py.meta"
-        if not meta.exists():
+        if _source(module) not in files:
             # A module added to the configuration since the last run: that run's
             # successor generates its mutants (then this lists them).
             print(f"{module}: no mutants generated yet", file=sys.stderr)
             continue
-        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        codes = files[_source(module)]["exit_code_by_key"]
         yield from (name for name in _selected(codes, module, sample) if codes[name] is None)
 
 
 KILLED = {1, 3, -24, 24, 152, 255, 36}  # mutmut's exit codes for killed and timeout
 
 
-def table(config_text, meta_dir, equivalents_text):
+def table(config_text, files, rechecks, equivalents_text):
     """The Markdown table of docs/testing.md: per module, mutmut's verdicts, the kills of
     the rechecks with newer tests (`mutation_backends.py tensorflow`, while the mutated
-    function is unchanged), the listed equivalents, and what is left."""
+    function is unchanged), the listed equivalents, and what is left.
+
+    `files`, `rechecks`: as `mutation_verdicts.view` returns them.
+    """
     equivalent = {line.split()[0] for line in equivalents_text.splitlines()
                   if line.strip() and not line.startswith("#")}  # fmt: skip
-    verdicts_path, stats_path = meta_dir / "backend-verdicts.json", meta_dir / "mutmut-stats.json"
-    verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.exists() else {}
-    hashes = json.loads(stats_path.read_text())["function_hashes"] if verdicts else {}
+    hashes = {  # qualified function name: hash, as mutmut-stats.json's function_hashes
+        f"{source.removesuffix('.py').replace('/', '.')}.{function}": digest
+        for source, meta in files.items()
+        for function, digest in meta.get("hash_by_function_name", {}).items()
+    }
 
     def rechecked(name):
-        verdict = verdicts.get(name, {}).get("tensorflow")
+        verdict = rechecks.get(name, {}).get("tensorflow")
         function = name.rsplit("__mutmut_", 1)[0]
         return (
             bool(verdict)
@@ -74,12 +86,11 @@ def table(config_text, meta_dir, equivalents_text):
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for module, sample in _modules(config_text):
-        meta = meta_dir / f"{module.replace('.', '/')}.py.meta"
         kind = "sample" if sample else "full"
-        if not meta.exists():
+        if _source(module) not in files:
             lines.append(f"| `{module}` | {kind} | - | 0 | 0 | 0 | 0 | 0 | - |")
             continue
-        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        codes = files[_source(module)]["exit_code_by_key"]
         names = [n for n in _selected(codes, module, sample) if codes[n] is not None]
         run = sum(codes[n] in KILLED for n in names)
         rest = [n for n in names if codes[n] not in KILLED]
@@ -97,12 +108,15 @@ def table(config_text, meta_dir, equivalents_text):
 
 def main(argv):
     config_text = (ROOT / "scripts" / "mutation-app.cfg").read_text()
-    meta_dir = ROOT / ".mutation-app" / "mutants"
+    # The last run's mutants/ and, for what it lacks (a fresh clone), the committed verdicts.
+    files, rechecks = mutation_verdicts.view(
+        ROOT / ".mutation-app" / "mutants", ROOT / "docs" / "mutation-verdicts-app.json"
+    )
     if argv == ["--table"]:
         equivalents = (ROOT / "docs" / "mutation-equivalents.txt").read_text()
-        print(table(config_text, meta_dir, equivalents))
+        print(table(config_text, files, rechecks, equivalents))
         return
-    for name in pending(config_text, meta_dir):
+    for name in pending(config_text, files):
         print(name)
 
 

@@ -12,13 +12,14 @@ restores them into a `mutants/` that lacks them before the next:
     python scripts/mutation_verdicts.py restore docs/mutation-verdicts.json mutants
 
 `save` replaces the stored entry of every source file that `mutants/` holds and
-keeps the others. `restore` writes the meta file of every stored source file
-that `mutants/` lacks, which mutmut then merges as its own (dropping the
-verdicts of functions changed since); where a meta file exists it only fills
-in the verdicts that it lacks of functions with the same hash. The rechecks
-are merged per mutant and backend, the local ones first; their kills count
-only while the function's hash is the one they were recorded with
-(`mutation_backends.py`).
+keeps the others; an entry lists every mutant (None: not checked yet), so that
+`mutation_pending.py` sees what is left after a restore. `restore` writes the
+meta file of every stored source file that `mutants/` lacks, which mutmut then
+merges as its own (dropping the verdicts of functions changed since); where a
+meta file exists it only fills in the verdicts that it lacks of functions with
+the same hash. The rechecks are merged per mutant and backend, the local ones
+first; their kills count only while the function's hash is the one they were
+recorded with (`mutation_backends.py`).
 """
 
 import argparse
@@ -60,22 +61,41 @@ def _meta_files(mutants):
     }
 
 
-def save(mutants, store):
-    """Stores the decided verdicts and function hashes of every meta file under `mutants`.
+def view(mutants, store):
+    """What `mutants` and the stored file know together, read only (safe beside a run).
 
     Returns:
-        The number of verdicts stored from `mutants`.
+        `({source path: {"exit_code_by_key": ..., "hash_by_function_name": ...}},
+        {mutant: {backend: recheck}})`: a source file's meta from `mutants` where it
+        has one, else the stored entry; the rechecks of both, the local ones first.
+    """
+    stored = _read_json(store, {"files": {}, "rechecks": {}})
+    files = dict(stored["files"])
+    for source, meta_path in _meta_files(mutants).items():
+        files[source] = json.loads(meta_path.read_text())
+    rechecks = dict(stored["rechecks"])
+    for mutant, by_backend in _read_json(pathlib.Path(mutants) / RECHECKS, {}).items():
+        rechecks[mutant] = {**rechecks.get(mutant, {}), **by_backend}
+    return files, rechecks
+
+
+def save(mutants, store):
+    """Stores the mutants, their verdicts (None: not checked yet) and the function hashes
+    of every meta file under `mutants`.
+
+    Returns:
+        The number of verdicts (checked mutants) stored from `mutants`.
     """
     stored = _read_json(store, {"files": {}, "rechecks": {}})
     count = 0
     for source, meta_path in _meta_files(mutants).items():
         meta = json.loads(meta_path.read_text())
-        verdicts = {k: v for k, v in meta["exit_code_by_key"].items() if v is not None}
+        codes = meta["exit_code_by_key"]
         stored["files"][source] = {
             "hash_by_function_name": meta.get("hash_by_function_name", {}),
-            "exit_code_by_key": verdicts,
+            "exit_code_by_key": codes,
         }
-        count += len(verdicts)
+        count += sum(code is not None for code in codes.values())
     local = _read_json(pathlib.Path(mutants) / RECHECKS, {})
     for mutant, by_backend in local.items():
         stored["rechecks"].setdefault(mutant, {}).update(by_backend)
@@ -104,7 +124,7 @@ def restore(store, mutants):
                 "estimated_durations_by_key": {},
             }
             _write_json(meta_path, meta)
-            count += len(entry["exit_code_by_key"])
+            count += sum(code is not None for code in entry["exit_code_by_key"].values())
             continue
         meta = json.loads(meta_path.read_text())
         hashes, codes = meta.get("hash_by_function_name", {}), meta["exit_code_by_key"]
@@ -112,7 +132,7 @@ def restore(store, mutants):
         for mutant, code in entry["exit_code_by_key"].items():
             function = _function(mutant)
             same = hashes.get(function) == entry["hash_by_function_name"].get(function)
-            if mutant in codes and codes[mutant] is None and same:
+            if code is not None and mutant in codes and codes[mutant] is None and same:
                 codes[mutant] = code
                 filled += 1
         if filled:

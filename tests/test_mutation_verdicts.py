@@ -50,7 +50,7 @@ def _tree(root):
     return codes
 
 
-def test_save_keeps_decided_verdicts_hashes_and_rechecks(verdicts, tmp_path):
+def test_save_keeps_every_mutant_its_verdict_the_hashes_and_the_rechecks(verdicts, tmp_path):
     _tree(tmp_path / "mutants")
     store = tmp_path / "store.json"
     assert verdicts.save(tmp_path / "mutants", store) == 3
@@ -61,6 +61,7 @@ def test_save_keeps_decided_verdicts_hashes_and_rechecks(verdicts, tmp_path):
             "exit_code_by_key": {
                 "pkg.mod.x_f__mutmut_1": 1,
                 "pkg.mod.x_f__mutmut_2": 0,
+                "pkg.mod.xǁCǁg__mutmut_1": None,
                 "pkg.mod.xǁCǁg__mutmut_2": 33,
             },
         }
@@ -104,6 +105,7 @@ def test_restore_into_a_fresh_tree_writes_meta_files_mutmut_can_load(verdicts, t
     assert meta["exit_code_by_key"] == {
         "pkg.mod.x_f__mutmut_1": 1,
         "pkg.mod.x_f__mutmut_2": 0,
+        "pkg.mod.xǁCǁg__mutmut_1": None,
         "pkg.mod.xǁCǁg__mutmut_2": 33,
     }
     assert meta["hash_by_function_name"] == {"x_f": "hf", "xǁCǁg": "hg"}
@@ -153,3 +155,32 @@ def test_the_command_line_round_trip(verdicts, tmp_path, capsys):
     assert verdicts.main(["restore", store, str(tmp_path / "fresh")]) == 0
     out = capsys.readouterr().out
     assert f"3 verdicts saved to {store}" in out and f"3 verdicts restored from {store}" in out
+
+
+def test_the_view_takes_local_meta_files_first_and_the_store_for_the_rest(verdicts, tmp_path):
+    mutants = tmp_path / "mutants"
+    codes = _tree(mutants)
+    other = {
+        "hash_by_function_name": {"x_h": "hh"},
+        "exit_code_by_key": {"pkg.other.x_h__mutmut_1": 1},
+    }
+    stale = {"hash_by_function_name": {"x_f": "old"}, "exit_code_by_key": {}}
+    jax = {"status": "killed", "hash": "hf", "detail": ""}
+    stored_tf = {"status": "survived", "hash": "old", "detail": ""}
+    store = tmp_path / "store.json"
+    store.write_text(
+        json.dumps(
+            {
+                "files": {"pkg/other.py": other, "pkg/mod.py": stale},
+                "rechecks": {"pkg.mod.x_f__mutmut_2": {"jax": jax, "tensorflow": stored_tf}},
+            }
+        )
+    )
+    before = {path: path.read_bytes() for path in mutants.rglob("*") if path.is_file()}
+    files, rechecks = verdicts.view(mutants, store)
+    assert files["pkg/other.py"] == other
+    assert files["pkg/mod.py"]["exit_code_by_key"] == codes
+    assert rechecks["pkg.mod.x_f__mutmut_2"]["jax"] == jax
+    assert rechecks["pkg.mod.x_f__mutmut_2"]["tensorflow"]["hash"] == "hf"
+    # Read only: nothing under mutants/ is touched, nothing is added.
+    assert {path: path.read_bytes() for path in mutants.rglob("*") if path.is_file()} == before
