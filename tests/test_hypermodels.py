@@ -245,3 +245,63 @@ def test_a_hypermodel_takes_any_validation_split_inside_zero_and_one(fraction):
     hypermodel = hypermodels.RNNHyperModel(task, config, SearchSpace(), steps_per_trial=8, rounds=2)
     assert hypermodel.name == "gated_digits" and hypermodel.tunable
     assert (hypermodel.steps_per_trial, hypermodel.rounds) == (8, 2)
+
+
+class _RecordingTask:
+    """A task whose `examples` records its arguments and answers them back."""
+
+    def __init__(self, spec):
+        self.spec, self.calls = spec, []
+
+    def examples(self, split, data_dir=None, validation_fraction=0.0):
+        self.calls.append((split, data_dir, validation_fraction))
+        return (f"{split} inputs", f"{split} targets")
+
+
+def test_a_hypermodel_reads_the_train_and_validation_splits_of_the_run_once():
+    task = _RecordingTask(tasks.get_task("digits").spec)
+    config = SHARED.replace(model="antisymmetric", data_dir="some/tfds", validation_fraction=0.3)
+    hypermodel = hypermodels.RNNHyperModel(task, config, SearchSpace())
+    expected = (("train inputs", "train targets"), ("validation inputs", "validation targets"))
+    assert hypermodel.data() == expected
+    assert task.calls == [("train", "some/tfds", 0.3), ("validation", "some/tfds", 0.3)]
+    assert hypermodel.data() == expected
+    assert len(task.calls) == 2  # loaded once for all trials
+
+
+def test_the_digits_validation_split_is_the_runs_fraction_of_the_training_images():
+    """With the real task: the two splits are disjoint and the validation split holds the
+    config's fraction of the training images (digits: 1,797 images, 20% held out for test)."""
+    task = tasks.get_task("digits")
+    hypermodel = hypermodels.RNNHyperModel(task, SHARED.replace(model="gated"), SearchSpace())
+    (train_x, train_y), (val_x, val_y) = hypermodel.data()
+    total = len(task.examples("train")[1])
+    assert len(val_y) == round(SHARED.validation_fraction * total)
+    assert len(train_y) + len(val_y) == total
+    rows = {tuple(np.asarray(x).ravel()) for x in train_x}
+    assert not any(tuple(np.asarray(x).ravel()) in rows for x in val_x)
+
+
+@pytest.mark.parametrize("model_name", ["antisymmetric", "lstm"])
+def test_the_built_model_is_seeded_by_the_run_and_takes_its_dtype_policy(model_name):
+    """Every trial starts from the weights the run's seed draws (so trials differ only in
+    their hyperparameters), under the run's dtype policy."""
+    from training.models import build_model
+
+    assignment = ASSIGNMENTS[0]
+    space, hp = _space_and_hp(assignment, "fixed", model_name)
+    task = tasks.get_task("digits")
+    config = SHARED.replace(model=model_name, seed=123, dtype_policy="mixed_bfloat16")
+    model = hypermodels.RNNHyperModel(task, config, space).build(hp)
+    values = {
+        name: assignment[name]
+        for name in MODEL_HYPERPARAMETERS[model_name]
+        if name in ("epsilon", "gamma", "sigma_w")
+    }
+    reference = build_model(task.spec, model_name, units=UNITS, seed=123,
+                            dtype_policy="mixed_bfloat16", **values)  # fmt: skip
+    for built, expected in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_array_equal(built, expected)
+    assert model.layers[0].dtype_policy.name == "mixed_bfloat16"
+    other = hypermodels.RNNHyperModel(task, config.replace(seed=124), space).build(hp)
+    assert not np.array_equal(other.get_weights()[0], model.get_weights()[0])
