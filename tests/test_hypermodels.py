@@ -305,3 +305,55 @@ def test_the_built_model_is_seeded_by_the_run_and_takes_its_dtype_policy(model_n
     assert model.layers[0].dtype_policy.name == "mixed_bfloat16"
     other = hypermodels.RNNHyperModel(task, config.replace(seed=124), space).build(hp)
     assert not np.array_equal(other.get_weights()[0], model.get_weights()[0])
+
+
+class _Callback:
+    def __init__(self):
+        self.model, self.ends = None, []
+
+    def set_model(self, model):
+        self.model = model
+
+    def on_epoch_end(self, epoch, logs):
+        self.ends.append((epoch, logs))
+
+
+@pytest.mark.parametrize(
+    ("fit_kwargs", "start", "stop", "epoch"),
+    [
+        ({}, 0, 8, 0),  # a whole trial: steps_per_trial steps
+        ({"epochs": 2}, 0, 4, 1),  # Hyperband's first rounds: 2 rounds of 8 // 4 steps
+        ({"epochs": 3, "initial_epoch": 1}, 2, 6, 2),  # goes on from round 1
+    ],
+)
+def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
+    monkeypatch, fit_kwargs, start, stop, epoch
+):
+    """`fit` trains from step `initial_epoch * unit` to `epochs * unit` (unit =
+    steps_per_trial // rounds), scores the validation split, and reports to keras-tuner's
+    callbacks at the last epoch."""
+    from training import loop
+
+    trained, scored = [], []
+
+    def train(trainer, config, first, writer, log):
+        trained.append((first, config.steps, int(trainer.optimizer.iterations.numpy())))
+
+    def evaluate(predict, task, x, y, batch_size, seed):
+        scored.append((len(y), batch_size, seed))
+        return 0.5, 0.25
+
+    monkeypatch.setattr(loop, "train", train)
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+    space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
+    task = tasks.get_task("digits")
+    config = SHARED.replace(model="antisymmetric", eval_batch_size=64, seed=5)
+    hypermodel = hypermodels.RNNHyperModel(task, config, space, steps_per_trial=8, rounds=4)
+    model = hypermodel.build(hp)
+    callback = _Callback()
+    logs = hypermodel.fit(hp, model, callbacks=[callback], **fit_kwargs)
+    assert trained == [(start, stop, start)]
+    (_, (val_x, val_y)) = hypermodel.data()
+    assert scored == [(len(val_y), 64, 5)]
+    assert logs == {"val_accuracy": 0.25, "val_loss": 0.5}
+    assert callback.model is model and callback.ends == [(epoch, logs)]
