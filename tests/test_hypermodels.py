@@ -319,25 +319,28 @@ class _Callback:
 
 
 @pytest.mark.parametrize(
-    ("fit_kwargs", "start", "stop", "epoch"),
+    ("fit_kwargs", "start", "stop", "epoch", "steps_per_trial"),
     [
-        ({}, 0, 8, 0),  # a whole trial: steps_per_trial steps
-        ({"epochs": 2}, 0, 4, 1),  # Hyperband's first rounds: 2 rounds of 8 // 4 steps
-        ({"epochs": 3, "initial_epoch": 1}, 2, 6, 2),  # goes on from round 1
+        ({}, 0, 8, 0, 8),  # a whole trial: steps_per_trial steps
+        ({"epochs": 2}, 0, 4, 1, 8),  # Hyperband's first rounds: 2 rounds of 8 // 4 steps
+        ({"epochs": 3, "initial_epoch": 1}, 2, 6, 2, 8),  # goes on from round 1
+        ({"epochs": 2, "initial_epoch": 1}, 1, 2, 1, 3),  # 3 // 4 = 0 steps: rounds of 1
     ],
 )
 def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
-    monkeypatch, fit_kwargs, start, stop, epoch
+    monkeypatch, fit_kwargs, start, stop, epoch, steps_per_trial
 ):
     """`fit` trains from step `initial_epoch * unit` to `epochs * unit` (unit =
-    steps_per_trial // rounds), scores the validation split, and reports to keras-tuner's
-    callbacks at the last epoch."""
+    steps_per_trial // rounds, at least 1), scores the validation split, and reports to
+    keras-tuner's callbacks at the last epoch. It logs once, at the end, and checkpoints
+    only there (a trial is not resumed)."""
     from training import loop
 
     trained, scored = [], []
 
     def train(trainer, config, first, writer, log):
         trained.append((first, config.steps, int(trainer.optimizer.iterations.numpy())))
+        assert (config.checkpoint_every, config.log_every) == (stop, stop - start)
 
     def evaluate(predict, task, x, y, batch_size, seed):
         scored.append((len(y), batch_size, seed))
@@ -348,7 +351,9 @@ def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
     space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
     task = tasks.get_task("digits")
     config = SHARED.replace(model="antisymmetric", eval_batch_size=64, seed=5)
-    hypermodel = hypermodels.RNNHyperModel(task, config, space, steps_per_trial=8, rounds=4)
+    hypermodel = hypermodels.RNNHyperModel(
+        task, config, space, steps_per_trial=steps_per_trial, rounds=4
+    )
     model = hypermodel.build(hp)
     callback = _Callback()
     logs = hypermodel.fit(hp, model, callbacks=[callback], **fit_kwargs)
@@ -357,3 +362,29 @@ def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
     assert scored == [(len(val_y), 64, 5)]
     assert logs == {"val_accuracy": 0.25, "val_loss": 0.5}
     assert callback.model is model and callback.ends == [(epoch, logs)]
+
+
+def test_hyperband_rounds_follow_one_schedule_over_the_whole_trial(monkeypatch):
+    """Under a cosine schedule, Hyperband's first two rounds of an 8-step trial (4 steps)
+    follow the trial's 8-step cosine: after 4 updates (step 5, numbered from 1 as
+    `training.schedules` does) the rate is on that curve, not at the floor where a cosine
+    over the rounds' 4 steps would have ended."""
+    from training import loop
+
+    rates = []
+
+    def train(trainer, config, first, writer, log):
+        trainer.optimizer.iterations.assign(4)
+        rates.append(float(trainer.optimizer.learning_rate))
+
+    monkeypatch.setattr(loop, "train", train)
+    monkeypatch.setattr(loop, "evaluate", lambda *args: (0.5, 0.25))
+    space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
+    config = SHARED.replace(model="antisymmetric", lr_schedule="cosine", lr_floor=0.1)
+    hypermodel = hypermodels.RNNHyperModel(
+        tasks.get_task("digits"), config.validate(), space, steps_per_trial=8, rounds=4
+    )
+    hypermodel.fit(hp, hypermodel.build(hp), epochs=2)
+    peak, floor = ASSIGNMENTS[0]["learning_rate"], 0.1
+    expected = peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * 5 / 8)))
+    assert rates == [pytest.approx(expected, rel=1e-5)]
