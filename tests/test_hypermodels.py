@@ -388,3 +388,31 @@ def test_hyperband_rounds_follow_one_schedule_over_the_whole_trial(monkeypatch):
     peak, floor = ASSIGNMENTS[0]["learning_rate"], 0.1
     expected = peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * 5 / 8)))
     assert rates == [pytest.approx(expected, rel=1e-5)]
+
+
+def test_a_trial_trains_under_the_hypermodels_strategy_and_the_runs_loss_scaling(monkeypatch):
+    """The strategy given to the hypermodel reaches the trial's trainer, and under
+    `mixed_float16` the trial's optimizer scales the loss (as a run's does)."""
+    made = []
+
+    def capture(*args, **kwargs):
+        made.append(kwargs["strategy"])
+        return MAKE_TRAINER(*args, **{**kwargs, "strategy": "default"})
+
+    monkeypatch.setattr(hypermodels, "make_trainer", capture)
+    monkeypatch.setattr(hypermodels.loop, "evaluate", lambda *args: (0.5, 0.25))
+    strategy = object()  # what the trial's trainer is made under, passed on as it is
+    space, hp = _space_and_hp(ASSIGNMENTS[1], "fixed", "gated")
+    config = SHARED.replace(model="gated", dtype_policy="mixed_float16").validate()
+    task = tasks.get_task("digits")
+    hypermodel = hypermodels.RNNHyperModel(task, config, space, strategy=strategy)
+    model = hypermodel.build(hp)
+    optimizers = []
+    monkeypatch.setattr(
+        hypermodels.loop, "train", lambda trainer, *a, **k: optimizers.append(trainer.optimizer)
+    )
+    hypermodel.fit(hp, model)
+    assert made == [strategy]
+    (optimizer,) = optimizers
+    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    assert type(optimizer.inner_optimizer) is OPTIMIZER_CLASSES[ASSIGNMENTS[1]["optimizer"]]
