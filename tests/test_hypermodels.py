@@ -416,3 +416,43 @@ def test_a_trial_trains_under_the_hypermodels_strategy_and_the_runs_loss_scaling
     (optimizer,) = optimizers
     assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     assert type(optimizer.inner_optimizer) is OPTIMIZER_CLASSES[ASSIGNMENTS[1]["optimizer"]]
+
+
+@pytest.mark.parametrize(
+    ("train_raises", "evaluated", "expected", "logged"),
+    [
+        (True, None, {"val_accuracy": 0.0, "val_loss": math.inf},
+         ["trial diverged: the loss is nan at step 3"]),
+        (False, (math.nan, 0.3), {"val_accuracy": 0.3, "val_loss": math.inf}, []),
+        (False, (math.inf, 0.1), {"val_accuracy": 0.1, "val_loss": math.inf}, []),
+    ],
+)  # fmt: skip
+def test_a_diverged_trial_scores_zero_and_its_metrics_stay_json_safe(
+    monkeypatch, train_raises, evaluated, expected, logged
+):
+    """A trial whose training diverges is logged and scores accuracy 0 and loss inf; a
+    non-finite validation loss is reported as inf, which the oracle can rank (a NaN
+    compares false with every loss, and is not equal to itself once read back)."""
+    import json
+
+    from training.errors import DivergenceError
+
+    def train(*args, **kwargs):
+        if train_raises:
+            raise DivergenceError("the loss is nan at step 3")
+
+    monkeypatch.setattr(hypermodels.loop, "train", train)
+    monkeypatch.setattr(hypermodels.loop, "evaluate", lambda *args: evaluated)
+    lines = []
+    space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
+    config = SHARED.replace(model="antisymmetric")
+    hypermodel = hypermodels.RNNHyperModel(
+        tasks.get_task("digits"), config, space, log=lines.append
+    )
+    callback = _Callback()
+    logs = hypermodel.fit(hp, hypermodel.build(hp), callbacks=[callback])
+    assert logs == expected
+    assert all(type(value) is float for value in logs.values())
+    assert json.loads(json.dumps(logs)) == expected  # as keras-tuner's trial files keep it
+    assert lines == logged
+    assert callback.ends == [(0, expected)]
