@@ -201,3 +201,21 @@ def test_remove_partials_tolerates_a_file_removed_meanwhile(tmp_path, monkeypatc
     monkeypatch.setattr(files.os, "listdir", listing_a_ghost)
     files.remove_partials(tmp_path)
     assert listed(tmp_path) == []
+
+
+def test_a_folder_lock_never_taken_releases_nothing(tmp_path):
+    lock = files.FolderLock(tmp_path)
+    lock.release()  # nothing held: no descriptor to close
+    assert not (tmp_path / ".lock").exists()
+    assert lock.acquire()
+    lock.release()
+
+
+def test_without_flock_a_folder_lock_is_a_no_op(tmp_path, monkeypatch):
+    """Where `fcntl` does not exist (Windows), every holder gets the lock and no file is made."""
+    monkeypatch.setattr(files, "fcntl", None)
+    first, second = files.FolderLock(tmp_path), files.FolderLock(tmp_path)
+    assert first.acquire() is True and second.acquire() is True
+    assert not (tmp_path / ".lock").exists()
+    first.release()
+    second.release()
