@@ -219,3 +219,18 @@ def test_without_flock_a_folder_lock_is_a_no_op(tmp_path, monkeypatch):
     assert not (tmp_path / ".lock").exists()
     first.release()
     second.release()
+
+
+def test_a_folder_lock_file_is_readable_by_all_and_written_by_its_owner(tmp_path):
+    """Mode 0o644 less the umask, as any file a run writes (others read the holder's pid)."""
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)
+    lock = files.FolderLock(tmp_path)
+    assert lock.acquire()
+    try:
+        mode = stat.S_IMODE(os.stat(tmp_path / ".lock").st_mode)
+        assert mode == 0o644 & ~umask
+    finally:
+        lock.release()
