@@ -224,6 +224,97 @@ def test_loop_warns_once_when_the_loss_blows_up_while_finite():
     assert trainer.saved == [6]
 
 
+def test_a_resumed_run_that_diverges_names_the_checkpoint_it_resumed_from():
+    from training.summaries import ScalarWriter
+
+    trainer = _FakeTrainer([1.0, float("nan")])
+    with pytest.raises(errors.DivergenceError) as caught:
+        loop.train(trainer, RunConfig(steps=8, checkpoint_every=10, log_every=1), 4,
+                   writer=ScalarWriter(None), log=lambda line: None)  # fmt: skip
+    assert "at step 6: the loss is nan. The last checkpoint (step 4) is from" in str(caught.value)
+    assert trainer.saved == []
+
+
+class _Clock:
+    """`perf_counter` of training.loop, moved on by the trainer's steps and saves."""
+
+    def __init__(self, now):
+        self.now = now
+
+    def perf_counter(self):
+        return self.now
+
+
+class _TimedTrainer(_FakeTrainer):
+    """A first step of 10 s (it compiles), then 2 s per step; 5 s per checkpoint."""
+
+    def __init__(self, losses, clock):
+        super().__init__(losses)
+        self.clock, self.steps = clock, 0
+
+    def step(self):
+        self.steps += 1
+        self.clock.now += 10.0 if self.steps == 1 else 2.0
+        return super().step()
+
+    def save(self, step):
+        self.clock.now += 5.0
+        super().save(step)
+
+
+class _Scalars:
+    def __init__(self):
+        self.values = {}
+
+    def scalar(self, name, value, step):
+        self.values.setdefault(name, []).append((step, value))
+
+    def flush(self):
+        pass
+
+
+def test_the_loop_logs_each_window_and_times_training_without_compiling_or_checkpoints(
+    monkeypatch,
+):
+    """Five steps of batch 4, a log line every 2 and at the end, a checkpoint with each.
+    By hand: windows of 12 s (the 10 s first step and one of 2 s), 4 s and 2 s give
+    8/12, 8/4 and 4/2 examples/s; the summary's rate leaves out the first step and the
+    checkpoints' 15 s (4 steps x 4 examples in 8 s), its wall time the checkpoints."""
+    clock = _Clock(100.0)
+    monkeypatch.setattr(loop, "time", clock)
+    trainer, writer, lines = _TimedTrainer([1.0, 2.0, 3.0, 4.0, 5.0], clock), _Scalars(), []
+    summary = loop.train(trainer, RunConfig(steps=5, checkpoint_every=2, log_every=2), 0,
+                         writer=writer, log=lines.append)  # fmt: skip
+    assert [line for line in lines if line.startswith("step ")] == [
+        "step 2/5 loss 1.5000 accuracy 0.5000 1 examples/s",
+        "step 4/5 loss 3.5000 accuracy 0.5000 2 examples/s",
+        "step 5/5 loss 5.0000 accuracy 0.5000 2 examples/s",
+    ]
+    assert writer.values["train/examples_per_second"] == [
+        (2, pytest.approx(8 / 12)), (4, pytest.approx(2.0)), (5, pytest.approx(2.0))
+    ]  # fmt: skip
+    assert writer.values["train/loss"] == [(2, 1.5), (4, 3.5), (5, 5.0)]
+    assert trainer.saved == [2, 4, 5]
+    assert summary == {
+        "steps": 5,
+        "examples_per_second": pytest.approx(2.0),
+        "wall_time_seconds": pytest.approx(18.0),
+        "final_loss": 5.0,
+        "final_accuracy": 0.5,
+    }
+
+
+def test_a_one_step_run_has_no_rate_to_report(monkeypatch):
+    """Its only step compiles: no step is timed, so there is no examples/s (None)."""
+    clock = _Clock(0.0)
+    monkeypatch.setattr(loop, "time", clock)
+    trainer = _TimedTrainer([1.0], clock)
+    summary = loop.train(trainer, RunConfig(steps=1, checkpoint_every=1, log_every=5), 0,
+                         writer=_Scalars(), log=lambda line: None)  # fmt: skip
+    assert summary["examples_per_second"] is None
+    assert summary["steps"] == 1 and summary["wall_time_seconds"] == pytest.approx(10.0)
+
+
 def test_cli_stops_on_divergence_with_a_clear_message(tmp_path):
     done = _train(
         "tensorflow",
