@@ -235,6 +235,28 @@ def test_a_resumed_run_that_diverges_names_the_checkpoint_it_resumed_from():
     assert trainer.saved == []
 
 
+def test_a_checkpoint_refused_by_its_checks_names_the_one_before_it():
+    """The step's loss is finite but the weights are not: the checkpoint due at step 4 is
+    refused, and the message names step 2's as the one to resume from."""
+    from training.summaries import ScalarWriter
+
+    class _Overflowing(_FakeTrainer):
+        def step(self):
+            if len(self.losses) == 1:  # the fourth step: a weight overflows
+                kernel = self.model.weights[0]
+                kernel.assign(np.full(kernel.shape, np.inf, "float32"))
+            return super().step()
+
+    trainer = _Overflowing([1.0, 0.9, 0.8, 0.7])
+    with pytest.raises(errors.DivergenceError) as caught:
+        loop.train(trainer, RunConfig(steps=4, checkpoint_every=2, log_every=1), 0,
+                   writer=ScalarWriter(None), log=lambda line: None)  # fmt: skip
+    message = str(caught.value)
+    assert message.startswith("training diverged at step 4: the weight ")
+    assert "The last checkpoint (step 2) is from before it" in message
+    assert trainer.saved == [2]
+
+
 class _Clock:
     """`perf_counter` of training.loop, moved on by the trainer's steps and saves."""
 
