@@ -270,13 +270,13 @@ class _Clock:
 class _TimedTrainer(_FakeTrainer):
     """A first step of 10 s (it compiles), then 2 s per step; 5 s per checkpoint."""
 
-    def __init__(self, losses, clock):
+    def __init__(self, losses, clock, first=10.0, later=2.0):
         super().__init__(losses)
-        self.clock, self.steps = clock, 0
+        self.clock, self.steps, self.durations = clock, 0, (first, later)
 
     def step(self):
         self.steps += 1
-        self.clock.now += 10.0 if self.steps == 1 else 2.0
+        self.clock.now += self.durations[0] if self.steps == 1 else self.durations[1]
         return super().step()
 
     def save(self, step):
@@ -484,3 +484,17 @@ def test_a_truncated_tf_checkpoint_falls_back_to_the_one_before(
     # Resuming from step 10 retrains steps 11-20 exactly as a run that was never interrupted.
     for a, b in zip(_weights(out / "model.keras"), uninterrupted_tf_weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("seconds", "rate"), [(0.5, 8.0), (0.0, 4e9)])
+def test_a_short_window_logs_its_true_rate_and_an_instant_one_no_division_by_zero(
+    monkeypatch, seconds, rate
+):
+    """A window of 0.5 s of one batch of 4 logs 8 examples/s; a window the clock cannot
+    measure (0 s) logs the rate of 1 ns rather than failing."""
+    clock = _Clock(0.0)
+    monkeypatch.setattr(loop, "time", clock)
+    trainer, writer = _TimedTrainer([1.0], clock, first=seconds), _Scalars()
+    loop.train(trainer, RunConfig(steps=1, checkpoint_every=1, log_every=1), 0,
+               writer=writer, log=lambda line: None)  # fmt: skip
+    assert writer.values["train/examples_per_second"] == [(1, pytest.approx(rate))]
