@@ -316,6 +316,7 @@ def test_the_loop_logs_each_window_and_times_training_without_compiling_or_check
         (2, pytest.approx(8 / 12)), (4, pytest.approx(2.0)), (5, pytest.approx(2.0))
     ]  # fmt: skip
     assert writer.values["train/loss"] == [(2, 1.5), (4, 3.5), (5, 5.0)]
+    assert writer.values["train/accuracy"] == [(2, 0.5), (4, 0.5), (5, 0.5)]
     assert trainer.saved == [2, 4, 5]
     assert summary == {
         "steps": 5,
@@ -498,3 +499,24 @@ def test_a_short_window_logs_its_true_rate_and_an_instant_one_no_division_by_zer
     loop.train(trainer, RunConfig(steps=1, checkpoint_every=1, log_every=1), 0,
                writer=writer, log=lambda line: None)  # fmt: skip
     assert writer.values["train/examples_per_second"] == [(1, pytest.approx(rate))]
+
+
+@pytest.mark.parametrize(
+    ("losses", "warned_at"),
+    [
+        ([2.0, 20.0, 20.0], None),  # exactly 10 times the first loss: not yet a blow-up
+        ([0.01, 0.05, 0.11], 3),  # 10 times a small first loss is the bar: 0.11 > 0.1
+        ([0.0, 0.009, 0.011], 3),  # a first loss of 0 counts as 0.001: 0.011 > 0.01
+    ],
+)
+def test_the_blow_up_bar_is_ten_times_the_first_loss_or_a_thousandth(losses, warned_at):
+    from training.summaries import ScalarWriter
+
+    lines = []
+    loop.train(_FakeTrainer(losses), RunConfig(steps=len(losses), checkpoint_every=10,
+               log_every=1), 0, writer=ScalarWriter(None), log=lines.append)  # fmt: skip
+    warned = [line for line in lines if line.startswith("warning: the loss grew")]
+    if warned_at is None:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and f"by step {warned_at}:" in warned[0]
