@@ -166,6 +166,58 @@ def test_nothing_non_finite_or_overflowing_is_checkpointed(scale, reason):
     assert healthy.saved == [7]
 
 
+class _Counter(keras.layers.Layer):
+    """An integer weight (a count), as a model may carry beside its float ones."""
+
+    def build(self, input_shape):
+        self.count = self.add_weight(shape=(), dtype="int32", initializer="zeros",
+                                     trainable=False, name="count")  # fmt: skip
+
+    def call(self, x):
+        return x
+
+
+class _SmallInputs(_Trainer):
+    def batches(self, step):
+        return np.ones((4, 3), "float32"), np.zeros(4, "int32")
+
+
+def test_integer_weights_and_weights_at_the_float32_limit_are_checkpointed():
+    """Only float weights have a limit, √max of their dtype, which is itself allowed
+    (1.8e19 in float32: its square still fits); an integer weight is never refused."""
+    limit = np.sqrt(np.finfo(np.float32).max)
+    trainer = _SmallInputs(0.0)
+    trainer.model = keras.Sequential([keras.Input((3,)), _Counter(), keras.layers.Dense(2)])
+    kernel, bias = trainer.model.layers[-1].weights
+    kernel.assign(np.full(kernel.shape, limit, "float32"))
+    assert float(np.max(np.abs(kernel.numpy()))) == float(limit)
+    assert any(w.dtype == "int32" for w in trainer.model.weights)
+    loop.save_checked(trainer, 3, saved=1)
+    assert trainer.saved == [3]
+
+
+def test_a_non_finite_optimizer_variable_is_not_checkpointed():
+    trainer = _SmallInputs(0.5)
+    trainer.optimizer = keras.optimizers.SGD(momentum=0.9)
+    trainer.optimizer.build(trainer.model.trainable_variables)
+    (momentum, *_) = [v for v in trainer.optimizer.variables if "momentum" in v.path]
+    momentum.assign(np.full(momentum.shape, np.nan, "float32"))
+    with pytest.raises(DivergenceError) as caught:
+        loop.save_checked(trainer, 7, saved=5)
+    assert str(caught.value).startswith(
+        f"training diverged at step 7: the optimizer variable {momentum.path} is not finite. "
+        "The last checkpoint (step 5) is from before it"
+    )
+    assert trainer.saved == []
+
+
+def test_a_refused_first_checkpoint_says_there_is_none_yet():
+    trainer = _Trainer(np.nan)
+    with pytest.raises(DivergenceError, match=r"The last checkpoint \(none yet\) is from"):
+        loop.save_checked(trainer, 3)
+    assert trainer.saved == []
+
+
 @pytest.mark.slow
 def test_a_diverged_run_resumes_from_its_last_good_checkpoint_with_a_new_learning_rate(tmp_path):
     out = tmp_path / "run"
