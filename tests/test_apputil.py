@@ -234,3 +234,25 @@ def test_a_folder_lock_file_is_readable_by_all_and_written_by_its_owner(tmp_path
         assert mode == 0o644 & ~umask
     finally:
         lock.release()
+
+
+def test_fsync_directory_flushes_the_folder_itself(tmp_path, monkeypatch):
+    """The folder is opened as a directory, flushed and closed (a rename is durable only
+    once its folder's entry is)."""
+    opened, flushed, closed = [], [], []
+    real_open = os.open
+
+    def spy_open(path, flags, *args):
+        handle = real_open(path, flags, *args)
+        opened.append((os.fspath(path), flags, handle))
+        return handle
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "fsync", flushed.append)
+    real_close = os.close
+    monkeypatch.setattr(os, "close", lambda handle: (closed.append(handle), real_close(handle)))
+    files.fsync_directory(tmp_path)
+    ((path, flags, handle),) = opened
+    assert path == os.fspath(tmp_path)
+    assert flags & os.O_DIRECTORY and flags & os.O_ACCMODE == os.O_RDONLY
+    assert flushed == [handle] and closed == [handle]

@@ -211,6 +211,16 @@ def test_a_non_finite_optimizer_variable_is_not_checkpointed():
     assert trainer.saved == []
 
 
+def test_weights_that_overflow_the_next_batchs_loss_are_not_checkpointed():
+    trainer = _Trainer(1e18)  # finite weights, but 1e30 inputs make the logits overflow
+    with pytest.raises(DivergenceError) as caught:
+        loop.save_checked(trainer, 7, saved=5)
+    assert str(caught.value).startswith(
+        "training diverged at step 7: its weights give a non-finite loss on the next batch. "
+        "The last checkpoint (step 5) is from before it"
+    )
+
+
 def test_a_refused_first_checkpoint_says_there_is_none_yet():
     trainer = _Trainer(np.nan)
     with pytest.raises(DivergenceError, match=r"The last checkpoint \(none yet\) is from"):
