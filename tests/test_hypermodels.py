@@ -456,3 +456,17 @@ def test_a_diverged_trial_scores_zero_and_its_metrics_stay_json_safe(
     assert json.loads(json.dumps(logs)) == expected  # as keras-tuner's trial files keep it
     assert lines == logged
     assert callback.ends == [(0, expected)]
+
+
+def test_by_default_a_trial_is_one_round_of_100_steps(monkeypatch):
+    trained = []
+    monkeypatch.setattr(hypermodels.loop, "train", lambda t, config, first, **k: trained.append(
+        (first, config.steps)))  # fmt: skip
+    monkeypatch.setattr(hypermodels.loop, "evaluate", lambda *args: (0.5, 0.25))
+    space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
+    config = SHARED.replace(model="antisymmetric")
+    hypermodel = hypermodels.RNNHyperModel(tasks.get_task("digits"), config, space)
+    model = hypermodel.build(hp)
+    hypermodel.fit(hp, model)
+    hypermodel.fit(hp, model, epochs=1)  # Hyperband's one round: the whole trial
+    assert trained == [(0, 100), (0, 100)]
