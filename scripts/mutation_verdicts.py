@@ -81,26 +81,23 @@ def view(mutants, store):
 
 def save(mutants, store):
     """Stores the mutants, their verdicts (None: not checked yet) and the function hashes
-    of every meta file under `mutants`.
+    of every meta file under `mutants`, and the rechecks (`view`'s merge, written back).
 
     Returns:
-        The number of verdicts (checked mutants) stored from `mutants`.
+        The number of verdicts (checked mutants) in the stored file.
     """
-    stored = _read_json(store, {"files": {}, "rechecks": {}})
-    count = 0
-    for source, meta_path in _meta_files(mutants).items():
-        meta = json.loads(meta_path.read_text())
-        codes = meta["exit_code_by_key"]
-        stored["files"][source] = {
+    files, rechecks = view(mutants, store)
+    kept = {
+        source: {
             "hash_by_function_name": meta.get("hash_by_function_name", {}),
-            "exit_code_by_key": codes,
+            "exit_code_by_key": meta["exit_code_by_key"],
         }
-        count += sum(code is not None for code in codes.values())
-    local = _read_json(pathlib.Path(mutants) / RECHECKS, {})
-    for mutant, by_backend in local.items():
-        stored["rechecks"].setdefault(mutant, {}).update(by_backend)
-    _write_json(store, stored)
-    return count
+        for source, meta in files.items()
+    }
+    _write_json(store, {"files": kept, "rechecks": rechecks})
+    return sum(
+        code is not None for meta in kept.values() for code in meta["exit_code_by_key"].values()
+    )
 
 
 def restore(store, mutants):
@@ -139,11 +136,8 @@ def restore(store, mutants):
             _write_json(meta_path, meta)
             count += filled
     if stored["rechecks"]:
-        local = _read_json(mutants / RECHECKS, {})
-        for mutant, by_backend in stored["rechecks"].items():
-            local[mutant] = {**by_backend, **local.get(mutant, {})}
         mutants.mkdir(parents=True, exist_ok=True)
-        _write_json(mutants / RECHECKS, local)
+        _write_json(mutants / RECHECKS, view(mutants, store)[1])
     return count
 
 
