@@ -307,6 +307,13 @@ def test_the_built_model_is_seeded_by_the_run_and_takes_its_dtype_policy(model_n
     assert not np.array_equal(other.get_weights()[0], model.get_weights()[0])
 
 
+def _replace_loop(monkeypatch, train, evaluate=lambda *args: (0.5, 0.25)):
+    """`fit` with `training.loop`'s training and evaluation replaced by stand-ins:
+    `train(trainer, config, start, writer=, log=)`, `evaluate(...)` -> (loss, accuracy)."""
+    monkeypatch.setattr(hypermodels.loop, "train", train)
+    monkeypatch.setattr(hypermodels.loop, "evaluate", evaluate)
+
+
 class _Callback:
     def __init__(self):
         self.model, self.ends = None, []
@@ -334,8 +341,6 @@ def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
     steps_per_trial // rounds, at least 1), scores the validation split, and reports to
     keras-tuner's callbacks at the last epoch. It logs once, at the end, and checkpoints
     only there (a trial is not resumed)."""
-    from training import loop
-
     trained, scored = [], []
 
     def train(trainer, config, first, writer, log):
@@ -346,8 +351,7 @@ def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
         scored.append((len(y), batch_size, seed))
         return 0.5, 0.25
 
-    monkeypatch.setattr(loop, "train", train)
-    monkeypatch.setattr(loop, "evaluate", evaluate)
+    _replace_loop(monkeypatch, train, evaluate)
     space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
     task = tasks.get_task("digits")
     config = SHARED.replace(model="antisymmetric", eval_batch_size=64, seed=5)
@@ -369,16 +373,13 @@ def test_hyperband_rounds_follow_one_schedule_over_the_whole_trial(monkeypatch):
     follow the trial's 8-step cosine: after 4 updates (step 5, numbered from 1 as
     `training.schedules` does) the rate is on that curve, not at the floor where a cosine
     over the rounds' 4 steps would have ended."""
-    from training import loop
-
     rates = []
 
     def train(trainer, config, first, writer, log):
         trainer.optimizer.iterations.assign(4)
         rates.append(float(trainer.optimizer.learning_rate))
 
-    monkeypatch.setattr(loop, "train", train)
-    monkeypatch.setattr(loop, "evaluate", lambda *args: (0.5, 0.25))
+    _replace_loop(monkeypatch, train)
     space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
     config = SHARED.replace(model="antisymmetric", lr_schedule="cosine", lr_floor=0.1)
     hypermodel = hypermodels.RNNHyperModel(
@@ -400,7 +401,6 @@ def test_a_trial_trains_under_the_hypermodels_strategy_and_the_runs_loss_scaling
         return MAKE_TRAINER(*args, **{**kwargs, "strategy": "default"})
 
     monkeypatch.setattr(hypermodels, "make_trainer", capture)
-    monkeypatch.setattr(hypermodels.loop, "evaluate", lambda *args: (0.5, 0.25))
     strategy = object()  # what the trial's trainer is made under, passed on as it is
     space, hp = _space_and_hp(ASSIGNMENTS[1], "fixed", "gated")
     config = SHARED.replace(model="gated", dtype_policy="mixed_float16").validate()
@@ -408,9 +408,7 @@ def test_a_trial_trains_under_the_hypermodels_strategy_and_the_runs_loss_scaling
     hypermodel = hypermodels.RNNHyperModel(task, config, space, strategy=strategy)
     model = hypermodel.build(hp)
     optimizers = []
-    monkeypatch.setattr(
-        hypermodels.loop, "train", lambda trainer, *a, **k: optimizers.append(trainer.optimizer)
-    )
+    _replace_loop(monkeypatch, lambda trainer, *a, **k: optimizers.append(trainer.optimizer))
     hypermodel.fit(hp, model)
     assert made == [strategy]
     (optimizer,) = optimizers
@@ -441,8 +439,7 @@ def test_a_diverged_trial_scores_zero_and_its_metrics_stay_json_safe(
         if train_raises:
             raise DivergenceError("the loss is nan at step 3")
 
-    monkeypatch.setattr(hypermodels.loop, "train", train)
-    monkeypatch.setattr(hypermodels.loop, "evaluate", lambda *args: evaluated)
+    _replace_loop(monkeypatch, train, lambda *args: evaluated)
     lines = []
     space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
     config = SHARED.replace(model="antisymmetric")
@@ -460,9 +457,7 @@ def test_a_diverged_trial_scores_zero_and_its_metrics_stay_json_safe(
 
 def test_by_default_a_trial_is_one_round_of_100_steps(monkeypatch):
     trained = []
-    monkeypatch.setattr(hypermodels.loop, "train", lambda t, config, first, **k: trained.append(
-        (first, config.steps)))  # fmt: skip
-    monkeypatch.setattr(hypermodels.loop, "evaluate", lambda *args: (0.5, 0.25))
+    _replace_loop(monkeypatch, lambda t, config, first, **k: trained.append((first, config.steps)))
     space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
     config = SHARED.replace(model="antisymmetric")
     hypermodel = hypermodels.RNNHyperModel(tasks.get_task("digits"), config, space)
