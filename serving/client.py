@@ -1,4 +1,4 @@
-"""A small client and CLI for TensorFlow Serving's REST API (and `serving.server`).
+r"""A small client and CLI for TensorFlow Serving's REST API (and `serving.server`).
 
     python -m serving.client --url http://127.0.0.1:8501 --model antisym status
     python -m serving.client --url http://127.0.0.1:8501 --model antisym metadata

@@ -1,4 +1,4 @@
-"""Export a trained `.keras` model as a versioned SavedModel for TensorFlow Serving.
+r"""Export a trained `.keras` model as a versioned SavedModel for TensorFlow Serving.
 
     python -m serving.export --model runs/x/model.keras \
         --export-base models/antisym --version 1

@@ -416,3 +416,96 @@ def test_an_export_that_cannot_be_written_is_one_line_status_1(capsys):
     status, lines = _cli(args, capsys)
     assert status == 1 and len(lines) == 1, lines
     assert lines[0].startswith("python -m serving.export: error: cannot write the export to")
+
+
+def _signatures(version_path):
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(version_path)
+    return loaded, sorted(loaded.signatures)
+
+
+def test_cli_in_process_infers_the_head_prints_the_folder_and_notes_how(capsys):
+    model, _ = exported("antisymmetric")
+    keras_path, base = work_dir("antisymmetric.keras"), work_dir("cli-inferred")
+    layer = keras.saving.load_model(keras_path, compile=False).layers[-1].name
+    status = _cli(["--model", keras_path, "--export-base", base, "--version", "4"], capsys)
+    assert status == (0, [
+        f"python -m serving.export: note: exported as classification, inferred from output "
+        f"layer {layer!r} of shape (None, 10)"
+    ])  # fmt: skip
+    # stdout was read by _cli: the folder is what the CLI printed, found here by layout.
+    _, names = _signatures(os.path.join(base, "4"))
+    assert names == ["padded", "serving_default", "stream"]
+
+
+def test_cli_given_head_and_no_extra_signatures(capsys):
+    """`--head regression` overrides the inferred classifier (no note: it was given), and
+    `--no-stream --no-padded` leave only `serving_default`, whose `value` is the logits."""
+    from serving.export import main
+
+    model, _ = exported("antisymmetric")
+    keras_path, base = work_dir("antisymmetric.keras"), work_dir("cli-given")
+    args = ["--model", keras_path, "--export-base", base, "--version", "5",
+            "--head", "regression", "--no-stream", "--no-padded"]  # fmt: skip
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out == os.path.join(base, "5") + "\n"
+    loaded, names = _signatures(os.path.join(base, "5"))
+    assert names == ["serving_default"]
+    x = digits()[0][:3]
+    answer = loaded.signatures["serving_default"](sequence=x)
+    assert sorted(answer) == ["value"]
+    np.testing.assert_allclose(answer["value"], model.predict(x, verbose=0), atol=1e-5)
+
+
+def test_cli_stream_flag_alone_keeps_padded(capsys):
+    from serving.export import main
+
+    exported("antisymmetric")
+    base = work_dir("cli-no-stream")
+    args = ["--model", work_dir("antisymmetric.keras"), "--export-base", base, "--version", "6",
+            "--head", "classification", "--no-stream"]  # fmt: skip
+    assert main(args) == 0
+    assert capsys.readouterr().err == ""
+    assert _signatures(os.path.join(base, "6"))[1] == ["padded", "serving_default"]
+
+
+@pytest.mark.parametrize("folder", ["7", "007"])
+def test_an_exported_version_is_refused_with_the_folder_that_holds_it(folder, capsys):
+    base = work_dir(f"exists-{folder}")
+    os.makedirs(os.path.join(base, folder))
+    args = ["--model", work_dir("never.keras"), "--export-base", base, "--version", "7"]
+    status = _cli(args, capsys)  # the version is checked before the model is read
+    assert status == (2, [
+        "python -m serving.export: error: Received an invalid value for argument `version`, "
+        f"expected a version not yet exported, got 7 (`{os.path.join(base, folder)}` exists)."
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "module, lines",
+    [("serving.export", ["    python -m serving.export --model runs/x/model.keras \\\n",
+                         "        --export-base models/antisym --version 1\n",
+                         "--model MODEL path of the trained .keras file",
+                         "--export-base EXPORT_BASE base path, e.g. models/antisym",
+                         "--version VERSION positive integer version",
+                         "--variable-length accept any number of time steps (models built "
+                         "with T=None only)", "--no-stream leave out the `stream` signature",
+                         "--no-padded leave out the `padded` signature"]),
+     ("serving.client", ["    python -m serving.client --url http://127.0.0.1:8501 --model "
+                         "antisym predict \\\n"])],
+)  # fmt: skip
+def test_cli_help_shows_the_module_doc_as_written(module, lines, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(module).main(["--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    # The raw formatter keeps the doc's own lines (a command's continuation too); the
+    # flags' help is wrapped to the terminal's width.
+    for line in lines:
+        assert line in out if line.endswith("\n") else line in " ".join(out.split())
+    assert importlib.import_module(module).__doc__.splitlines()[0] in out
