@@ -297,7 +297,9 @@ def test_an_unreadable_model_file_is_one_line(kind, message, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--export-base", "x", "--version", "1"], "--model"),  # missing flag
+        (["--export-base", "x", "--version", "1"], "--model"),  # missing flags
+        (["--model", "M", "--version", "1"], "--export-base"),
+        (["--model", "M", "--export-base", "x"], "--version"),
         (["--model", "/no/such.keras", "--export-base", "x", "--version", "1"], "`model`"),
         (["--model", "M", "--export-base", "x", "--version", "0"], "`version`"),
         (["--model", "M", "--export-base", "x", "--version", "1", "--head", "x"], "--head"),
