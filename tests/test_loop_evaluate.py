@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 
+from tests.recording import RecordingWriter
 from training import loop, tasks
 
 
@@ -38,14 +39,6 @@ def test_evaluate_is_the_mean_over_every_example_in_short_last_batches_too():
     assert accuracy == expected_accuracy
 
 
-class _Writer:
-    def __init__(self):
-        self.scalars = []
-
-    def scalar(self, name, value, step):
-        self.scalars.append((name, value, step))
-
-
 def test_diagnostics_probe_the_first_examples_and_write_log_and_keep_each_value():
     from training.models import build_model
 
@@ -63,7 +56,7 @@ def test_diagnostics_probe_the_first_examples_and_write_log_and_keep_each_value(
     again = loop.Diagnostics(model, task, images, labels, every=3, probe_size=2)
     np.testing.assert_array_equal(again.callback.probe_x, probe)  # the noise is fixed too
 
-    writer, lines = _Writer(), []
+    writer, lines = RecordingWriter(), []
     diagnostics(5, writer, lines.append)
     latest = diagnostics.latest
     assert writer.scalars == [(name, value, 5) for name, value in latest.items()]
@@ -96,7 +89,7 @@ def test_the_learning_curve_records_evaluations_saves_and_resumes_its_clock(tmp_
     loss, accuracy = _reference((images.reshape(12, 64) / 16.0) @ weights, labels)
     path = tmp_path / "curve.json"
     curve = loop.LearningCurve(str(path), 5, "validation", (images, labels), task, 8, 0)
-    writer, lines = _Writer(), []
+    writer, lines = RecordingWriter(), []
     for step, seconds in ((5, 1.5), (10, 2.5), (10, 3.0)):  # step 10 evaluated again
         curve.record(_Linear(weights), step, seconds, writer, lines.append)
     assert [(p["step"], p["train_seconds"]) for p in curve.points] == [(5, 1.5), (10, 3.0)]
@@ -133,8 +126,8 @@ def test_a_curve_without_points_starts_its_clock_at_zero(tmp_path):
         curve = loop.LearningCurve(str(path), 5, "test", (images, labels), task, 8, 0)
         curve.resume(10)
         assert curve.points == [] and curve.seconds_before == 0.0
-        curve.record(_Linear(np.zeros((64, 10))), 5, 2.0, _Writer(), lambda line: None)
+        curve.record(_Linear(np.zeros((64, 10))), 5, 2.0, RecordingWriter(), lambda line: None)
         assert curve.points[0]["train_seconds"] == 2.0
     fresh = loop.LearningCurve(str(tmp_path / "new.json"), 5, "test", (images, labels), task, 8, 0)
-    fresh.record(_Linear(np.zeros((64, 10))), 5, 2.0, _Writer(), lambda line: None)
+    fresh.record(_Linear(np.zeros((64, 10))), 5, 2.0, RecordingWriter(), lambda line: None)
     assert fresh.points[0]["train_seconds"] == 2.0  # without a resume too

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
+from tests.recording import RecordingWriter
 from training import schedules, tasks, train
 from training.config import RunConfig
 from training.optimizers import make_optimizer
@@ -140,17 +141,9 @@ def test_tensorboard_gets_the_rate_each_logged_step_applies(trainer_class):
         trainer = KerasTrainer(task, build, inputs, targets, distribution=None, **kwargs)
     else:
         trainer = make_trainer(task, build, inputs, targets, strategy="default", **kwargs)
-    logged = {}
-
-    class Writer:
-        def scalar(self, name, value, step):
-            if name == "train/learning_rate":
-                logged[step] = value
-
-        def flush(self):
-            pass
-
-    loop.train(trainer, config, 0, writer=Writer(), log=lambda line: None)
+    writer = RecordingWriter()
+    loop.train(trainer, config, 0, writer=writer, log=lambda line: None)
+    logged = dict(writer.series("train/learning_rate"))
     # Step s is the (s - 2)-th of the 10 cosine steps after the 2-step warm-up.
     expected = {s: _cosine(0.5, 0.1, (s - 2) / 10) for s in (3, 6, 9, 12)}
     assert logged == pytest.approx(expected, rel=1e-6)

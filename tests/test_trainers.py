@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from tests.recording import RecordingWriter
 from training import data, errors, loop
 from training.config import RunConfig
 
@@ -284,17 +285,6 @@ class _TimedTrainer(_FakeTrainer):
         super().save(step)
 
 
-class _Scalars:
-    def __init__(self):
-        self.values = {}
-
-    def scalar(self, name, value, step):
-        self.values.setdefault(name, []).append((step, value))
-
-    def flush(self):
-        pass
-
-
 def test_the_loop_logs_each_window_and_times_training_without_compiling_or_checkpoints(
     monkeypatch,
 ):
@@ -304,7 +294,7 @@ def test_the_loop_logs_each_window_and_times_training_without_compiling_or_check
     checkpoints' 15 s (4 steps x 4 examples in 8 s), its wall time the checkpoints."""
     clock = _Clock(100.0)
     monkeypatch.setattr(loop, "time", clock)
-    trainer, writer, lines = _TimedTrainer([1.0, 2.0, 3.0, 4.0, 5.0], clock), _Scalars(), []
+    trainer, writer, lines = _TimedTrainer([1.0, 2.0, 3.0, 4.0, 5.0], clock), RecordingWriter(), []
     summary = loop.train(trainer, RunConfig(steps=5, checkpoint_every=2, log_every=2), 0,
                          writer=writer, log=lines.append)  # fmt: skip
     assert [line for line in lines if line.startswith("step ")] == [
@@ -312,11 +302,11 @@ def test_the_loop_logs_each_window_and_times_training_without_compiling_or_check
         "step 4/5 loss 3.5000 accuracy 0.5000 2 examples/s",
         "step 5/5 loss 5.0000 accuracy 0.5000 2 examples/s",
     ]
-    assert writer.values["train/examples_per_second"] == [
+    assert writer.series("train/examples_per_second") == [
         (2, pytest.approx(8 / 12)), (4, pytest.approx(2.0)), (5, pytest.approx(2.0))
     ]  # fmt: skip
-    assert writer.values["train/loss"] == [(2, 1.5), (4, 3.5), (5, 5.0)]
-    assert writer.values["train/accuracy"] == [(2, 0.5), (4, 0.5), (5, 0.5)]
+    assert writer.series("train/loss") == [(2, 1.5), (4, 3.5), (5, 5.0)]
+    assert writer.series("train/accuracy") == [(2, 0.5), (4, 0.5), (5, 0.5)]
     assert trainer.saved == [2, 4, 5]
     assert summary == {
         "steps": 5,
@@ -333,7 +323,7 @@ def test_a_one_step_run_has_no_rate_to_report(monkeypatch):
     monkeypatch.setattr(loop, "time", clock)
     trainer = _TimedTrainer([1.0], clock)
     summary = loop.train(trainer, RunConfig(steps=1, checkpoint_every=1, log_every=5), 0,
-                         writer=_Scalars(), log=lambda line: None)  # fmt: skip
+                         writer=RecordingWriter(), log=lambda line: None)  # fmt: skip
     assert summary["examples_per_second"] is None
     assert summary["steps"] == 1 and summary["wall_time_seconds"] == pytest.approx(10.0)
 
@@ -495,10 +485,10 @@ def test_a_short_window_logs_its_true_rate_and_an_instant_one_no_division_by_zer
     measure (0 s) logs the rate of 1 ns rather than failing."""
     clock = _Clock(0.0)
     monkeypatch.setattr(loop, "time", clock)
-    trainer, writer = _TimedTrainer([1.0], clock, first=seconds), _Scalars()
+    trainer, writer = _TimedTrainer([1.0], clock, first=seconds), RecordingWriter()
     loop.train(trainer, RunConfig(steps=1, checkpoint_every=1, log_every=1), 0,
                writer=writer, log=lambda line: None)  # fmt: skip
-    assert writer.values["train/examples_per_second"] == [(1, pytest.approx(rate))]
+    assert writer.series("train/examples_per_second") == [(1, pytest.approx(rate))]
 
 
 @pytest.mark.parametrize(
