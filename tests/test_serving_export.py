@@ -495,6 +495,8 @@ def test_an_exported_version_is_refused_with_the_folder_that_holds_it(folder, ca
                          "--version VERSION positive integer version",
                          "--variable-length accept any number of time steps (models built "
                          "with T=None only)", "--no-stream leave out the `stream` signature",
+                         "--head {classification,regression,per_step_classification} the "
+                         "model's head, for models that do not record it (default: recorded)",
                          "--no-padded leave out the `padded` signature"]),
      ("serving.client", ["    python -m serving.client --url http://127.0.0.1:8501 --model "
                          "antisym predict \\\n"])],
