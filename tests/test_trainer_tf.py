@@ -1,0 +1,217 @@
+"""`training.trainer_tf` in this process: the step against a NumPy softmax regression, the
+checkpoints it keeps and the state file, the fallback past a torn one, leftovers of killed
+saves, and the replica slices of the input pipeline."""
+
+import os
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from training import tasks, trainer_tf
+from training.trainer_tf import TFTrainer, checkpoint_paths, remove_leftovers
+
+BATCH = 16
+RATE = 0.5
+
+
+def _task():
+    task = tasks.get_task("digits")
+    inputs, targets = task.examples("train")
+    return task, inputs, targets
+
+
+def _build():
+    """A softmax regression on the flattened sequence: its gradient is known in closed form."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    return model, keras.optimizers.SGD(RATE)
+
+
+def _trainer(checkpoint_dir=None, **kwargs):
+    task, inputs, targets = _task()
+    strategy = tf.distribute.get_strategy()
+    return TFTrainer(task, _build, inputs, targets, strategy=strategy, batch_size=BATCH, seed=3,
+                     checkpoint_dir=checkpoint_dir, **kwargs)  # fmt: skip
+
+
+def _numpy_step(kernel, bias, x, y):
+    """Mean cross-entropy, accuracy and one SGD step of a softmax regression, in float64."""
+    x = x.reshape(len(x), -1).astype(np.float64)
+    logits = x @ kernel + bias
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    onehot = np.eye(10)[y]
+    loss = -(onehot * log_p).sum(axis=1).mean()
+    accuracy = (logits.argmax(axis=1) == y).mean()
+    delta = (np.exp(log_p) - onehot) / len(x)
+    return loss, accuracy, kernel - RATE * x.T @ delta, bias - RATE * delta.sum(axis=0)
+
+
+@pytest.mark.parametrize("start", [0, 7])
+def test_a_step_is_one_sgd_update_on_the_batch_of_the_optimizer_step(start):
+    trainer = _trainer()
+    trainer.optimizer.iterations.assign(start)  # as after a restore: the batch of that step
+    kernel, bias = (w.astype(np.float64) for w in trainer.model.get_weights())
+    x, y = trainer.batches(start)
+    loss, accuracy, want_kernel, want_bias = _numpy_step(kernel, bias, x, y)
+    got_loss, got_accuracy = trainer.step()
+    assert isinstance(got_loss, float) and isinstance(got_accuracy, float)
+    assert got_loss == pytest.approx(loss, rel=1e-5)
+    assert got_accuracy == pytest.approx(accuracy, abs=1e-7)
+    new_kernel, new_bias = trainer.model.get_weights()
+    np.testing.assert_allclose(new_kernel, want_kernel, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(new_bias, want_bias, rtol=1e-4, atol=1e-6)
+    # The next step takes the next batch.
+    x, y = trainer.batches(start + 1)
+    loss, *_ = _numpy_step(new_kernel.astype(np.float64), new_bias.astype(np.float64), x, y)
+    assert trainer.step()[0] == pytest.approx(loss, rel=1e-5)
+    assert int(trainer.optimizer.iterations.numpy()) == start + 2
+    x = trainer.batches(0)[0][:3]
+    np.testing.assert_allclose(trainer.predict(x), trainer.model(x), rtol=1e-6)
+
+
+def _save_at(trainer, step):
+    """Saves with the optimizer at `step` and the bias filled with `step`."""
+    trainer.optimizer.iterations.assign(step)
+    trainer.model.layers[-1].bias.assign(np.full(10, float(step), "float32"))
+    trainer.save(step)
+
+
+def _files(directory):
+    return sorted(os.listdir(directory))
+
+
+def _checkpoint_files(*steps):
+    return [f"ckpt-{n}.{kind}" for n in steps for kind in ("data-00000-of-00001", "index")]
+
+
+def test_saves_keep_the_newest_three_and_write_the_state_file(tmp_path, monkeypatch):
+    flushed = []
+    monkeypatch.setattr(trainer_tf, "fsync_file", flushed.append)
+    trainer = _trainer(str(tmp_path))
+    for step in (5, 10, 15, 20):
+        _save_at(trainer, step)
+    assert _files(tmp_path) == sorted(["checkpoint", *_checkpoint_files(10, 15, 20)])
+    assert (tmp_path / "checkpoint").read_text() == (
+        'model_checkpoint_path: "ckpt-20"\n'
+        'all_model_checkpoint_paths: "ckpt-10"\n'
+        'all_model_checkpoint_paths: "ckpt-15"\n'
+        'all_model_checkpoint_paths: "ckpt-20"\n'
+    )
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-20")
+    # Each save flushed its own index and data files before naming them.
+    assert sorted(map(os.path.basename, flushed[-2:])) == _checkpoint_files(20)
+    assert len(flushed) == 8
+
+    fresh = _trainer(str(tmp_path))
+    assert fresh.restore() == (20, str(tmp_path / "ckpt-20"))
+    np.testing.assert_array_equal(fresh.model.layers[-1].bias.numpy(), np.full(10, 20.0))
+
+
+def test_restore_passes_a_torn_checkpoint_and_the_next_save_replaces_it(tmp_path, capsys):
+    trainer = _trainer(str(tmp_path))
+    for step in (5, 10, 15):
+        _save_at(trainer, step)
+    data = tmp_path / "ckpt-15.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:10])
+    capsys.readouterr()
+    fresh = _trainer(str(tmp_path))
+    assert fresh.restore() == (10, str(tmp_path / "ckpt-10"))
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"skipping unreadable checkpoint {tmp_path / 'ckpt-15'}: ")
+    assert len(line) > len(f"skipping unreadable checkpoint {tmp_path / 'ckpt-15'}: ")
+    np.testing.assert_array_equal(fresh.model.layers[-1].bias.numpy(), np.full(10, 10.0))
+    _save_at(fresh, 11)  # the torn newer one goes; the older ones stay, up to three in all
+    assert _files(tmp_path) == sorted(["checkpoint", *_checkpoint_files(5, 10, 11)])
+    assert (tmp_path / "checkpoint").read_text().splitlines()[0] == (
+        'model_checkpoint_path: "ckpt-11"'
+    )
+
+
+def test_restore_without_checkpoints_starts_at_the_optimizer_step(tmp_path):
+    trainer = _trainer(str(tmp_path / "none-yet"))
+    assert trainer.restore() == (0, None)
+    assert _trainer().restore() == (0, None)
+    trainer.save(3)  # makes the folder
+    assert _files(tmp_path / "none-yet") == sorted(["checkpoint", *_checkpoint_files(3)])
+    _trainer(None).save(3)  # without a folder: nothing to write, no error
+
+
+def test_a_new_trainer_removes_what_killed_saves_left_and_nothing_else(tmp_path):
+    left = ["ckpt-3_temp", "checkpoint.tmp" + "0123456789abcdef" * 2, "tmp.tmp",
+            "tmpk1ll_3d.tmp", "ckpt-4.index.partial"]  # fmt: skip
+    kept = ["checkpoint", "ckpt-3.index", "ckpt-3.data-00000-of-00001", "ckpt-x_temp",
+            "ckpt-3_temp.bak", "a.tmp" + "0" * 31, "a.tmp" + "g" * 32, "tmp-1.tmp", "xtmp.tmp",
+            "tmp.tmpx", "notes.txt"]  # fmt: skip
+    (tmp_path / "ckpt-3_temp").mkdir()
+    (tmp_path / "ckpt-3_temp" / "part-00000-of-00001.index").write_bytes(b"killed")
+    for name in left[1:] + kept:
+        (tmp_path / name).write_text("x")
+    _trainer(str(tmp_path))
+    assert _files(tmp_path) == sorted(kept)
+    (tmp_path / left[0]).mkdir()
+    (tmp_path / left[2]).write_text("x")
+    assert remove_leftovers(str(tmp_path)) == [left[0], left[2]]
+    assert remove_leftovers(str(tmp_path / "missing")) == []
+
+
+def test_checkpoint_paths_are_the_complete_looking_ones_in_step_order(tmp_path):
+    for name in (
+        "ckpt-10.index",
+        "ckpt-9.index",
+        "ckpt-100.index",
+        "ckpt-7.data-00000-of-00001",
+        "ckpt-8.index.partial",
+        "xckpt-6.index",
+        "ckpt-5.indexx",
+        "ckpt-.index",
+    ):
+        (tmp_path / name).write_text("x")  # fmt: skip
+    assert checkpoint_paths(str(tmp_path)) == [str(tmp_path / f"ckpt-{n}") for n in (9, 10, 100)]
+    assert checkpoint_paths(None) == []
+    assert checkpoint_paths(str(tmp_path / "missing")) == []
+
+
+def test_a_worker_that_is_not_the_chief_saves_aside(tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_tf.distribution, "is_chief", lambda strategy: False)
+    monkeypatch.setattr(trainer_tf.distribution, "task_label", lambda strategy: "worker-1")
+    (tmp_path / "tmp.tmp").write_text("the chief's to clean")
+    trainer = _trainer(str(tmp_path))
+    _save_at(trainer, 5)
+    assert _files(tmp_path) == ["tmp.tmp"]  # the chief's folder untouched
+    aside = trainer._save_dir
+    assert os.path.basename(aside) == "worker-1" and not aside.startswith(str(tmp_path))
+    assert _files(aside) == sorted(["checkpoint", *_checkpoint_files(5)])
+
+
+@pytest.mark.parametrize(
+    "pipelines, pipeline, replicas, expected",
+    [(1, 0, 1, (0,)), (1, 0, 4, (0, 1, 2, 3)), (2, 1, 4, (2, 3)), (4, 2, 4, (2,))],
+)
+def test_each_input_pipeline_feeds_its_own_replicas(pipelines, pipeline, replicas, expected):
+    context = types.SimpleNamespace(num_input_pipelines=pipelines, input_pipeline_id=pipeline)
+    assert trainer_tf._replica_ids(context, replicas) == expected
+
+
+def test_the_dataset_starts_at_the_given_step_whole_batches_on_one_replica():
+    task, inputs, targets = _task()
+    batches = tasks.TrainingBatches(task, inputs, targets, 8, seed=1)
+    got = list(trainer_tf.training_dataset(batches, start_step=5).take(2))
+    for (x, y), step in zip(got, (5, 6), strict=True):
+        want_x, want_y = batches(step)
+        assert x.shape == (8, 64, 1)  # one replica's slice: the whole batch
+        np.testing.assert_array_equal(x.numpy(), want_x)
+        np.testing.assert_array_equal(y.numpy(), want_y)
+
+
+def test_save_model_writes_a_keras_file_with_the_weights(tmp_path):
+    trainer = _trainer()
+    trainer.step()
+    path = str(tmp_path / "model.keras")
+    trainer.save_model(path)
+    loaded = keras.saving.load_model(path)
+    for a, b in zip(loaded.get_weights(), trainer.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
