@@ -380,7 +380,7 @@ def test_only_stale_staging_folders_are_removed():
     names = {
         f".tmp-1-{dead.pid}@{host}-abc": False,  # killed export: removed
         f".tmp-1-{os.getpid()}@{host}-def": True,  # a live export (this process): kept
-        f".tmp-1-{dead.pid}@other-host-ghi": True,  # another machine's: cannot tell, kept
+        f".tmp-1-{dead.pid}@other_host-ghi": True,  # another machine's: cannot tell, kept
         ".tmp-1-oldlegacy": False,  # an older export's, untouched for 2 hours: removed
         ".tmp-1-newlegacy": True,  # an older export's, just written: kept
     }

@@ -215,3 +215,21 @@ def test_save_model_writes_a_keras_file_with_the_weights(tmp_path):
     loaded = keras.saving.load_model(path)
     for a, b in zip(loaded.get_weights(), trainer.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_old_checkpoint_removed_meanwhile_by_another_process_is_no_error(
+    tmp_path, monkeypatch
+):
+    trainer = _trainer(str(tmp_path))
+    for step in (5, 10, 15):
+        _save_at(trainer, step)
+    remove = os.remove
+
+    def removed_first_by_another(path):
+        remove(path)
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(os, "remove", removed_first_by_another)
+    _save_at(trainer, 20)
+    monkeypatch.undo()
+    assert _files(tmp_path) == sorted(["checkpoint", *_checkpoint_files(10, 15, 20)])
