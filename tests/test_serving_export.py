@@ -513,3 +513,49 @@ def test_cli_help_shows_the_module_doc_as_written(module, lines, capsys):
     for line in lines:
         assert line in out if line.endswith("\n") else line in " ".join(out.split())
     assert importlib.import_module(module).__doc__.splitlines()[0] in out
+
+
+def test_a_missing_model_file_is_named_whole():
+    from serving.export import load_keras_model
+
+    path = work_dir("no", "such.keras")
+    with pytest.raises(ValueError) as caught:
+        load_keras_model(path)
+    assert str(caught.value) == (
+        "Received an invalid value for argument `model`, expected an existing .keras file, "
+        f"got {path!r}."
+    )
+
+
+@pytest.mark.parametrize(
+    "error, said",
+    [(ValueError("x" * 400 + "\nsecond line"), "ValueError: " + "x" * 300),
+     (KeyError(), "KeyError: "), (OSError("  bad header  \n"), "OSError: bad header")],
+)  # fmt: skip
+def test_a_model_keras_cannot_load_is_one_line_with_the_first_line_of_why(error, said, monkeypatch):
+    from serving import export
+
+    exported("antisymmetric")
+    path = work_dir("antisymmetric.keras")
+
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(keras.saving, "load_model", refuse)
+    with pytest.raises(export.ModelFileError) as caught:
+        export.load_keras_model(path)
+    assert str(caught.value) == f"cannot read model {path!r}: {said}"
+
+
+def test_a_compiled_model_loads_uncompiled():
+    """Serving needs no loss or optimizer: a training run's compiled `.keras` loads without
+    them (a custom loss that cannot be deserialized here would otherwise be needed)."""
+    from serving.export import load_keras_model
+
+    model = build_model("antisymmetric")
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    path = work_dir("compiled.keras")
+    model.save(path)
+    assert keras.saving.load_model(path).compiled  # what the default would do
+    loaded = load_keras_model(path)
+    assert not loaded.compiled and getattr(loaded, "optimizer", None) is None

@@ -217,9 +217,7 @@ def test_save_model_writes_a_keras_file_with_the_weights(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_an_old_checkpoint_removed_meanwhile_by_another_process_is_no_error(
-    tmp_path, monkeypatch
-):
+def test_an_old_checkpoint_removed_meanwhile_by_another_process_is_no_error(tmp_path, monkeypatch):
     trainer = _trainer(str(tmp_path))
     for step in (5, 10, 15):
         _save_at(trainer, step)
@@ -233,3 +231,29 @@ def test_an_old_checkpoint_removed_meanwhile_by_another_process_is_no_error(
     _save_at(trainer, 20)
     monkeypatch.undo()
     assert _files(tmp_path) == sorted(["checkpoint", *_checkpoint_files(10, 15, 20)])
+
+
+@pytest.mark.parametrize(
+    "error, reason",
+    [(ValueError("  torn index\nthe rest  "), "torn index"), (OSError(), "OSError"),
+     (IndexError(""), "IndexError"), (tf.errors.DataLossError(None, None, "bad crc"), "bad crc")],
+)  # fmt: skip
+def test_a_skipped_checkpoint_is_named_with_the_first_line_of_why(
+    tmp_path, capsys, monkeypatch, error, reason
+):
+    trainer = _trainer(str(tmp_path))
+    for step in (5, 10):
+        _save_at(trainer, step)
+    read = trainer_tf._read_all
+
+    def torn_newest(path):
+        if path.endswith("ckpt-10"):
+            raise error
+        read(path)
+
+    monkeypatch.setattr(trainer_tf, "_read_all", torn_newest)
+    capsys.readouterr()
+    assert _trainer(str(tmp_path)).restore() == (5, str(tmp_path / "ckpt-5"))
+    assert capsys.readouterr().out == (
+        f"skipping unreadable checkpoint {tmp_path / 'ckpt-10'}: {reason}\n"
+    )
