@@ -1,0 +1,137 @@
+"""`RunConfig`'s own methods: building from flags, the recorded (resolved) form, the
+schedule's boundaries, the names a resumed run may change, types as YAML gives them."""
+
+import argparse
+import dataclasses
+
+import pytest
+
+from training.config import (
+    RESUME_CHANGEABLE,
+    RunConfig,
+    UsageError,
+    check_batch_size,
+    flag,
+    identity_fields,
+)
+
+
+def test_from_namespace_takes_the_fields_it_knows_then_the_overrides():
+    namespace = argparse.Namespace(units=8, epsilon=0.5, output_dir="runs/x", verbose=True)
+    config = RunConfig.from_namespace(namespace, epsilon=0.25, steps=9)
+    assert (config.units, config.epsilon, config.steps) == (8, 0.25, 9)
+    assert config.replace(units=16) == dataclasses.replace(config, units=16)
+    assert config.to_dict() == {**RunConfig().to_dict(), "units": 8, "epsilon": 0.25, "steps": 9}
+
+
+@pytest.mark.parametrize(
+    "fields, decay_steps",
+    [({"lr_schedule": "cosine", "steps": 40}, 40),  # the run's length, fixed
+     ({"lr_schedule": "cosine", "steps": 40, "lr_decay_steps": 25}, 25),  # given: kept
+     ({"lr_schedule": "step", "steps": 40, "lr_boundaries": "10"}, None),
+     ({"steps": 40}, None)],
+)  # fmt: skip
+def test_resolved_fixes_only_a_cosine_without_its_length(fields, decay_steps):
+    config = RunConfig(**fields)
+    resolved = config.resolved()
+    assert resolved.lr_decay_steps == decay_steps
+    assert resolved.replace(lr_decay_steps=config.lr_decay_steps) == config
+
+
+@pytest.mark.parametrize(
+    "fields, scheduled",
+    [({}, False), ({"warmup_steps": 1}, True), ({"lr_schedule": "cosine"}, True),
+     ({"lr_schedule": "step", "lr_boundaries": "5"}, True)],
+)  # fmt: skip
+def test_has_schedule_when_the_rate_changes_over_the_run(fields, scheduled):
+    assert RunConfig(**fields).has_schedule() is scheduled
+
+
+@pytest.mark.parametrize(
+    "warmup, text, steps",
+    [(0, None, ()), (0, "5", (5,)), (0, "3000,5000", (3000, 5000)), (2, "3, 4,10", (3, 4, 10))],
+)
+def test_boundaries_are_the_steps_given(warmup, text, steps):
+    config = RunConfig(lr_schedule="step" if text else "constant", lr_boundaries=text,
+                       warmup_steps=warmup)  # fmt: skip
+    assert config.boundaries() == steps
+
+
+@pytest.mark.parametrize(
+    "warmup, text",
+    [(0, "5,5"), (0, "5,3"), (0, "0,4"), (4, "4,9"), (0, "a,b"), (0, "5,"), (0, "")],
+)
+def test_boundaries_must_increase_after_the_warm_up(warmup, text):
+    config = RunConfig(lr_schedule="step", lr_boundaries=text, warmup_steps=warmup)
+    with pytest.raises(UsageError) as caught:
+        config.boundaries()
+    assert str(caught.value) == (
+        "Received an invalid value for argument `--lr-boundaries`, expected increasing step "
+        f"numbers after --warmup-steps ({warmup}), comma-separated (e.g. 3000,5000), "
+        f"got {text!r}."
+    )
+
+
+@pytest.mark.parametrize(
+    "text, names",
+    [(None, ()), ("", ()), ("learning_rate", ("learning_rate",)),
+     (" learning-rate , clipnorm,", ("learning_rate", "clipnorm"))],
+)  # fmt: skip
+def test_resume_changes_read_flag_or_field_spelling(text, names):
+    config = RunConfig(change_on_resume=text)
+    assert config.resume_changes() == names
+    assert config.validate() is config
+
+
+def test_a_resume_change_outside_the_changeable_ones_is_refused():
+    with pytest.raises(UsageError) as caught:
+        RunConfig(change_on_resume="learning_rate,units").validate()
+    assert str(caught.value) == (
+        "Received an invalid value for argument `--change-on-resume`, expected names among "
+        f"{', '.join(RESUME_CHANGEABLE)}, got 'learning_rate,units'."
+    )
+    assert RESUME_CHANGEABLE == ("learning_rate", "clipnorm")
+
+
+@pytest.mark.parametrize(
+    "field, value, accepted",
+    [("epsilon", 1, True), ("epsilon", True, False), ("units", 8.0, False),
+     ("units", False, False), ("clipnorm", None, True), ("clipnorm", 2, True),
+     ("dataset", "fashion_mnist", True), ("dataset", 1, False), ("jit_compile", "false", False),
+     ("jit_compile", 0, False), ("seed", 1.5, False)],
+)  # fmt: skip
+def test_types_as_a_yaml_file_gives_them(field, value, accepted):
+    """An int is a float (`epsilon: 1`); a bool is neither an int nor a float."""
+    config = RunConfig(**{field: value})
+    if accepted:
+        assert config.validate() is config
+        return
+    with pytest.raises(UsageError, match=f"argument `{flag(field)}`, expected "):
+        config.validate()
+
+
+def test_identity_fields_are_what_shapes_a_checkpoint():
+    fields = identity_fields()
+    for name in ("task", "dataset", "timesteps", "seed", "model", "units", "epsilon", "gamma",
+                 "sigma_w", "dtype_policy", "optimizer", "learning_rate", "batch_size",
+                 "lr_schedule", "keep_best", "validation_fraction"):  # fmt: skip
+        assert name in fields
+    for name in ("steps", "log_every", "checkpoint_every", "eval_every", "data_dir",
+                 "strategy", "jit_compile", "diagnostics", "change_on_resume"):  # fmt: skip
+        assert name not in fields
+    assert flag("sigma_w") == "--sigma-w" and flag("units") == "--units"
+
+
+@pytest.mark.parametrize("batch, replicas", [(8, 1), (8, 4), (6, 3)])
+def test_a_batch_that_splits_evenly_over_the_replicas(batch, replicas):
+    assert check_batch_size(batch, replicas) is None
+
+
+@pytest.mark.parametrize("batch, replicas", [(7, 2), (4, 8), (9, 4)])
+def test_a_batch_that_does_not_split_is_refused(batch, replicas):
+    with pytest.raises(UsageError) as caught:
+        check_batch_size(batch, replicas)
+    assert str(caught.value) == (
+        "Received an invalid value for argument `--batch-size`, expected a multiple of the "
+        f"{replicas} replicas, got {batch}."
+    )
