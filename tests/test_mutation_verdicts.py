@@ -184,3 +184,24 @@ def test_the_view_takes_local_meta_files_first_and_the_store_for_the_rest(verdic
     assert rechecks["pkg.mod.x_f__mutmut_2"]["tensorflow"]["hash"] == "hf"
     # Read only: nothing under mutants/ is touched, nothing is added.
     assert {path: path.read_bytes() for path in mutants.rglob("*") if path.is_file()} == before
+
+
+def test_every_test_module_of_the_application_is_selected_for_its_mutants():
+    """A new test file of the application that the mutation run leaves out would let its
+    mutants survive unseen: each one is in the selection or named as not selected."""
+    import re
+
+    root = _PATH.parent.parent
+    config = (root / "scripts" / "mutation-app.cfg").read_text()
+    selection = config.split("pytest_add_cli_args_test_selection =", 1)[1]
+    selected = set(re.findall(r"^\s+(tests/test_\w+\.py)$", selection, re.M))
+    unselected = set(re.findall(r"^# not selected: (tests/test_\w+\.py)  \S", config, re.M))
+    assert unselected and not selected & unselected
+    imports = re.compile(r"^\s*(from|import) (training|serving|apputil|benchmarks)\b", re.M)
+    application = {
+        f"tests/{path.name}"
+        for path in (root / "tests").glob("test_*.py")
+        if imports.search(path.read_text())
+    }
+    assert application - selected - unselected == set()
+    assert all((root / name).is_file() for name in selected | unselected)
