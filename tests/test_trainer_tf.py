@@ -89,8 +89,9 @@ def _checkpoint_files(*steps):
 
 
 def test_saves_keep_the_newest_three_and_write_the_state_file(tmp_path, monkeypatch):
-    flushed = []
+    flushed, folders = [], []
     monkeypatch.setattr(trainer_tf, "fsync_file", flushed.append)
+    monkeypatch.setattr(trainer_tf, "fsync_directory", folders.append)
     trainer = _trainer(str(tmp_path))
     for step in (5, 10, 15, 20):
         _save_at(trainer, step)
@@ -105,6 +106,7 @@ def test_saves_keep_the_newest_three_and_write_the_state_file(tmp_path, monkeypa
     # Each save flushed its own index and data files before naming them.
     assert sorted(map(os.path.basename, flushed[-2:])) == _checkpoint_files(20)
     assert len(flushed) == 8
+    assert folders == [str(tmp_path)] * 4  # the renames TF made into the folder, flushed
 
     fresh = _trainer(str(tmp_path))
     assert fresh.restore() == (20, str(tmp_path / "ckpt-20"))
@@ -257,3 +259,26 @@ def test_a_skipped_checkpoint_is_named_with_the_first_line_of_why(
     assert capsys.readouterr().out == (
         f"skipping unreadable checkpoint {tmp_path / 'ckpt-10'}: {reason}\n"
     )
+
+
+def test_leftovers_removed_meanwhile_by_another_process_are_no_error(tmp_path, monkeypatch):
+    """Two trainers starting on one folder (a restarted job beside a stale one) both clean
+    it: what the other removed first is gone, not an error."""
+    (tmp_path / "ckpt-3_temp").mkdir()
+    (tmp_path / "ckpt-3_temp" / "part-00000-of-00001.index").write_bytes(b"killed")
+    (tmp_path / "tmp.tmp").write_text("killed mid-save")
+    rmtree, remove = trainer_tf.shutil.rmtree, os.remove
+
+    def rmtree_after_another(path, **kwargs):
+        rmtree(path)
+        rmtree(path, **kwargs)
+
+    def remove_after_another(path):
+        remove(path)
+        remove(path)
+
+    monkeypatch.setattr(trainer_tf.shutil, "rmtree", rmtree_after_another)
+    monkeypatch.setattr(os, "remove", remove_after_another)
+    assert remove_leftovers(str(tmp_path)) == ["ckpt-3_temp", "tmp.tmp"]
+    monkeypatch.undo()
+    assert _files(tmp_path) == []
