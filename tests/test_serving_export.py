@@ -562,3 +562,18 @@ def test_a_compiled_model_loads_uncompiled():
         assert keras.saving.load_model(path).compiled
     loaded = load_keras_model(path)
     assert not loaded.compiled and getattr(loaded, "optimizer", None) is None
+
+
+def test_the_head_is_read_from_the_layer_that_makes_the_output_not_the_last_listed():
+    """A head layer applied twice (a refinement loop) is listed before the layer between
+    its calls: the recorded head is the output's own layer."""
+    from serving.export import recorded_head
+
+    inputs = keras.Input((STEPS, FEATURES))
+    head = keras.layers.Dense(4, name="regression_head")
+    between = keras.layers.Dense(4, name="between")
+    model = keras.Model(inputs, head(between(head(keras.layers.SimpleRNN(4)(inputs)))))
+    assert model.layers[-1].name == "between"
+    assert recorded_head(model) == "regression"
+    assert recorded_head(keras.Sequential([keras.Input((STEPS, FEATURES)), keras.layers.GRU(3),
+                                           keras.layers.Dense(2)])) is None  # fmt: skip
