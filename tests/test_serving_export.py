@@ -577,3 +577,30 @@ def test_the_head_is_read_from_the_layer_that_makes_the_output_not_the_last_list
     assert recorded_head(model) == "regression"
     assert recorded_head(keras.Sequential([keras.Input((STEPS, FEATURES)), keras.layers.GRU(3),
                                            keras.layers.Dense(2)])) is None  # fmt: skip
+
+
+class _Subclassed(keras.Model):
+    """A subclassed model: no `outputs` to read the head from, only its layers."""
+
+    def __init__(self, last_name):
+        super().__init__()
+        self.rnn = keras.layers.GRU(3)
+        self.out = keras.layers.Dense(2, name=last_name)
+
+    def call(self, x):
+        return self.out(self.rnn(x))
+
+
+def test_without_a_single_output_the_head_is_the_last_layer_s():
+    from serving.export import recorded_head
+
+    for name, head in (("classification_head", "classification"), ("dense_out", None)):
+        model = _Subclassed(name)
+        model(np.zeros((1, STEPS, FEATURES), "float32"))
+        assert recorded_head(model) == head
+    inputs = keras.Input((STEPS, FEATURES))
+    hidden = keras.layers.GRU(3)(inputs)
+    first = keras.layers.Dense(2, name="classification_head")(hidden)
+    two = keras.Model(inputs, [first, keras.layers.Dense(2, name="other")(hidden)])
+    assert recorded_head(two) is None  # two outputs: the last layer, no head of its own
+    assert recorded_head(keras.Sequential()) is None
