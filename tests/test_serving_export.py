@@ -585,10 +585,11 @@ class _Subclassed(keras.Model):
     def __init__(self, last_name):
         super().__init__()
         self.rnn = keras.layers.GRU(3)
+        self.hidden = keras.layers.Dense(3)
         self.out = keras.layers.Dense(2, name=last_name)
 
     def call(self, x):
-        return self.out(self.rnn(x))
+        return self.out(self.hidden(self.rnn(x)))
 
 
 def test_without_a_single_output_the_head_is_the_last_layer_s():
