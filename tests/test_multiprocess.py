@@ -128,6 +128,7 @@ def _assert_same_as_one_process(output, text, one_process):
         np.testing.assert_allclose(two[key], one[key], rtol=0, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.slow
 def test_launcher_runs_two_processes_that_train_as_one(tmp_path, one_process):
     output = tmp_path / "run"
     with Processes(tmp_path) as started:

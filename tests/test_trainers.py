@@ -104,6 +104,7 @@ def test_every_mnist_family_and_synthetic_task_trains_without_tensorflow(tmp_pat
         assert list((tmp_path / task / "logs").iterdir()), "no TensorBoard event file"
 
 
+@pytest.mark.slow
 def test_jax_data_parallel_over_two_devices_matches_one_device(tmp_path):
     common = ["--task", "digits", "--units", "16", "--batch-size", "32", "--steps", "15",
               "--checkpoint-every", "5"]  # fmt: skip
@@ -339,6 +340,7 @@ def test_cli_stops_on_divergence_with_a_clear_message(tmp_path):
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_jax_trained_model_exports_and_serves_the_same_predictions(tmp_path):
     import tensorflow as tf
 

@@ -308,6 +308,7 @@ def test_trials_run_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
     assert len(trials) == 2 and all(t["status"] == "COMPLETED" for t in trials.values())
 
 
+@pytest.mark.slow
 def test_chief_and_two_workers_run_every_trial_once(tmp_path):
     directory = tmp_path / "search"
     trials = 4
