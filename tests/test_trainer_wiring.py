@@ -143,6 +143,30 @@ def test_keras_trainer_save_model_writes_the_trained_weights_uncompiled(tmp_path
     np.testing.assert_allclose(loaded.predict_on_batch(x), trainer.predict(x), rtol=1e-6)
 
 
+def test_keras_trainer_save_model_copies_outside_the_distribution_and_restores_it(
+    tmp_path, monkeypatch
+):
+    trainer = _keras_trainer(None)
+    held = keras.distribution.DataParallel(devices=["cpu:0"])
+    trainer.distribution = held  # as on JAX, where the trainer sets it at start
+    seen = []
+    real_from_config = keras.Sequential.from_config
+
+    def from_config(config, **kwargs):
+        seen.append(keras.distribution.distribution())
+        return real_from_config(config, **kwargs)
+
+    monkeypatch.setattr(keras.Sequential, "from_config", from_config)
+    try:
+        keras.distribution.set_distribution(held)
+        trainer.save_model(str(tmp_path / "model.keras"))
+        # The copy is made on this process alone; the training goes on distributed.
+        assert seen == [None]
+        assert keras.distribution.distribution() is held
+    finally:
+        keras.distribution.set_distribution(None)
+
+
 def test_keras_trainer_in_one_process_is_the_undistributed_chief():
     trainer = _keras_trainer(None)
     assert (trainer.chief, trainer.label, trainer.distributed) == (True, "chief", False)
