@@ -62,7 +62,17 @@ def test_the_config_flag_is_documented(capsys):
             "aliases (*name) are not accepted in an options file\n",
         ),
         ("- 1\n- 2\n", "argument --config: {path} is not a mapping of options"),
-        ("units: [\n", "argument --config: {path} is not valid YAML"),
+        (
+            # The problem, not the first line of PyYAML's text ("while parsing a flow node").
+            "units: [\n",
+            "argument --config: {path} is not valid YAML (line 2, column 1): "
+            "expected the node content, but found '<stream end>'\n",
+        ),
+        (
+            "a: b\nc\n",
+            "argument --config: {path} is not valid YAML (line 3, column 1): "
+            "could not find expected ':'\n",
+        ),
         (
             "units: 8\nname: \x01\n",
             "argument --config: {path} is not valid YAML: unacceptable "

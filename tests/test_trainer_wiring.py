@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from training import distribution, tasks, trainer_tf, trainers
+from training import distribution, tasks, trainer_keras, trainer_tf, trainers
 from training.optimizers import make_optimizer
 from training.trainer_keras import KerasTrainer
 
@@ -62,7 +62,7 @@ def test_make_trainer_passes_the_tpu_and_a_made_strategy_as_is(monkeypatch):
     assert made == [] and trainer.kwargs["distribution"] is strategy
 
 
-def _keras_trainer(checkpoint_dir, seed=0):
+def _keras_trainer(checkpoint_dir, seed=0, distribution=None):
     task = tasks.get_task("digits")
     inputs, targets = task.examples("train")
 
@@ -73,7 +73,7 @@ def _keras_trainer(checkpoint_dir, seed=0):
         )
         return model, make_optimizer("adam", 0.01)
 
-    return KerasTrainer(task, build, inputs, targets, distribution=None, batch_size=16,
+    return KerasTrainer(task, build, inputs, targets, distribution=distribution, batch_size=16,
                         seed=0, checkpoint_dir=checkpoint_dir)  # fmt: skip
 
 
@@ -171,6 +171,55 @@ def test_keras_trainer_in_one_process_is_the_undistributed_chief():
     trainer = _keras_trainer(None)
     assert (trainer.chief, trainer.label, trainer.distributed) == (True, "chief", False)
     assert (trainer.strategy_name, trainer.replicas) == ("default", 1)
+
+
+def test_keras_trainer_of_a_later_process_is_a_distributed_worker(monkeypatch):
+    monkeypatch.setattr(trainer_keras, "_process_index", lambda: 1)
+    monkeypatch.setattr(trainer_keras, "_process_count", lambda: 2)
+    trainer = _keras_trainer(None)
+    assert (trainer.chief, trainer.label, trainer.distributed) == (False, "worker1", True)
+
+
+@pytest.mark.parametrize("backend, expected", [("jax", (3, 4)), ("tensorflow", (0, 1))])
+def test_process_index_and_count_are_jax_s_on_jax_and_one_process_elsewhere(
+    monkeypatch, backend, expected
+):
+    import jax
+
+    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
+    monkeypatch.setattr(jax, "process_index", lambda: 3)
+    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    assert (trainer_keras._process_index(), trainer_keras._process_count()) == expected
+
+
+def test_keras_trainer_sets_its_distribution_and_feeds_this_process_s_rows(monkeypatch):
+    held = keras.distribution.DataParallel(devices=["cpu:0"])
+    asked = []
+
+    def process_rows(distribution, batch_size):
+        asked.append((distribution, batch_size))
+        return slice(4, 12)  # as for the second of two processes with 8 rows each
+
+    monkeypatch.setattr(trainer_keras, "process_rows", process_rows)
+    try:
+        trainer = _keras_trainer(None, distribution=held)
+        assert keras.distribution.distribution() is held
+    finally:
+        keras.distribution.set_distribution(None)
+    assert trainer.distribution is held and asked == [(held, 16)]
+    assert (trainer.strategy_name, trainer.replicas) == ("DataParallel", 1)
+    fed = []
+    trainer.model.train_on_batch = lambda x, y, **kwargs: (
+        fed.append((x, y))
+        or {
+            "loss": 0.0,
+            "accuracy": 0.0,
+        }
+    )
+    trainer.step()
+    x, y = trainer.batches(0)
+    np.testing.assert_array_equal(fed[0][0], x[4:12])
+    np.testing.assert_array_equal(fed[0][1], y[4:12])
 
 
 def test_keras_trainer_checkpoint_arrays_are_named_by_owner_and_position(tmp_path):
