@@ -191,6 +191,75 @@ def test_a_failed_version_waits_for_its_retry_unless_its_files_change(tmp_path):
     assert calls == [1, 1, 1]
 
 
+def test_a_failed_version_is_retried_once_its_delay_has_passed_exactly(tmp_path, monkeypatch):
+    from serving import repository as module
+    from serving.repository import ModelRepository
+
+    now = [100.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    calls = []
+
+    def failing(path, version):
+        calls.append(version)
+        raise ValueError(f"cannot load {version}")
+
+    _fake_version(str(tmp_path), "1")
+    repository = ModelRepository(str(tmp_path), "m", poll_seconds=0.5, loader=failing)
+    repository.refresh()
+    now[0] = 100.4999
+    repository.refresh()
+    assert calls == [1]
+    now[0] = 100.5  # retry_at itself: due
+    repository.refresh()
+    assert calls == [1, 1]
+
+
+def test_a_version_s_fingerprint_is_every_file_under_it_with_its_size_and_mtime(
+    tmp_path, monkeypatch
+):
+    from serving.repository import _fingerprint
+
+    folder = tmp_path / "1"
+    (folder / "variables").mkdir(parents=True)
+    names = ["saved_model.pb", "fingerprint.pb", "variables/variables.index",
+             "variables/variables.data-00000-of-00001"]  # fmt: skip
+    for size, name in enumerate(names, start=3):
+        (folder / name).write_bytes(b"x" * size)
+    expected = []
+    for name in names:
+        info = os.stat(folder / name)
+        expected.append((os.path.join(str(folder), *name.split("/")), info.st_size,
+                         info.st_mtime_ns))  # fmt: skip
+    assert _fingerprint(str(folder)) == tuple(sorted(expected))
+    # A file gone between the listing and its stat is left out; the others stay.
+    first = next(os.walk(folder))[2][0]
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.path.basename(path) == first:
+            raise FileNotFoundError(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    kept = tuple(sorted(item for item in expected if os.path.basename(item[0]) != first))
+    assert _fingerprint(str(folder)) == kept
+
+
+def test_the_watcher_is_a_named_daemon_thread_and_each_version_served_is_logged(tmp_path, caplog):
+    from serving.repository import ModelRepository
+
+    _fake_version(str(tmp_path), "4")
+    repository = ModelRepository(str(tmp_path), "digits", 60.0, loader=_FakeServable)
+    with caplog.at_level("INFO", logger="serving.server"):
+        repository.start()
+    try:
+        # A daemon: a server that stops is not held open by the watcher.
+        assert repository._thread.name == "version-watcher" and repository._thread.daemon
+        assert [r.getMessage() for r in caplog.records] == ["Serving version 4 of model digits"]
+    finally:
+        repository.stop()
+
+
 class _Refusing(_FakeServable):
     """Loads as `_FakeServable`, except the versions listed in `REFUSED`."""
 
