@@ -191,7 +191,9 @@ def test_a_failed_version_waits_for_its_retry_unless_its_files_change(tmp_path):
     assert calls == [1, 1, 1]
 
 
-def test_a_failed_version_is_retried_once_its_delay_has_passed_exactly(tmp_path, monkeypatch):
+def test_a_failed_version_is_retried_once_its_delay_has_passed_exactly(
+    tmp_path, monkeypatch, caplog
+):
     from serving import repository as module
     from serving.repository import ModelRepository
 
@@ -205,7 +207,11 @@ def test_a_failed_version_is_retried_once_its_delay_has_passed_exactly(tmp_path,
 
     _fake_version(str(tmp_path), "1")
     repository = ModelRepository(str(tmp_path), "m", poll_seconds=0.5, loader=failing)
-    repository.refresh()
+    with caplog.at_level("ERROR", logger="serving.server"):
+        repository.refresh()
+    assert [r.getMessage() for r in caplog.records] == [
+        "Could not load version 1 of m (retried): cannot load 1"
+    ]
     now[0] = 100.4999
     repository.refresh()
     assert calls == [1]
