@@ -404,3 +404,87 @@ def test_the_deepest_input_of_a_saved_model_without_ranks_is_zero(tmp_path):
     unranked = str(tmp_path / "unranked")
     tf.saved_model.save(module, unranked, signatures={"serving_default": module.f})
     assert Servable(unranked, 1).max_rank == 0  # an input of unknown rank counts as none
+
+
+def test_a_new_repository_polls_every_second_watches_nothing_and_answers_404(tmp_path):
+    from serving.repository import ModelRepository
+
+    _fake_version(str(tmp_path), "1")
+    repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
+    assert repository.poll_seconds == 1.0  # TensorFlow Serving's file system poll, 1 s
+    assert repository.watching is False
+    # Before its first scan it serves nothing and lists nothing, without failing.
+    assert _not_found(lambda: repository.status("m", "1")) == "Could not find version 1 of model m"
+    assert _served(repository) is None
+
+
+def test_a_broken_version_on_the_first_scan_is_logged_once(tmp_path, caplog):
+    from serving.repository import ModelRepository
+
+    os.makedirs(tmp_path / "2")  # no saved_model.pb
+    _fake_version(str(tmp_path), "1")
+    repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
+    with caplog.at_level("ERROR", logger="serving.server"):
+        repository.refresh()
+        repository.refresh()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Version 2 of m is not loaded: No saved_model.pb in {tmp_path / '2'}"
+    ]
+    assert _served(repository) == 1
+
+
+def test_a_version_that_loads_on_its_retry_is_listed_ok(tmp_path):
+    from serving.repository import ModelRepository
+
+    base = str(tmp_path)
+    _fake_version(base, "1", variables=False)  # caught mid-copy: fails
+    repository = ModelRepository(base, "m", poll_seconds=60, loader=_FakeServable)
+    repository.refresh()
+    (status,) = repository.status("m")["model_version_status"]
+    assert status["status"]["error_code"] == "UNKNOWN"
+    _fake_version(base, "1")  # the copy finished: its files changed, so it is retried now
+    repository.refresh()
+    assert repository.status("m")["model_version_status"] == [
+        {"version": "1", "state": "AVAILABLE",
+         "status": {"error_code": "OK", "error_message": ""}}
+    ]  # fmt: skip
+
+
+def test_scan_errors_are_logged_once_each_until_a_scan_succeeds(tmp_path, monkeypatch, caplog):
+    from serving.repository import ModelRepository
+
+    repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
+    errors = iter([OSError("disk"), OSError("disk"), PermissionError("denied"), None,
+                   OSError("disk")])  # fmt: skip
+
+    def scan():
+        error = next(errors)
+        if error is not None:
+            raise error
+        return {}, {}
+
+    monkeypatch.setattr(repository, "scan", scan)
+    with caplog.at_level("DEBUG", logger="serving.server"):
+        for _ in range(5):
+            repository._refresh_logged()
+    scans = [(r.levelname, r.getMessage()) for r in caplog.records if "Scan" in r.getMessage()]
+    prefix = f"Scan of {tmp_path} failed, still serving: "
+    assert scans == [
+        ("ERROR", prefix + "OSError: disk"),
+        ("DEBUG", prefix + "OSError: disk"),  # the same again: not repeated as an error
+        ("ERROR", prefix + "PermissionError: denied"),
+        ("ERROR", prefix + "OSError: disk"),  # after a good scan it is news again
+    ]
+
+
+def test_two_folders_naming_one_version_are_refused_with_both_names(tmp_path):
+    from serving.repository import ModelRepository
+
+    _fake_version(str(tmp_path), "3")
+    _fake_version(str(tmp_path), "03")
+    loadable, broken = ModelRepository(str(tmp_path), "m").scan()
+    assert loadable == {}
+    assert broken == {
+        3: ("FAILED_PRECONDITION",
+            "Folders '03' and '3' both name version 3; remove or rename one")
+    }  # fmt: skip
