@@ -424,13 +424,38 @@ def test_a_broken_version_on_the_first_scan_is_logged_once(tmp_path, caplog):
     os.makedirs(tmp_path / "2")  # no saved_model.pb
     _fake_version(str(tmp_path), "1")
     repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
+    expected = [f"Version 2 of m is not loaded: No saved_model.pb in {tmp_path / '2'}"]
     with caplog.at_level("ERROR", logger="serving.server"):
         repository.refresh()
+        assert [r.getMessage() for r in caplog.records] == expected  # at once
+        repository.refresh()
+    assert [r.getMessage() for r in caplog.records] == expected  # and not again
+    assert _served(repository) == 1
+
+
+def test_an_empty_base_path_warns_once_and_a_version_gone_is_logged(tmp_path, caplog):
+    from serving.repository import ModelRepository
+
+    base = tmp_path / "base"
+    base.mkdir()
+    repository = ModelRepository(str(base), "m", loader=_FakeServable)
+    empty = (
+        f"No versions of servable m found under base path {base} "
+        "(version folders are numbered: 1/, 2/)"
+    )
+    with caplog.at_level("WARNING", logger="serving.server"):
+        repository.refresh()
+        repository.refresh()
+        assert [r.getMessage() for r in caplog.records] == [empty]
+        _fake_version(str(base), "1")
+        repository.refresh()
+        caplog.clear()
+        shutil.rmtree(base / "1")
         repository.refresh()
     assert [r.getMessage() for r in caplog.records] == [
-        f"Version 2 of m is not loaded: No saved_model.pb in {tmp_path / '2'}"
+        empty,  # again: versions had been listed since
+        "Version 1 of m is gone and no other loads",
     ]
-    assert _served(repository) == 1
 
 
 def test_a_version_that_loads_on_its_retry_is_listed_ok(tmp_path):
