@@ -205,3 +205,18 @@ def test_every_test_module_of_the_application_is_selected_for_its_mutants():
     }
     assert application - selected - unselected == set()
     assert all((root / name).is_file() for name in selected | unselected)
+
+
+def test_a_recheck_leaves_out_mutants_of_modules_the_tree_holds_only_as_copies():
+    """After a run over other modules, a module's file in the tree has no mutants to switch
+    on: every test would pass, and its kills would be recorded as survivors."""
+    spec = importlib.util.spec_from_file_location(
+        "mutation_backends", _PATH.parent / "mutation_backends.py"
+    )
+    backends = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(backends)
+    mutants = ["pkg.mod.x_f__mutmut_1", "pkg.mod.xǁCǁm__mutmut_2", "pkg.other.x_g__mutmut_3",
+               "pkg.other.x_g__mutmut_4"]  # fmt: skip
+    hashes = {"pkg.mod.x_f": "a1", "pkg.mod.xǁCǁm": "b2"}  # the last run mutated pkg.mod
+    assert backends._in_tree(mutants, hashes) == (mutants[:2], ["pkg.other"])
+    assert backends._in_tree(mutants, {}) == ([], ["pkg.mod", "pkg.other"])
