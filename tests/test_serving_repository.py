@@ -194,11 +194,10 @@ def test_a_failed_version_waits_for_its_retry_unless_its_files_change(tmp_path):
 def test_a_failed_version_is_retried_once_its_delay_has_passed_exactly(
     tmp_path, monkeypatch, caplog
 ):
-    from serving import repository as module
     from serving.repository import ModelRepository
 
     now = [100.0]
-    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
     calls = []
 
     def failing(path, version):

@@ -143,12 +143,17 @@ def test_keras_trainer_save_model_writes_the_trained_weights_uncompiled(tmp_path
     np.testing.assert_allclose(loaded.predict_on_batch(x), trainer.predict(x), rtol=1e-6)
 
 
+@pytest.fixture
+def held_distribution():
+    """A one-device `DataParallel`; Keras' global distribution is unset again after."""
+    yield keras.distribution.DataParallel(devices=["cpu:0"])
+    keras.distribution.set_distribution(None)
+
+
 def test_keras_trainer_save_model_copies_outside_the_distribution_and_restores_it(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, held_distribution
 ):
-    trainer = _keras_trainer(None)
-    held = keras.distribution.DataParallel(devices=["cpu:0"])
-    trainer.distribution = held  # as on JAX, where the trainer sets it at start
+    trainer = _keras_trainer(None, distribution=held_distribution)
     seen = []
     real_from_config = keras.Sequential.from_config
 
@@ -157,14 +162,10 @@ def test_keras_trainer_save_model_copies_outside_the_distribution_and_restores_i
         return real_from_config(config, **kwargs)
 
     monkeypatch.setattr(keras.Sequential, "from_config", from_config)
-    try:
-        keras.distribution.set_distribution(held)
-        trainer.save_model(str(tmp_path / "model.keras"))
-        # The copy is made on this process alone; the training goes on distributed.
-        assert seen == [None]
-        assert keras.distribution.distribution() is held
-    finally:
-        keras.distribution.set_distribution(None)
+    trainer.save_model(str(tmp_path / "model.keras"))
+    # The copy is made on this process alone; the training goes on distributed.
+    assert seen == [None]
+    assert keras.distribution.distribution() is held_distribution
 
 
 def test_keras_trainer_in_one_process_is_the_undistributed_chief():
@@ -192,8 +193,9 @@ def test_process_index_and_count_are_jax_s_on_jax_and_one_process_elsewhere(
     assert (trainer_keras._process_index(), trainer_keras._process_count()) == expected
 
 
-def test_keras_trainer_sets_its_distribution_and_feeds_this_process_s_rows(monkeypatch):
-    held = keras.distribution.DataParallel(devices=["cpu:0"])
+def test_keras_trainer_sets_its_distribution_and_feeds_this_process_s_rows(
+    monkeypatch, held_distribution
+):
     asked = []
 
     def process_rows(distribution, batch_size):
@@ -201,21 +203,17 @@ def test_keras_trainer_sets_its_distribution_and_feeds_this_process_s_rows(monke
         return slice(4, 12)  # as for the second of two processes with 8 rows each
 
     monkeypatch.setattr(trainer_keras, "process_rows", process_rows)
-    try:
-        trainer = _keras_trainer(None, distribution=held)
-        assert keras.distribution.distribution() is held
-    finally:
-        keras.distribution.set_distribution(None)
-    assert trainer.distribution is held and asked == [(held, 16)]
+    trainer = _keras_trainer(None, distribution=held_distribution)
+    assert keras.distribution.distribution() is held_distribution
+    assert trainer.distribution is held_distribution and asked == [(held_distribution, 16)]
     assert (trainer.strategy_name, trainer.replicas) == ("DataParallel", 1)
     fed = []
-    trainer.model.train_on_batch = lambda x, y, **kwargs: (
+
+    def train_on_batch(x, y, **kwargs):
         fed.append((x, y))
-        or {
-            "loss": 0.0,
-            "accuracy": 0.0,
-        }
-    )
+        return {"loss": 0.0, "accuracy": 0.0}
+
+    trainer.model.train_on_batch = train_on_batch
     trainer.step()
     x, y = trainer.batches(0)
     np.testing.assert_array_equal(fed[0][0], x[4:12])
