@@ -93,3 +93,100 @@ def test_one_process_or_peers_on_other_hosts_start_no_watch(exits):
     peer.wait()
     time.sleep(0.2)
     assert calls == []
+
+
+def test_a_failed_collective_names_the_dead_peer_of_this_host(exits):
+    peer, calls, done = exits
+    peer.kill()
+    peer.wait()
+    error = distribution.lost_processes_error(RuntimeError("collective failed"))
+    assert isinstance(error, distribution.ProcessLostError)
+    assert str(error) == (
+        "lost process 1 of 2 (killed, crashed or unreachable); the others stopped: start "
+        "all 2 processes again to resume from the last checkpoint"
+    )
+    assert distribution._STARTED["lost"] == [1]
+
+
+def test_one_process_has_no_lost_peer(monkeypatch):
+    monkeypatch.setattr(distribution, "_STARTED", {})
+    assert distribution.lost_processes_error(RuntimeError("x")) is None
+
+
+class _KeyValueStore:
+    """JAX's distributed client as `_leave_together` uses it: keys set, keys awaited."""
+
+    def __init__(self):
+        self.calls = []
+
+    def key_value_set(self, key, value):
+        self.calls.append(("set", key, value))
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        self.calls.append(("get", key, timeout_ms))
+        return "1"
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_processes_say_they_leave_and_process_0_waits_for_the_live_ones(monkeypatch, index):
+    from jax._src import distributed as jax_distributed
+
+    store = _KeyValueStore()
+    monkeypatch.setattr(jax_distributed.global_state, "client", store)
+    monkeypatch.setattr(distribution, "LEAVE_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(distribution, "_STARTED", {})
+    distribution._STARTED.update(
+        processes=distribution.Processes("127.0.0.1:1", 4, index), count=4, lost=[2]
+    )
+    distribution._leave_together(3, wait_seconds=2)
+    said = [("set", f"keras_antisym/leaving/{index}", "3")]
+    if index == 0:  # process 3 and 1 answer; 2 is lost and is not waited for
+        said += [("get", f"keras_antisym/leaving/{i}", 2000) for i in (1, 3)]
+    assert store.calls == said
+
+
+def test_one_process_or_an_automatic_coordinator_has_nobody_to_leave_with(monkeypatch):
+    monkeypatch.setattr(distribution, "_STARTED", {})
+    distribution._leave_together(1)  # no processes: returns without JAX's client
+    distribution._STARTED["processes"] = distribution.Processes("auto", 2, 0)
+    distribution._leave_together(1)
+
+
+def _port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_coordinator_address_count_and_index_that_fit_are_accepted(index):
+    processes = distribution.Processes(f"127.0.0.1:{_port()}", 2, index)
+    assert distribution._check_processes(processes) is None
+
+
+@pytest.mark.parametrize(
+    "coordinator, count, index, message",
+    [
+        ("127.0.0.1:http", 2, 0,
+         "Received an invalid value for argument `--coordinator`, expected HOST:PORT, "
+         "got '127.0.0.1:http'"),
+        ("127.0.0.1:", 2, 0, "expected HOST:PORT, got '127.0.0.1:'"),
+        ("1234", 2, 0, "expected HOST:PORT, got '1234'"),
+        ("127.0.0.1:1234", None, 0,
+         "a coordinator (127.0.0.1:1234) needs --num-processes and --process-id"),
+        ("127.0.0.1:1234", 2, None, "needs --num-processes and --process-id"),
+        ("127.0.0.1:1234", 2, 2,
+         "Received an invalid value for argument `--process-id`, expected an integer in "
+         "[0, 2), got 2"),
+        ("127.0.0.1:1234", 3, -1, "expected an integer in [0, 3), got -1"),
+        # TEST-NET-1 (RFC 5737): never an address of this machine.
+        ("192.0.2.1:1234", 2, 0,
+         "the coordinator address 192.0.2.1:1234 is not an address of this machine"),
+    ],
+)  # fmt: skip
+def test_coordinator_address_count_and_index_that_do_not_fit_are_refused(
+    coordinator, count, index, message
+):
+    with pytest.raises(distribution.StrategyError) as refused:
+        distribution._check_processes(distribution.Processes(coordinator, count, index))
+    assert message in str(refused.value)

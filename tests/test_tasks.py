@@ -229,6 +229,69 @@ def test_exported_npz_loads_without_tfds(tmp_path, mock_images):
             np.testing.assert_array_equal(a, b)
 
 
+def test_export_command_writes_the_npz_it_names(tmp_path, mock_images, capsys):
+    from training import data
+
+    out = tmp_path / "exported"
+    assert data.main(["export", "--dataset", "fashion_mnist", "--out", str(out)]) == 0
+    path = out / "fashion_mnist.npz"
+    assert capsys.readouterr().out == f"wrote {path}\n"
+    with np.load(path) as arrays:
+        assert sorted(arrays) == ["x_test", "x_train", "y_test", "y_train"]
+        images, labels = tasks._load_images("fashion_mnist", "train", None)
+        np.testing.assert_array_equal(arrays["x_train"], images)
+        np.testing.assert_array_equal(arrays["y_train"], labels)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["export", "--out", "o"], "the following arguments are required: --dataset"),
+        (["export", "--dataset", "mnist"], "the following arguments are required: --out"),
+        (["prepare"], "the following arguments are required: --dataset"),
+        (["export", "--dataset", "kmnist", "--out", "o"],
+         "argument --dataset: invalid choice: 'kmnist' (choose from mnist, fashion_mnist, "
+         "cifar10)"),
+        ([], "the following arguments are required: command"),
+    ],
+)  # fmt: skip
+def test_data_command_usage_errors(argv, message, capsys):
+    from training import data
+
+    with pytest.raises(SystemExit) as stopped:
+        data.main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.replace("'", "")
+    assert len(err.splitlines()) == 1  # one line, naming the command
+    assert err.startswith("python -m training.data")
+    assert message.replace("'", "") in err
+
+
+def test_data_command_help_documents_each_subcommand_and_flag(capsys):
+    from training import data
+
+    def help_of(argv):
+        with pytest.raises(SystemExit) as stopped:
+            data.main([*argv, "--help"])
+        assert stopped.value.code == 0
+        return " ".join(capsys.readouterr().out.split())
+
+    top = help_of([])
+    first_paragraph = " ".join(data.__doc__.split("\n\n")[0].split())
+    assert top.startswith("usage: python -m training.data [-h] {prepare,export} ...")
+    assert first_paragraph in top
+    assert "prepare download and prepare a TFDS data set" in top
+    assert "export TFDS data set -> DATASET.npz" in top
+    data_dir = "--data-dir DATA_DIR TFDS data directory (or TFDS_DATA_DIR)"
+    choices = "--dataset {mnist,fashion_mnist,cifar10}"
+    prepare = help_of(["prepare"])
+    assert prepare.startswith(f"usage: python -m training.data prepare [-h] {choices}")
+    assert data_dir in prepare
+    export = help_of(["export"])
+    assert export.startswith(f"usage: python -m training.data export [-h] {choices}")
+    assert "--out OUT folder for DATASET.npz" in export and data_dir in export
+
+
 @pytest.mark.parametrize(
     "kwargs, argument",
     [

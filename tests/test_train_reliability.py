@@ -124,6 +124,30 @@ def test_a_signal_at_any_moment_stops_at_a_checkpointed_step(monkeypatch, moment
     assert trainer.saved == [stopped.value.step]
     assert signal.getsignal(signal.SIGINT) is before  # the handler is given back
 
+    assert str(stopped.value) == (
+        f"stopped by {signal.Signals(stopped.value.signal_number).name} at step "
+        f"{stopped.value.step}, checkpointed; run the same command to resume"
+    )
+
+
+@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")])
+def test_an_interrupted_run_says_where_it_stopped_and_exits_as_a_shell_reports_the_signal(
+    signum, name, capsys
+):
+    from apputil.cli import run
+    from training.errors import EXPECTED, Interrupted
+
+    error = Interrupted(signum, 12)
+    assert (error.signal_number, error.step) == (signum, 12)
+    message = f"stopped by {name} at step 12, checkpointed; run the same command to resume"
+    assert str(error) == message
+
+    def body():
+        raise error
+
+    assert run("prog", body, EXPECTED) == 128 + int(signum)  # 143 and 130
+    assert capsys.readouterr().err == f"prog: error: {message}\n"
+
 
 class _Trainer:
     """The pieces of a trainer `save_checked` reads, around a real model."""
