@@ -128,6 +128,57 @@ def test_pid_alive_tells_running_from_ended_and_unreaped():
     zombie.wait()
 
 
+def _ended_child():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid is free
+    return child.pid
+
+
+def test_pid_alive_without_proc_asks_the_kernel(monkeypatch, tmp_path):
+    from apputil import processes
+
+    monkeypatch.setattr(processes, "PROC", str(tmp_path / "no-proc"))  # macOS, BSDs
+    asked = []
+    real_kill = os.kill
+
+    def kill(pid, signum):
+        asked.append((pid, signum))
+        return real_kill(pid, signum)
+
+    monkeypatch.setattr(processes.os, "kill", kill)
+    assert processes.pid_alive(os.getpid())
+    ended = _ended_child()
+    assert not processes.pid_alive(ended)
+    assert asked == [(os.getpid(), 0), (ended, 0)]  # signal 0: nothing is sent
+
+    def not_permitted(pid, signum):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(processes.os, "kill", not_permitted)
+    assert processes.pid_alive(1)  # another user's process runs
+
+
+def test_pid_alive_with_an_unreadable_proc_entry_asks_the_kernel(monkeypatch, tmp_path):
+    from apputil import processes
+
+    (tmp_path / "self").mkdir()
+    for pid in (os.getpid(), 12345):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").mkdir()  # reading a folder fails: IsADirectoryError
+    monkeypatch.setattr(processes, "PROC", str(tmp_path))
+    assert processes.pid_alive(os.getpid())
+    ended = _ended_child()
+    assert not processes.pid_alive(ended)  # no entry: gone, without asking
+    monkeypatch.setattr(processes.os, "kill", lambda pid, signum: None)
+    assert processes.pid_alive(12345)
+    (tmp_path / "777").mkdir()
+    (tmp_path / "777" / "stat").write_text("777 (a) b) S 1 2 3\n")  # ")" in the name
+    assert processes.pid_alive(777)
+    for state in ("Z", "X"):
+        (tmp_path / "777" / "stat").write_text(f"777 (a) b) {state} 1 2 3\n")
+        assert not processes.pid_alive(777)
+
+
 def test_an_atomic_write_flushes_the_file_then_renames_then_flushes_the_folder(
     tmp_path, monkeypatch
 ):
