@@ -426,3 +426,80 @@ def test_each_table_s_curves_are_titled_with_the_table(tmp_path, monkeypatch):
     runs = suite.SUITES["smoke"]
     report.write(runs, str(tmp_path / "runs"), str(tmp_path / "docs"))
     assert titles == list(dict.fromkeys(run.table for run in runs))
+
+
+def _scheduled(monkeypatch, seconds):
+    """`execute`'s training processes replaced by children that print their argv and sleep."""
+    import subprocess
+    import sys
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(command, **kwargs):
+        assert command[:3] == [sys.executable, "-m", "training.train"]
+        started.append(command[3:])
+        code = f"import sys, time; print('argv', sys.argv[1:], flush=True); time.sleep({seconds})"
+        return real_popen([sys.executable, "-c", code, *command[3:]], **kwargs)
+
+    monkeypatch.setattr(reproduce.subprocess, "Popen", popen)
+    return started
+
+
+def _digit_runs(count):
+    """`count` digits runs of the smoke suite (named apart): they need no data set."""
+    import dataclasses
+
+    (run, *_) = [run for run in suite.SUITES["smoke"] if run.data == "digits"]
+    return [dataclasses.replace(run, name=f"{run.name}_{index}") for index in range(count)]
+
+
+def _args(tmp_path, **overrides):
+    argv = ["--suite", "smoke", "--runs-dir", str(tmp_path / "runs"), "--steps", "7"]
+    args = reproduce.build_parser().parse_args(argv)
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+def test_runs_go_at_most_parallel_at_once_each_with_its_log(tmp_path, monkeypatch):
+    started = _scheduled(monkeypatch, 0.2)
+    runs = _digit_runs(3)
+    lines = []
+    reproduce.execute(runs, _args(tmp_path, parallel=2), log=lines.append)
+    commands = [line for line in lines if ": python -m training.train " in line]
+    exits = [line for line in lines if line.endswith(": exit 0")]
+    assert [line.split(":")[0] for line in commands] == [run.name for run in runs]
+    assert sorted(line.split(":")[0] for line in exits) == sorted(run.name for run in runs)
+    # Two started at once; the third only after one of them had ended.
+    assert lines.index(commands[1]) < lines.index(exits[0]) < lines.index(commands[2])
+    for run, argv in zip(runs, started, strict=True):
+        assert argv == suite.train_argv(run, 7, str(tmp_path / "runs"), None)
+        log = (tmp_path / "runs" / f"{run.name}.log").read_text()
+        assert log == f"argv {argv!r}\n"  # the run's output, appended to its own log
+
+
+def test_one_run_at_a_time_by_default(tmp_path, monkeypatch):
+    _scheduled(monkeypatch, 0.0)
+    runs = _digit_runs(2)
+    args = _args(tmp_path)
+    assert args.parallel == 1 and args.time_limit is None and args.steps == 7
+    lines = []
+    reproduce.execute(runs, args, log=lines.append)
+    assert [line.split(": ", 1)[1].split()[0] for line in lines] == [
+        "python", "exit", "python", "exit"
+    ]  # fmt: skip
+
+
+def test_the_time_limit_stops_the_runs_in_progress(tmp_path, monkeypatch):
+    import time
+
+    _scheduled(monkeypatch, 60)
+    runs = _digit_runs(3)
+    lines = []
+    begun = time.monotonic()
+    reproduce.execute(runs, _args(tmp_path, parallel=2, time_limit=0.5), log=lines.append)
+    assert time.monotonic() - begun < 10
+    stopped = [line for line in lines if line.endswith(": stopped at --time-limit")]
+    assert [line.split(":")[0] for line in stopped] == [run.name for run in runs[:2]]
+    assert not any(runs[2].name in line for line in lines)  # never started

@@ -159,6 +159,32 @@ def test_copy_task():
     np.testing.assert_array_equal(y[:, -10:], symbols[:, :10])
     assert np.all(y[:, :-10] == 0)
 
+    # Its spec: the ten recall steps are scored, and T is what defines the task.
+    assert (task.spec.head, task.spec.scored_steps, task.spec.params) == (
+        "sequence",
+        10,
+        {"timesteps": 40},
+    )
+    assert tasks.get_task("copy").spec.timesteps == 120
+
+
+@pytest.mark.parametrize("name", ["copy", "adding"])
+def test_synthetic_splits_draw_disjoint_examples(name):
+    """Train, validation and test ids never meet: no test sequence is seen in training."""
+    task = tasks.get_task(name)
+    ids = {split: task.examples(split)[0] for split in ("train", "validation", "test")}
+    assert len(ids["validation"]) == 1024 and len(ids["test"]) == 2048
+    for one, other in (("train", "validation"), ("train", "test"), ("validation", "test")):
+        assert not set(ids[one].tolist()) & set(ids[other].tolist()), (one, other)
+    # Evaluated with one seed, as a run evaluates both: still other sequences.
+    (x_val, _), (x_test, _) = (
+        next(tasks.evaluation_batches(task, ids[split], ids[split], 64, 0))
+        for split in ("validation", "test")
+    )
+    assert x_val.shape == x_test.shape and not np.array_equal(x_val, x_test)
+    again, _ = next(tasks.evaluation_batches(task, ids["test"], ids["test"], 64, 0))
+    np.testing.assert_array_equal(again, x_test)  # and a split is the same every time
+
 
 def test_training_batches_depend_only_on_seed_and_step():
     task = tasks.get_task("digits")
