@@ -194,9 +194,14 @@ def test_retraining_the_best_trial_runs_with_its_hyperparameters(monkeypatch, mo
         search.retrain(config, best, log=print)
         retrained = runs.pop()
         assert retrained.steps == 7
+        # A short retraining checkpoints and logs at its end, a long one every 200 and 50.
+        assert (retrained.checkpoint_every, retrained.log_every) == (7, 7)
         for name in PAPER_GRID:
             expected = best.get(name, getattr(run, name))
             assert getattr(retrained, name) == expected, name
+    search.retrain(SearchConfig(run=run, space=SearchSpace(), retrain_steps=1000), best)
+    long = runs.pop()
+    assert (long.steps, long.checkpoint_every, long.log_every) == (1000, 200, 50)
 
 
 @pytest.mark.parametrize("how", ["fixed", "choice"])

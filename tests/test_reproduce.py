@@ -6,6 +6,7 @@ import os
 
 import matplotlib.image
 import numpy as np
+import pytest
 
 from training import report, reproduce, suite
 
@@ -63,12 +64,53 @@ def test_budget_scales_the_steps_of_every_run():
     assert ["--dataset", "mnist"] == argv[argv.index("--dataset") : argv.index("--dataset") + 2]
 
 
-def test_bad_budget_is_rejected_with_the_argument_named(capsys):
-    assert reproduce.main(["--budget", "0"]) == 2
+@pytest.mark.parametrize(
+    "flag, value, expected, got",
+    [
+        ("--budget", "0", "a positive float", "0.0"),
+        ("--budget", "-1", "a positive float", "-1.0"),
+        ("--steps", "0", "a positive integer", "0"),
+        ("--parallel", "0", "a positive integer", "0"),
+        ("--time-limit", "-5", "a positive number of seconds", "-5.0"),
+    ],
+)
+def test_bad_numbers_are_rejected_with_the_argument_named(capsys, tmp_path, flag, value,
+                                                          expected, got):  # fmt: skip
+    runs = tmp_path / "runs"
+    assert reproduce.main([flag, value, "--runs-dir", str(runs)]) == 2
     assert capsys.readouterr().err == (
         "python -m training.reproduce: error: Received an invalid value for argument "
-        "`--budget`, expected a positive float, got 0.0.\n"
+        f"`{flag}`, expected {expected}, got {got}.\n"
     )
+    assert not runs.exists()  # refused before anything ran
+
+
+def test_reproduce_defaults_and_help(capsys):
+    args = reproduce.build_parser().parse_args([])
+    assert (args.suite, args.only, args.budget, args.steps, args.parallel) == (
+        "paper",
+        None,
+        1.0,
+        None,
+        1,
+    )
+    assert (args.runs_dir, args.time_limit, args.search, args.report_dir) == (
+        os.path.join("runs", "reproduce"),
+        None,
+        False,
+        None,
+    )
+    with pytest.raises(SystemExit):
+        reproduce.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert " ".join(reproduce.__doc__.split()[:8]) in text
+    for flag, meaning in [
+        ("--steps STEPS", "steps of every run"),
+        ("--parallel PARALLEL", "runs at once"),
+        ("--time-limit TIME_LIMIT", "seconds, then stop"),
+        ("--budget BUDGET", "scale of every run's steps"),
+    ]:
+        assert f"{flag} {meaning}" in text
 
 
 def _row(name, model, accuracy, seconds, table="t", curve=None, device="gpu"):

@@ -77,6 +77,10 @@ def _model(kind, steps=T):
                 keras.layers.TimeDistributed(keras.layers.Dense(4))
                 if steps
                 else keras.layers.Dense(4),
+                # Inference inside TimeDistributed too: dropout would show in any answer.
+                keras.layers.TimeDistributed(keras.layers.Dropout(0.5))
+                if steps
+                else keras.layers.Dropout(0.5),
             ]
     width = 1 if head == "regression" else 3
     layers.append(keras.layers.Dense(width, name=f"{head}_head"))

@@ -102,11 +102,25 @@ def test_tfds_data_dir_environment_variable(monkeypatch, shared_tfds):
     assert len(inputs) == 1000
 
 
-def test_missing_data_gives_a_clear_error(tmp_path):
-    with pytest.raises(errors.DataError, match="not prepared in"):
+def test_missing_data_gives_a_clear_error(tmp_path, monkeypatch):
+    with pytest.raises(errors.DataError) as missing:
         tasks.get_task("pixel_cifar10").examples("test", data_dir=str(tmp_path))
-    with pytest.raises(errors.DataError, match="argument `--data-dir`"):
+    assert str(missing.value).startswith(
+        f"TFDS data set 'cifar10' (test) is not prepared in {tmp_path}: pass --data-dir (or "
+        "set TFDS_DATA_DIR) to a folder holding it, or fetch it with --download (needs the "
+        "internet; or `python -m training.data prepare --dataset cifar10`). ("
+    )
+    with pytest.raises(errors.DataError) as no_folder:
         tasks.get_task("pixel_mnist").examples("test", data_dir=str(tmp_path / "missing"))
+    assert str(no_folder.value) == (
+        "Received an invalid value for argument `--data-dir`, expected an existing TFDS data "
+        f"directory or a folder of .npz files, got '{tmp_path / 'missing'}'."
+    )
+    # No --data-dir and no TFDS_DATA_DIR: TFDS's default folder is named.
+    monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(errors.DataError, match=r"is not prepared in ~/tensorflow_datasets: "):
+        tasks.get_task("pixel_cifar10").examples("test")
 
 
 def test_digits_task():
@@ -316,6 +330,34 @@ def test_data_command_help_documents_each_subcommand_and_flag(capsys):
     export = help_of(["export"])
     assert export.startswith(f"usage: python -m training.data export [-h] {choices}")
     assert "--out OUT folder for DATASET.npz" in export and data_dir in export
+
+
+@pytest.mark.parametrize("name", ["pixel_mnist", "pixel_cifar10"])
+def test_image_splits_read_the_data_sets_own_test_split_and_carve_validation_from_train(
+    monkeypatch, name
+):
+    """Test examples are TFDS's test split; train and validation partition its train split."""
+    task = tasks.get_task(name)
+    shape = (28, 28, 1) if name == "pixel_mnist" else (32, 32, 3)
+    asked = []
+
+    def load(dataset, split, data_dir):
+        asked.append((dataset, split, data_dir))
+        count = 40 if split == "train" else 10
+        ids = np.arange(count) + (1000 if split == "test" else 0)
+        images = np.broadcast_to(ids[:, None, None, None] % 256, (count, *shape))
+        return images.astype("uint8"), ids.astype("int32")
+
+    monkeypatch.setattr(tasks, "_load_images", load)
+    _, test = task.examples("test", "d", validation_fraction=0.25)
+    assert asked == [(task.dataset, "test", "d")] and test.tolist() == list(range(1000, 1010))
+    _, train = task.examples("train", "d", validation_fraction=0.25)
+    _, validation = task.examples("validation", "d", validation_fraction=0.25)
+    assert asked[1:] == [(task.dataset, "train", "d")] * 2
+    assert len(train) == 30 and len(validation) == 10  # a quarter of the 40, rounded
+    assert sorted(train.tolist() + validation.tolist()) == list(range(40))
+    _, everything = task.examples("train", "d")
+    assert everything.tolist() == list(range(40))  # no validation fraction: all of train
 
 
 @pytest.mark.parametrize(
