@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from keras_antisym import AntisymmetricRNN
+from training import figures
 
 ROOT = Path(__file__).resolve().parents[1]
 PNGS = [
@@ -33,21 +34,45 @@ def outputs(tmp_path_factory):
     )
     checkpoint = str(out / "model.keras")
     model.save(checkpoint)
-    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
-    env.update(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     args = ["--output-dir", str(out), "--grid-seeds", "4", "--samples", "2", "--units", "16"]
     args += ["--lstm-units", "16", "--lengths", ",".join(map(str, LENGTHS))]
     args += ["--gammas", "0.001,10", "--checkpoints", checkpoint]
-    proc = subprocess.run(
-        [sys.executable, "-m", "training.figures", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert figures.main(args) == 0  # in this process: its numbers are checked below
     return out, json.loads((out / "figures.json").read_text())
+
+
+def test_runs_headless():
+    """No display on training machines: a fresh interpreter plots with Agg, `DISPLAY` unset."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
+    code = "import training.figures, matplotlib; print(matplotlib.get_backend())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().lower() == "agg"
+
+
+def test_flags_defaults_and_refusals(capsys):
+    args = figures.parse_args([])
+    assert (args.output_dir, args.checkpoints) == ("figures", [])
+    assert args.which == ["dynamics", "jacobian"]
+    assert (args.units, args.lstm_units, args.samples, args.epsilon) == (32, 32, 4, 0.01)
+    assert args.lengths == [100, 200, 400, 800] and args.gammas == [0.001, 0.01, 0.1, 1, 5, 10]
+    assert (args.input_dim, args.image_rows, args.grid_seeds, args.seed, args.dpi) == (
+        96,
+        32,
+        16,
+        0,
+        80,
+    )
+    paper = figures.parse_args(["--paper-sizes", "--units", "8", "--which", "jacobian,"])
+    assert (paper.units, paper.lstm_units, paper.which) == (256, 128, ["jacobian"])
+    with pytest.raises(SystemExit) as refused:
+        figures.parse_args(["--which", "dynamics,speed,noise"])
+    assert refused.value.code == 2
+    assert (
+        "Received an invalid value for argument `--which`, expected a comma-separated subset "
+        "of dynamics,jacobian, got 'noise,speed'"
+    ) in capsys.readouterr().err
 
 
 def test_writes_non_empty_pngs(outputs):

@@ -386,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(path, "w") as f:
         json.dump(numbers, f, indent=1)
     print(f"wrote {path}", file=sys.stderr)
-    return numbers
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
