@@ -1,0 +1,189 @@
+"""`training.launch` in this process, its training processes replaced by small scripts.
+
+What is checked is the launcher's own work: each process's command line and environment,
+the `[I]` prefixes, the first failure stopping the rest, signals, and the flags it refuses.
+The launcher training for real is `tests/test_multiprocess.py`'s (slow) check.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from training import launch
+
+# Each stand-in prints its argv and environment, then does what its process id asks.
+SCRIPT = """
+import json, os, signal, sys, time
+index = int(sys.argv[sys.argv.index("--process-id") + 1])
+print(json.dumps({"argv": sys.argv[1:], "backend": os.environ.get("KERAS_BACKEND"),
+                  "unbuffered": os.environ.get("PYTHONUNBUFFERED")}))
+print("second line")
+plan = json.loads(os.environ["LAUNCH_TEST_PLAN"]).get(str(index), "exit 0")
+action, _, value = plan.partition(" ")
+if action == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("ignoring", flush=True)
+    time.sleep(60)
+elif action == "sleep":
+    time.sleep(float(value))
+elif action == "kill":
+    os.kill(os.getpid(), int(value))
+sys.exit(int(value) if action == "exit" else 0)
+"""
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """Launches the stand-in script instead of `training.train`; returns the plan to set."""
+    commands = []
+    real_popen = subprocess.Popen
+
+    def popen(argv, **kwargs):
+        assert argv[:3] == [sys.executable, "-m", "training.train"]
+        commands.append(argv[3:])
+        return real_popen([sys.executable, "-c", SCRIPT, *argv[3:]], **kwargs)
+
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+
+    def plan(**actions):
+        monkeypatch.setenv("LAUNCH_TEST_PLAN", json.dumps(actions))
+
+    plan()
+    return commands, plan
+
+
+def _reports(out):
+    """`{index: the JSON line its process printed}` from the launcher's prefixed output."""
+    found = {}
+    for line in out.splitlines():
+        prefix, _, rest = line.partition("] ")
+        if rest.startswith("{"):
+            found[int(prefix.lstrip("["))] = json.loads(rest)
+    return found
+
+
+def test_every_process_gets_the_coordinator_and_its_id(stand_ins, capsys):
+    commands, _ = stand_ins
+    assert launch.main(["--processes", "3", "--port", "12345", "--", "--task", "digits"]) == 0
+    out = capsys.readouterr().out
+    reports = _reports(out)
+    assert sorted(reports) == [0, 1, 2]
+    for index in range(3):
+        expected = ["--task", "digits", "--coordinator", "127.0.0.1:12345",
+                    "--num-processes", "3", "--process-id", str(index)]  # fmt: skip
+        assert commands[index] == expected
+        assert reports[index] == {"argv": expected, "backend": "jax", "unbuffered": "1"}
+    # Every line of every process, whole and prefixed with its id.
+    assert sorted(line for line in out.splitlines() if "second line" in line) == [
+        f"[{index}] second line" for index in range(3)
+    ]
+
+
+def test_the_backend_set_by_the_user_is_kept_and_a_free_port_is_taken(
+    stand_ins, capsys, monkeypatch
+):
+    commands, _ = stand_ins
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    monkeypatch.setattr(launch, "free_port", lambda host="127.0.0.1": 23456)
+    assert launch.main(["--processes", "1", "--", "--steps", "3"]) == 0
+    assert _reports(capsys.readouterr().out)[0]["backend"] == "torch"
+    assert commands == [["--steps", "3", "--coordinator", "127.0.0.1:23456",
+                         "--num-processes", "1", "--process-id", "0"]]  # fmt: skip
+
+
+def test_free_port_is_one_nothing_listens_on():
+    import socket
+
+    port = launch.free_port()
+    assert 0 < port < 65536
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))  # free: it binds
+
+
+def test_the_first_failure_stops_the_others_and_gives_its_status(stand_ins, capsys):
+    _, plan = stand_ins
+    plan(**{"0": "sleep 60", "1": "exit 3"})
+    assert launch.main(["--processes", "2", "--", "--steps", "1"]) == 3
+    err = capsys.readouterr().err
+    assert err == "python -m training.launch: process 1 exited with status 3; stopping the rest\n"
+
+
+def test_a_process_killed_by_a_signal_exits_as_a_shell_reports_it(stand_ins, capsys):
+    _, plan = stand_ins
+    plan(**{"0": f"kill {int(signal.SIGKILL)}", "1": "sleep 60"})
+    assert launch.main(["--processes", "2", "--", "--steps", "1"]) == 128 + signal.SIGKILL
+    assert capsys.readouterr().err == (
+        "python -m training.launch: process 0 exited with status -9 (SIGKILL); stopping the rest\n"
+    )
+
+
+def test_stop_kills_a_process_that_ignores_sigterm_after_the_grace(stand_ins, capsys):
+    _, plan = stand_ins
+    plan(**{"0": "ignore-term"})
+    running = launch.Launch(1, launch.free_port(), ["--steps", "1"])
+    running.start()
+    (child,) = running.children
+    while "ignoring" not in capsys.readouterr().out:
+        assert child.poll() is None
+    running.stop(grace=0.5)
+    assert child.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_stops_every_process(stand_ins, capsys, signum):
+    _, plan = stand_ins
+    plan(**{"0": "sleep 60", "1": "sleep 60"})
+    before = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signum))
+    timer.start()
+    try:
+        status = launch.main(["--processes", "2", "--", "--steps", "1"])
+    finally:
+        timer.cancel()
+    assert status == 128 + signum
+    name = signal.Signals(signum).name
+    err = capsys.readouterr().err
+    assert err == f"python -m training.launch: stopping the processes ({name})\n"
+    assert {n: signal.getsignal(n) for n in before} == before  # the handlers are given back
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--processes", "0", "--"], "argument `--processes`, expected a positive integer, got 0"),
+        (["--processes", "2", "--port", "65536", "--"],
+         "argument `--port`, expected a port in 0..65535, got 65536"),
+        (["--processes", "2", "--port", "-1", "--"], "expected a port in 0..65535, got -1"),
+        (["--processes", "2", "--", "--coordinator", "h:1"],
+         "argument `--coordinator`, expected no value: the launcher sets it"),
+        (["--processes", "2", "--", "--num-processes", "2"], "argument `--num-processes`"),
+        (["--processes", "2", "--", "--process-id", "0"], "argument `--process-id`"),
+    ],
+)  # fmt: skip
+def test_flags_the_launcher_refuses(stand_ins, capsys, argv, message):
+    commands, _ = stand_ins
+    assert launch.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m training.launch: error: ") and message in err
+    assert commands == []  # nothing started
+
+
+def test_train_arguments_go_after_a_double_dash(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        launch.main(["--processes", "2", "--task", "digits"])
+    assert stopped.value.code == 2
+    assert "give the training.train arguments after --" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launch.main(["--", "--task", "digits"])  # --processes is required
+    assert "the following arguments are required: --processes" in capsys.readouterr().err
+    parser = launch.build_parser()
+    text = " ".join(parser.format_help().split())
+    assert text.startswith("usage: python -m training.launch --processes N [--port PORT] -- ")
+    assert "--processes PROCESSES how many processes" in text
+    assert "--port PORT the coordinator's port on 127.0.0.1 (default: free)" in text
