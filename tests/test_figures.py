@@ -37,8 +37,12 @@ def outputs(tmp_path_factory):
     args = ["--output-dir", str(out), "--grid-seeds", "4", "--samples", "2", "--units", "16"]
     args += ["--lstm-units", "16", "--lengths", ",".join(map(str, LENGTHS))]
     args += ["--gammas", "0.001,10", "--checkpoints", checkpoint]
-    assert figures.main(args) == 0  # in this process: its numbers are checked below
-    return out, json.loads((out / "figures.json").read_text())
+    status = figures.main(args)  # in this process: its numbers are checked below
+    return out, json.loads((out / "figures.json").read_text()), status
+
+
+def test_main_exits_with_status_0(outputs):
+    assert outputs[2] == 0
 
 
 def test_runs_headless():
@@ -76,7 +80,7 @@ def test_flags_defaults_and_refusals(capsys):
 
 
 def test_writes_non_empty_pngs(outputs):
-    out, _ = outputs
+    out, *_ = outputs
     for name in PNGS:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
