@@ -33,6 +33,14 @@ def test_shown_values_stay_short_however_large_or_deep():
     assert len(errors.shown("x" * 10_000)) < 100
 
 
+def test_a_shown_value_is_cut_at_120_characters_with_an_ellipsis():
+    fits = ["x" * 56, "y" * 56]  # repr: 2 + 58 + 2 + 58 = 120 characters
+    assert len(repr(fits)) == 120 and errors.shown(fits) == repr(fits)
+    longer = ["x" * 57, "y" * 57]  # 122 characters: the first 117 and "..."
+    assert errors.shown(longer) == repr(longer)[:117] + "..."
+    assert len(errors.shown(longer)) == 120
+
+
 def test_check_raises_only_when_the_condition_fails():
     errors.check(True, "--x", "anything", 1)
     with pytest.raises(errors.UsageError, match="argument `--x`, expected positive, got 0"):

@@ -545,3 +545,15 @@ def test_the_time_limit_stops_the_runs_in_progress(tmp_path, monkeypatch):
     stopped = [line for line in lines if line.endswith(": stopped at --time-limit")]
     assert [line.split(":")[0] for line in stopped] == [run.name for run in runs[:2]]
     assert not any(runs[2].name in line for line in lines)  # never started
+
+
+def test_data_is_available_as_a_tfds_folder_or_an_npz(tmp_path):
+    (run,) = [r for r in suite.SUITES["paper"] if r.data == "fashion_mnist"][:1]
+    assert not suite.data_available(run, None) and not suite.data_available(run, str(tmp_path))
+    (tmp_path / "fashion_mnist.npz").write_bytes(b"")
+    assert suite.data_available(run, str(tmp_path))
+    other = tmp_path / "other"
+    (other / "fashion_mnist").mkdir(parents=True)  # a prepared TFDS data set
+    assert suite.data_available(run, str(other))
+    (digits,) = [r for r in suite.SUITES["smoke"] if r.data == "digits"][:1]
+    assert suite.data_available(digits, None)  # bundled with scikit-learn

@@ -683,3 +683,22 @@ def test_an_idle_keep_alive_connection_costs_no_cpu():
         before = cpu()
         time.sleep(1.0)
         assert cpu() - before < 0.3  # a loop spinning on a writable socket takes the second
+
+
+@pytest.mark.parametrize("use_poll", [True, False])
+def test_the_event_loop_polls_or_selects_as_adjusted(monkeypatch, use_poll):
+    """`asyncore_use_poll` reaches the loop: select() fails on descriptors above 1,023."""
+    server = _thread(asyncore_use_poll=use_poll)
+    calls = []
+
+    def loop(**kwargs):
+        calls.append(kwargs)
+        server._stop.set()
+
+    monkeypatch.setattr(httpd.wasyncore, "loop", loop)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    assert calls == [{"timeout": server.adj.asyncore_loop_timeout, "map": server._map,
+                      "use_poll": use_poll, "count": 1}]  # fmt: skip
