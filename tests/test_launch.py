@@ -33,6 +33,11 @@ elif action == "sleep":
     time.sleep(float(value))
 elif action == "kill":
     os.kill(os.getpid(), int(value))
+elif action == "bytes":
+    sys.stdout.buffer.write(b"not utf-8: \\xff\\xfe\\n")
+elif action == "orphan":  # a child of its own keeps the output pipe open
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
 sys.exit(int(value) if action == "exit" else 0)
 """
 
@@ -184,6 +189,44 @@ def test_train_arguments_go_after_a_double_dash(capsys):
     assert "the following arguments are required: --processes" in capsys.readouterr().err
     parser = launch.build_parser()
     text = " ".join(parser.format_help().split())
+    first, second = (" ".join(p.split()) for p in launch.__doc__.split("\n\n")[:2])
+    assert first in text and second not in text  # the description: the first paragraph
     assert text.startswith("usage: python -m training.launch --processes N [--port PORT] -- ")
     assert "--processes PROCESSES how many processes" in text
     assert "--port PORT the coordinator's port on 127.0.0.1 (default: free)" in text
+
+
+def test_output_that_is_not_utf8_is_forwarded_with_replacement_characters(stand_ins, capsys):
+    _, plan = stand_ins
+    plan(**{"0": "bytes"})
+    assert launch.main(["--processes", "1", "--", "--steps", "1"]) == 0
+    assert "[0] not utf-8: \ufffd\ufffd\n" in capsys.readouterr().out
+
+
+def test_a_leftover_grandchild_holding_the_output_does_not_hold_the_launcher(stand_ins, capsys):
+    import time
+
+    _, plan = stand_ins
+    plan(**{"0": "orphan"})
+    begun = time.monotonic()
+    assert launch.main(["--processes", "1", "--", "--steps", "1"]) == 0
+    assert time.monotonic() - begun < 20  # the forwarders are given 5 s, not the 30 s
+
+
+def test_no_process_outlives_a_launcher_that_failed_to_start_them(stand_ins, monkeypatch):
+    commands, plan = stand_ins
+    plan(**{"0": "sleep 60"})
+    started = []
+    popen = launch.subprocess.Popen
+
+    def second_fails(argv, **kwargs):
+        if started:
+            raise OSError(24, "Too many open files")
+        started.append(popen(argv, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(launch.subprocess, "Popen", second_fails)
+    with pytest.raises(OSError, match="Too many open files"):
+        launch.main(["--processes", "2", "--", "--steps", "1"])
+    (first,) = started
+    assert first.returncode == -signal.SIGKILL  # killed and reaped on the way out
