@@ -148,6 +148,8 @@ def test_main_tables_every_width_with_the_ratios_of_the_medians(monkeypatch, tmp
 
     monkeypatch.setattr(serving_stream, "_measure_width", measured)
     monkeypatch.setattr(serving_stream, "_cpu_name", lambda: "Some CPU")
+    monkeypatch.setattr(serving_stream, "FULL_FEATURES", (1, 28, 96))
+    monkeypatch.setattr(serving_stream, "QUICK_FEATURES", (1,))
     assert serving_stream.main(["--output", str(tmp_path)]) == 0
     text = (tmp_path / "serving_stream.md").read_text()
     assert capsys.readouterr().out == text
@@ -162,7 +164,7 @@ def test_main_tables_every_width_with_the_ratios_of_the_medians(monkeypatch, tmp
     assert lines[6] == (
         "| 96 | whole sequence resent (1000 steps) | 960.00 ms | 1440.00 ms | 4.00 ms | 4 |"
     )
-    assert len(lines) == 2 + 3 * len(serving_stream.FULL_FEATURES) + 2
+    assert len(lines) == 2 + 3 * 3 + 2
     assert lines[10] == (
         "28 feature(s) per step: streaming is 140.0x cheaper per update through the server "
         "(4.0x for the signatures alone; ratios of the medians)"
@@ -222,3 +224,10 @@ def test_the_exported_model_is_the_benchmarks_classifier(tmp_path):
         again.signatures["serving_default"](**{spec.name: tf.constant(x)})["logits"].numpy(),
         logits, rtol=1e-6,
     )  # fmt: skip
+
+
+def test_the_widths_measured_include_the_papers_t1000_input():
+    """One feature, a Fashion-MNIST row (28) and a CIFAR-10 row of 32 pixels × 3 (96)."""
+    assert serving_stream.FULL_FEATURES == (1, 28, 96)
+    assert serving_stream.QUICK_FEATURES == (1,)
+    assert serving_stream.FULL["steps"] == 1000 and serving_stream.FULL["chunk"] == 28
