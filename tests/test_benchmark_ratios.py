@@ -261,3 +261,19 @@ def test_accelerator_leaves_out_memory_it_could_not_measure():
     no_growth = {name: {"peak_growth_mib": 1.0} for name in LAYERS}
     no_growth["LSTM"] = {"peak_growth_mib": 0.0}
     assert not any("memory" in key for key in accelerator.ratios(_accelerator_results(no_growth)))
+
+
+def test_accelerator_markdown_with_a_hoist_section_and_no_inference():
+    results = _accelerator_results({name: {"peak_growth_mib": 1.0} for name in LAYERS})
+    del results["inference"]
+    results["hoist"] = _run_results()["hoist"]
+    text = accelerator.markdown({"torch": results})
+    assert "| input projection, training step B8 T20 m9 n8 (s) | median |" in text
+    assert "| GatedAntisymmetricRNN, hoist=False | 5.0000 |" in text
+    assert "inference" not in text.split("| fused kernel")[0]
+
+
+def test_the_floor_is_a_timed_chain_of_products():
+    timing = run.floor_time(batch=2, steps=3, units=4, repeats=3, warmup=1)
+    assert timing["repeats"] == 3
+    assert 0 < timing["min"] <= timing["median"] <= timing["max"]
