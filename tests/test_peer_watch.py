@@ -146,10 +146,15 @@ def test_processes_say_they_leave_and_process_0_waits_for_the_live_ones(monkeypa
 
 
 def test_one_process_or_an_automatic_coordinator_has_nobody_to_leave_with(monkeypatch):
-    monkeypatch.setattr(distribution, "_STARTED", {})
-    distribution._leave_together(1)  # no processes: returns without JAX's client
+    from jax._src import distributed as jax_distributed
+
+    store = _KeyValueStore()
+    monkeypatch.setattr(jax_distributed.global_state, "client", store)
+    monkeypatch.setattr(distribution, "_STARTED", {"count": 2})
+    distribution._leave_together(1)  # no processes recorded: one process
     distribution._STARTED["processes"] = distribution.Processes("auto", 2, 0)
     distribution._leave_together(1)
+    assert store.calls == []
 
 
 def _port():
