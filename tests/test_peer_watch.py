@@ -195,3 +195,21 @@ def test_coordinator_address_count_and_index_that_do_not_fit_are_refused(
     with pytest.raises(distribution.StrategyError) as refused:
         distribution._check_processes(distribution.Processes(coordinator, count, index))
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "lost, which",
+    [
+        ([1], "process 1"),
+        ([1, 2], "processes 1, 2"),
+        ([0], "process 0 (the coordinator at 127.0.0.1:1)"),
+        ([0, 2], "processes 0, 2"),
+    ],
+)
+def test_the_lost_message_names_the_processes_and_the_coordinator(monkeypatch, lost, which):
+    monkeypatch.setattr(distribution, "_STARTED", {})
+    distribution._STARTED.update(processes=distribution.Processes("127.0.0.1:1", 3, 1), count=3)
+    assert distribution._lost_message(lost) == (
+        f"lost {which} of 3 (killed, crashed or unreachable); the others stopped: start all "
+        "3 processes again to resume from the last checkpoint"
+    )

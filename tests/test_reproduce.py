@@ -557,3 +557,16 @@ def test_data_is_available_as_a_tfds_folder_or_an_npz(tmp_path):
     assert suite.data_available(run, str(other))
     (digits,) = [r for r in suite.SUITES["smoke"] if r.data == "digits"][:1]
     assert suite.data_available(digits, None)  # bundled with scikit-learn
+
+
+def test_the_report_reads_searches_from_the_runs_folder_and_goes_under_it(tmp_path, capsys):
+    """`--report-only`: searches read from RUNS/search/NAME/trials.csv; report in RUNS/report."""
+    runs = tmp_path / "runs"
+    search = suite.select_searches(["search_noise_padded_lstm"])[0]
+    trials = runs / "search" / search.name / "trials.csv"
+    trials.parent.mkdir(parents=True)
+    trials.write_text("trial_id,status,score,learning_rate\n1,COMPLETED,0.25,0.005\n")
+    assert reproduce.main(["--report-only", "--runs-dir", str(runs)]) == 0
+    path = runs / "report" / "reproduction.md"
+    assert capsys.readouterr().out == f"report -> {path}\n"
+    assert "| 0.005 | 25.0% |" in path.read_text()

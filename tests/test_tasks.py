@@ -283,6 +283,17 @@ def test_export_command_writes_the_npz_it_names(tmp_path, mock_images, capsys):
         np.testing.assert_array_equal(arrays["y_train"], labels)
 
 
+def test_export_refuses_a_data_set_it_cannot_write(tmp_path):
+    from training import data
+
+    with pytest.raises(errors.UsageError) as refused:
+        data.export("kmnist", None, str(tmp_path))
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--dataset`, expected one of mnist, "
+        "fashion_mnist, cifar10, got 'kmnist'."
+    )
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -317,9 +328,9 @@ def test_data_command_help_documents_each_subcommand_and_flag(capsys):
         return " ".join(capsys.readouterr().out.split())
 
     top = help_of([])
-    first_paragraph = " ".join(data.__doc__.split("\n\n")[0].split())
+    first, second = (" ".join(part.split()) for part in data.__doc__.split("\n\n")[:2])
     assert top.startswith("usage: python -m training.data [-h] {prepare,export} ...")
-    assert first_paragraph in top
+    assert first in top and second not in top  # the description: the first paragraph
     assert "prepare download and prepare a TFDS data set" in top
     assert "export TFDS data set -> DATASET.npz" in top
     data_dir = "--data-dir DATA_DIR TFDS data directory (or TFDS_DATA_DIR)"
