@@ -68,6 +68,9 @@ def test_flags_defaults_and_refusals(capsys):
         0,
         80,
     )
+    typed = figures.parse_args(["--epsilon", "0.5", "--input-dim", "7", "--seed", "3"])
+    assert (typed.epsilon, typed.input_dim, typed.seed) == (0.5, 7, 3)
+    assert [type(v) for v in (typed.epsilon, typed.input_dim, typed.seed)] == [float, int, int]
     paper = figures.parse_args(["--paper-sizes", "--units", "8", "--which", "jacobian,"])
     assert (paper.units, paper.lstm_units, paper.which) == (256, 128, ["jacobian"])
     with pytest.raises(SystemExit) as refused:
@@ -186,3 +189,16 @@ def test_every_panel_is_its_documented_recurrence(outputs):
         _check_panel(with_input[name], initial, steps, epsilon, inputs)
         without = np.array(dynamics["feedback"][name]["final_state"])
         assert np.abs(np.array(with_input[name]["final_state"]) - without).max() > 1e-3, name
+
+
+def test_jacobian_stats_are_the_eigenvalue_and_singular_value_magnitudes():
+    rng = np.random.default_rng(0)
+    jac = rng.normal(size=(3, 4, 4))
+    stats = figures._stats(jac)
+    magnitudes = np.abs(np.linalg.eigvals(jac))
+    singular = np.linalg.svd(jac, compute_uv=False)
+    assert sorted(stats) == ["mean", "std", "sv_max", "sv_min"]
+    np.testing.assert_allclose(stats["mean"], magnitudes.mean(), rtol=1e-10)
+    np.testing.assert_allclose(stats["std"], magnitudes.std(), rtol=1e-10)
+    np.testing.assert_allclose(stats["sv_max"], singular.max(), rtol=1e-10)
+    np.testing.assert_allclose(stats["sv_min"], singular.min(), rtol=1e-10)
