@@ -76,7 +76,8 @@ def _reports(out):
 def test_every_process_gets_the_coordinator_and_its_id(stand_ins, capsys):
     commands, _ = stand_ins
     assert launch.main(["--processes", "3", "--port", "12345", "--", "--task", "digits"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert err == ""  # nothing failed, nothing stopped
     reports = _reports(out)
     assert sorted(reports) == [0, 1, 2]
     for index in range(3):
@@ -111,12 +112,15 @@ def test_free_port_is_one_nothing_listens_on():
         again.bind(("127.0.0.1", port))  # free: it binds
 
 
-def test_the_first_failure_stops_the_others_and_gives_its_status(stand_ins, capsys):
+@pytest.mark.parametrize("status", [1, 3])
+def test_the_first_failure_stops_the_others_and_gives_its_status(stand_ins, capsys, status):
     _, plan = stand_ins
-    plan(**{"0": "sleep 60", "1": "exit 3"})
-    assert launch.main(["--processes", "2", "--", "--steps", "1"]) == 3
+    plan(**{"0": "sleep 60", "1": f"exit {status}"})
+    assert launch.main(["--processes", "2", "--", "--steps", "1"]) == status
     err = capsys.readouterr().err
-    assert err == "python -m training.launch: process 1 exited with status 3; stopping the rest\n"
+    assert err == (
+        f"python -m training.launch: process 1 exited with status {status}; stopping the rest\n"
+    )
 
 
 def test_a_process_killed_by_a_signal_exits_as_a_shell_reports_it(stand_ins, capsys):
