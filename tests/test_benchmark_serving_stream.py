@@ -165,6 +165,7 @@ def test_main_tables_every_width_with_the_ratios_of_the_medians(monkeypatch, tmp
         "| 96 | whole sequence resent (1000 steps) | 960.00 ms | 1440.00 ms | 4.00 ms | 4 |"
     )
     assert len(lines) == 2 + 3 * 3 + 2
+    assert lines[8] == ""  # the table, a blank line, the ratios
     assert lines[10] == (
         "28 feature(s) per step: streaming is 140.0x cheaper per update through the server "
         "(4.0x for the signatures alone; ratios of the medians)"
