@@ -112,9 +112,11 @@ def test_missing_data_gives_a_clear_error(tmp_path, monkeypatch):
     )
     with pytest.raises(errors.DataError) as no_folder:
         tasks.get_task("pixel_mnist").examples("test", data_dir=str(tmp_path / "missing"))
+    from apputil.errors import shown  # a long path is cut to a bounded length
+
     assert str(no_folder.value) == (
         "Received an invalid value for argument `--data-dir`, expected an existing TFDS data "
-        f"directory or a folder of .npz files, got '{tmp_path / 'missing'}'."
+        f"directory or a folder of .npz files, got {shown(str(tmp_path / 'missing'))}."
     )
     # No --data-dir and no TFDS_DATA_DIR: TFDS's default folder is named.
     monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
