@@ -101,9 +101,4 @@ def test_serving_stream_benchmark_times_both_updates_through_the_server_and_alon
             assert stats["repeats"] == 20  # the first update of each block is left out
         ratio = latency["whole"]["median"] / latency["stream"]["median"]
         assert width[where]["ratio_of_medians"] == pytest.approx(ratio)
-    # An update through the server does the signature's work and more.
-    assert (
-        width["server"]["latency"]["stream"]["median"]
-        > (width["in_process"]["latency"]["stream"]["median"])
-    )
     assert "streaming is" in (tmp_path / "serving_stream.md").read_text()
