@@ -15,6 +15,7 @@ import time
 import pytest
 
 from training import distribution
+from training.launch import free_port
 
 
 @pytest.fixture
@@ -157,15 +158,9 @@ def test_one_process_or_an_automatic_coordinator_has_nobody_to_leave_with(monkey
     assert store.calls == []
 
 
-def _port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize("index", [0, 1])
 def test_coordinator_address_count_and_index_that_fit_are_accepted(index):
-    processes = distribution.Processes(f"127.0.0.1:{_port()}", 2, index)
+    processes = distribution.Processes(f"127.0.0.1:{free_port()}", 2, index)
     assert distribution._check_processes(processes) is None
 
 
