@@ -13,6 +13,7 @@ import pytest
 
 from serving import demo
 from serving.client import ServingClient
+from training.tasks import get_task
 
 
 @pytest.fixture
@@ -49,6 +50,7 @@ def test_stream_demo_prints_the_prediction_after_every_chunk(tmp_path, capfd, qu
     out = capfd.readouterr().out
     assert "--task digits --steps 30 --timesteps 72" in out
     label = int(re.search(r"\[stream\] a test digit \((\d)\): 64 informative steps", out)[1])
+    assert label == int(get_task("digits").examples("test")[1][2])  # the third, of --examples 3
     assert "then 8 steps of noise, 16 steps per request" in out
     rows = re.findall(r"steps +(\d+)/72 \((digit|noise)\)  predicted (\d)  p=([0-9.]+)  (#*)", out)
     # 72 steps in chunks of 16: answers after 16, 32, 48, 64 and 72 steps.
@@ -145,3 +147,12 @@ def test_default_folders_depend_on_the_mode(monkeypatch):
     )
     assert (plain.steps, plain.examples, plain.timesteps, plain.chunk) == (2000, 8, 256, 8)
     assert not plain.stream and stream.stream
+
+
+def test_help_names_the_demo_flags(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        demo.main(["--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--examples EXAMPLES test digits to predict" in text
+    assert "--chunk CHUNK --stream: steps per request" in text

@@ -202,3 +202,91 @@ def test_jacobian_stats_are_the_eigenvalue_and_singular_value_magnitudes():
     np.testing.assert_allclose(stats["std"], magnitudes.std(), rtol=1e-10)
     np.testing.assert_allclose(stats["sv_max"], singular.max(), rtol=1e-10)
     np.testing.assert_allclose(stats["sv_min"], singular.min(), rtol=1e-10)
+
+
+def test_figure1a_random_weights_send_the_three_states_to_two_fixed_points_on_the_boundary(
+    outputs,
+):
+    """Paper, Figure 1(a): "The three initial points converge to two fixed points on the
+    boundary" (standard Gaussian W, the vanilla RNN)."""
+    panel = outputs[1]["dynamics"]["vanilla"]["random"]
+    w = np.array(panel["matrix"])
+    finals = np.array(panel["final_state"])
+    np.testing.assert_allclose(np.tanh(finals @ w.T), finals, atol=1e-9)  # fixed points
+    distinct = {tuple(np.round(h, 6)) for h in finals}
+    assert len(distinct) == 2, finals
+    assert np.all(np.abs(finals).max(axis=1) > 0.9), finals  # on the boundary of (-1, 1)²
+
+
+def _kept_figures(monkeypatch):
+    """The figures a plot function makes, kept when it closes them."""
+    kept = []
+    monkeypatch.setattr(figures.plt, "close", kept.append)
+    return kept
+
+
+def test_figure1_panels_carry_the_paper_titles(monkeypatch, tmp_path):
+    kept = _kept_figures(monkeypatch)
+    figures.dynamics_figures(str(tmp_path), grid_seeds=1)
+    first, *_, with_input = kept
+    vanilla, feedback = first.axes[:4], first.axes[4:]
+    assert [ax.get_title() for ax in vanilla] == [
+        f"vanilla, {name} W" for name in ("random", "identity", "reflection", "rotation")
+    ]
+    assert [ax.get_title() for ax in feedback] == list(figures.FEEDBACK_TITLES.values())
+    assert [ax.get_title() for ax in with_input.axes] == [
+        f"{title}, + input" for title in figures.FEEDBACK_TITLES.values()
+    ]
+    monkeypatch.undo()
+    for fig in kept:
+        figures.plt.close(fig)
+
+
+def test_the_jacobian_figure_plots_means_and_deviations_against_the_lengths(monkeypatch, tmp_path):
+    kept = _kept_figures(monkeypatch)
+    study = {
+        "lengths": [10, 20, 40],
+        "units": 4, "epsilon": 0.5, "lstm_units": 3, "samples": 2,
+        "models": {
+            "LSTM": {"10": {"mean": 0.5, "std": 0.1}, "20": {"mean": 0.2, "std": 0.05},
+                     "40": {"mean": 0.1, "std": 0.01}},
+            "AntisymmetricRNN gamma=0.01": {"10": {"mean": 1.0, "std": 0.02},
+                                            "20": {"mean": 0.99, "std": 0.03},
+                                            "40": {"mean": 0.98, "std": 0.04}},
+        },
+    }  # fmt: skip
+    figures.plot_jacobian_study(study, str(tmp_path / "jacobian.png"))
+    (fig,) = kept
+    means, stds = fig.axes[:2]
+    for ax, key in ((means, "mean"), (stds, "std")):
+        lines = {line.get_label(): line for line in ax.get_lines() if line.get_marker() == "o"}
+        assert sorted(lines) == ["LSTM", "γ=0.01"]
+        for name, label in (("LSTM", "LSTM"), ("AntisymmetricRNN gamma=0.01", "γ=0.01")):
+            np.testing.assert_array_equal(lines[label].get_xdata(), [10, 20, 40])
+            expected = [study["models"][name][str(t)][key] for t in (10, 20, 40)]
+            np.testing.assert_array_equal(lines[label].get_ydata(), expected)
+    assert means.get_title() == "mean of |eigenvalues| of ∂h_T/∂h_0"
+    assert stds.get_title() == "standard deviation of |eigenvalues| of ∂h_T/∂h_0"
+    assert (tmp_path / "jacobian.png").read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.undo()
+    figures.plt.close(fig)
+
+
+def test_a_checkpoint_is_measured_on_its_noise_padded_inputs(tmp_path):
+    """The entry is the layer's end-to-end Jacobian on `noise_padded_inputs` with the
+    study's `--image-rows` and `--seed`, recomputed here from the library."""
+    from keras_antisym import diagnostics
+
+    keras.utils.set_random_seed(1)
+    layer = AntisymmetricRNN(4, epsilon=0.5, gamma=0.01)
+    model = keras.Sequential([keras.Input((6, 3)), layer, keras.layers.Dense(2)])
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    args = figures.parse_args(["--samples", "2", "--image-rows", "2", "--seed", "5"])
+    (entry,) = figures.checkpoint_study([path], args).values()
+    assert (entry["layer"], entry["type"]) == (layer.name, "AntisymmetricRNN")
+    x = figures.noise_padded_inputs(2, 6, 3, image_rows=2, seed=5)
+    expected = figures._stats(diagnostics.end_to_end_jacobian(layer, x))
+    assert sorted(entry) == ["6", "layer", "type"]
+    for key, value in expected.items():
+        assert entry["6"][key] == pytest.approx(value, rel=1e-5), key
