@@ -1,6 +1,7 @@
 """`training.options`: the flags made from `RunConfig`, their help, and `--config` files."""
 
 import re
+import sys
 
 import pytest
 
@@ -46,6 +47,14 @@ def test_config_file_sets_defaults_that_the_command_line_overrides(tmp_path):
     assert (args.learning_rate, args.units, args.config) == (0.5, 7, str(path))
 
 
+def test_without_an_argument_list_the_command_line_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "run.yaml"
+    path.write_text("units: 12\n")
+    monkeypatch.setattr(sys, "argv", ["prog", "--learning-rate", "0.25", "--config", str(path)])
+    args = options.parse_with_config(options.run_parser("prog", "d"), None)
+    assert (args.learning_rate, args.units, args.config) == (0.25, 12, str(path))
+
+
 def test_the_config_flag_is_documented(capsys):
     with pytest.raises(SystemExit):
         options.parse_with_config(options.run_parser("prog", "d"), ["--help"])
@@ -79,6 +88,8 @@ def test_the_config_flag_is_documented(capsys):
             "character #x0001: special characters are not allowed\n",
         ),
         ("colour: red\n", "argument --config: unknown option 'colour' in {path}"),
+        # A file names no further file: `config` is the one flag it cannot set.
+        ("config: other.yaml\n", "argument --config: unknown option 'config' in {path}"),
     ],
 )
 def test_bad_config_files_are_one_line_errors_naming_the_flag(tmp_path, capsys, text, message):

@@ -702,3 +702,90 @@ def test_the_event_loop_polls_or_selects_as_adjusted(monkeypatch, use_poll):
         server.server_close()
     assert calls == [{"timeout": server.adj.asyncore_loop_timeout, "map": server._map,
                       "use_poll": use_poll, "count": 1}]  # fmt: skip
+
+
+# --- Deadlines at their boundaries, on a stand-in clock ------------------------------------------
+
+
+class _Request:
+    def __init__(self, started, headers_finished=False):
+        self.started, self.headers_finished = started, headers_finished
+
+
+class _Channel:
+    """What `maintenance` reads and writes of a channel."""
+
+    def __init__(self, opened=0.0, seen_request=False, request=None, linger_until=0.0):
+        self.opened, self.seen_request, self.request = opened, seen_request, request
+        self.linger_until, self.requests = linger_until, []
+        self.last_activity = time.time()  # idle by waitress's own measure: never
+        self.will_close = False
+
+
+def _closed_at(monkeypatch, channel, mono):
+    """Whether one maintenance pass at monotonic time `mono` closes `channel`."""
+    server = object.__new__(httpd.LocalWSGIServer)  # the pass reads only these attributes
+    server.active_channels = {0: channel}
+    server.adj = Adjustments(channel_timeout=3600)
+    channel.will_close = False
+    with monkeypatch.context() as patched:
+        patched.setattr(httpd.time, "monotonic", lambda: mono)
+        server.maintenance(time.time())
+    return channel.will_close
+
+
+def test_a_silent_new_connection_is_closed_only_after_the_header_timeout(monkeypatch):
+    timeout = httpd.LocalWSGIServer.header_timeout
+    channel = _Channel(opened=100.0)
+    assert not _closed_at(monkeypatch, channel, 100.0 + timeout)
+    assert _closed_at(monkeypatch, channel, 100.0 + timeout + 0.5)
+
+
+def test_a_request_is_cut_off_only_after_the_request_timeout(monkeypatch):
+    timeout = httpd.LocalWSGIServer.request_timeout
+    channel = _Channel(opened=0.0, seen_request=True, request=_Request(50.0, True))
+    assert not _closed_at(monkeypatch, channel, 50.0 + timeout)
+    assert _closed_at(monkeypatch, channel, 50.0 + timeout + 0.5)
+
+
+def test_a_keep_alive_request_s_header_deadline_counts_from_its_start(monkeypatch):
+    """On a connection that was answered before, a slow head is timed from when it began,
+    not from when the connection opened; the first head from the opening."""
+    timeout = httpd.LocalWSGIServer.header_timeout
+    later = _Channel(opened=0.0, seen_request=True, request=_Request(100.0))
+    assert not _closed_at(monkeypatch, later, 100.0 + timeout / 2)
+    assert not _closed_at(monkeypatch, later, 100.0 + timeout)
+    assert _closed_at(monkeypatch, later, 100.0 + timeout + 0.5)
+    first = _Channel(opened=100.0, request=_Request(103.0))
+    assert not _closed_at(monkeypatch, first, 100.0 + timeout)
+    assert _closed_at(monkeypatch, first, 100.0 + timeout + 0.5)
+
+
+def test_lingering_ends_only_after_its_deadline(monkeypatch):
+    channel = _Channel(opened=199.0, seen_request=True, linger_until=200.0)
+    assert not _closed_at(monkeypatch, channel, 200.0)
+    assert channel.linger_until == 200.0
+    assert _closed_at(monkeypatch, channel, 200.5)
+    assert channel.linger_until == 0.0
+
+
+class _Socket:
+    def __init__(self, data):
+        self.data = data
+
+    def recv(self, size):
+        data, self.data = self.data[:size], self.data[size:]
+        return data
+
+
+def test_lingering_reads_on_while_one_byte_of_its_allowance_is_left(monkeypatch):
+    closed = []
+    monkeypatch.setattr(httpd.HTTPChannel, "handle_close", lambda self: closed.append(self))
+    channel = object.__new__(httpd.LingeringChannel)  # handle_read reads only these
+    channel.linger_until, channel.linger_left = time.monotonic() + 60, 10
+    channel.socket = _Socket(b"x" * 9)
+    channel.handle_read()
+    assert (channel.linger_left, closed) == (1, [])
+    channel.socket = _Socket(b"y")
+    channel.handle_read()
+    assert (channel.linger_left, closed, channel.linger_until) == (0, [channel], 0.0)
