@@ -1,12 +1,13 @@
 """`training.options`: the flags made from `RunConfig`, their help, and `--config` files."""
 
+import dataclasses
 import re
 import sys
 
 import pytest
 
 from training import options
-from training.config import RunConfig
+from training.config import GROUPS, RunConfig, flag
 
 
 def _action(parser, dest):
@@ -100,3 +101,51 @@ def test_bad_config_files_are_one_line_errors_naming_the_flag(tmp_path, capsys, 
         options.parse_with_config(options.run_parser("prog", "d"), ["--config", str(path)])
     assert exit_.value.code == 2
     assert message.format(path=path) in capsys.readouterr().err
+
+
+def _groups(parser):
+    """`{title: dests}` of the field groups that hold flags; each title is there once."""
+    own = (parser._positionals, parser._optionals)  # argparse's: `--help`
+    found = [
+        (g.title, {a.dest for a in g._group_actions}) for g in parser._action_groups if g not in own
+    ]
+    titles = [title for title, dests in found if dests]
+    assert len(titles) == len(set(titles)), titles
+    return {title: dests for title, dests in found if dests}
+
+
+def _fields(group):
+    return {f.name for f in dataclasses.fields(RunConfig) if f.metadata["group"] == group}
+
+
+def test_each_group_of_fields_is_one_titled_section_of_the_help():
+    groups = _groups(options.run_parser("prog", "d"))
+    for group in GROUPS:
+        assert groups[group] == _fields(group), group
+    text = options.run_parser("prog", "d").format_help()
+    for group in GROUPS:
+        assert text.count(f"\n{group}:\n") == 1, group
+
+
+def test_extra_fields_join_their_group_s_section_or_one_of_their_own():
+    parser = options.run_parser("p", "d", groups=("optimizer",), extra=("learning_rate", "units"))
+    groups = _groups(parser)
+    units_group = RunConfig.__dataclass_fields__["units"].metadata["group"]
+    assert groups == {"optimizer": _fields("optimizer"), units_group: {"units"}}
+
+
+def test_any_field_can_be_an_extra_flag():
+    for field in dataclasses.fields(RunConfig):
+        if field.metadata["group"] == "optimizer":
+            continue
+        parser = options.run_parser("p", "d", groups=("optimizer",), extra=(field.name,))
+        groups = _groups(parser)
+        assert groups[field.metadata["group"]] == {field.name}, field.name
+
+
+def test_the_help_names_each_value_as_its_field_says():
+    text = " ".join(options.run_parser("prog", "d").format_help().split())
+    named = [f for f in dataclasses.fields(RunConfig) if f.metadata["metavar"]]
+    assert named
+    for field in named:
+        assert f"{flag(field.name)} {field.metadata['metavar']} " in text, field.name
