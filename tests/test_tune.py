@@ -14,7 +14,7 @@ import pytest
 
 from training import tune
 from training.errors import SearchError
-from training.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace
+from training.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace, flag_name
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--task", "digits", "--units", "8", "--batch-size", "32", "--seed", "0"]
@@ -459,3 +459,11 @@ def test_help_names_the_command_and_what_it_does(capsys, monkeypatch):
         "\nsearch space (default: the paper's grids; overrides --epsilon, --gamma, --sigma-w, "
         "--optimizer, --learning-rate):\n  --epsilon-values V1,V2,...\n"
     ) in out
+
+
+def test_help_gives_each_grid_s_paper_values_and_what_a_space_file_is():
+    text = " ".join(tune.build_parser().format_help().split())
+    for name, grid in PAPER_GRID.items():
+        values = ",".join(str(v) for v in grid)
+        assert f"{flag_name(name)} V1,V2,... default: {values} " in text, name
+    assert "--space SPACE YAML mapping of hyperparameter name to a list of values " in text
