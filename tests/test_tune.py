@@ -467,3 +467,15 @@ def test_help_gives_each_grid_s_paper_values_and_what_a_space_file_is():
         values = ",".join(str(v) for v in grid)
         assert f"{flag_name(name)} V1,V2,... default: {values} " in text, name
     assert "--space SPACE YAML mapping of hyperparameter name to a list of values " in text
+
+
+def test_the_search_flags_in_the_help_are_the_copy_in_the_docs(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        tune.main(["--help"])
+    out = capsys.readouterr().out
+    docs = (ROOT / "docs" / "tuning.md").read_text()
+    section = docs[docs.index("## Flags of the search") :]
+    start = section.index("```text\n") + len("```text\n")
+    documented = section[start : section.index("\n```", start)]
+    assert out[out.index("search space (") :].rstrip("\n") == documented
