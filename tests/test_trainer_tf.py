@@ -282,3 +282,24 @@ def test_leftovers_removed_meanwhile_by_another_process_are_no_error(tmp_path, m
     assert remove_leftovers(str(tmp_path)) == ["ckpt-3_temp", "tmp.tmp"]
     monkeypatch.undo()
     assert _files(tmp_path) == []
+
+
+def test_predict_runs_the_model_in_inference_mode():
+    """With dropout in the model, a training-mode call would drop units at random."""
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((64, 1)), keras.layers.Flatten(), keras.layers.Dropout(0.5),
+             keras.layers.Dense(10)]
+        )  # fmt: skip
+        return model, keras.optimizers.SGD(RATE)
+
+    task, inputs, targets = _task()
+    trainer = TFTrainer(task, build, inputs, targets, strategy=tf.distribute.get_strategy(),
+                        batch_size=BATCH, seed=3)  # fmt: skip
+    x = inputs[:8].astype("float32")
+    kernel, bias = trainer.model.get_weights()
+    want = x.reshape(8, -1) @ kernel + bias  # no unit dropped, none rescaled
+    for _ in range(2):
+        np.testing.assert_allclose(trainer.predict(x), want, rtol=1e-5, atol=1e-5)
