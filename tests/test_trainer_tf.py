@@ -303,3 +303,25 @@ def test_predict_runs_the_model_in_inference_mode():
     want = x.reshape(8, -1) @ kernel + bias  # no unit dropped, none rescaled
     for _ in range(2):
         np.testing.assert_allclose(trainer.predict(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_step_runs_the_model_in_training_mode():
+    """Batch normalization in training mode moves its moving mean toward the batch's mean
+    (momentum 0.5: halfway from 0); in inference mode it would leave it at 0."""
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((64, 1)), keras.layers.Flatten(),
+             keras.layers.BatchNormalization(momentum=0.5), keras.layers.Dense(10)]
+        )  # fmt: skip
+        return model, keras.optimizers.SGD(RATE)
+
+    task, inputs, targets = _task()
+    trainer = TFTrainer(task, build, inputs, targets, strategy=tf.distribute.get_strategy(),
+                        batch_size=BATCH, seed=3)  # fmt: skip
+    x, _ = trainer.batches(0)
+    trainer.step()
+    moving_mean = trainer.model.layers[1].moving_mean.numpy()
+    want = 0.5 * x.reshape(len(x), -1).astype(np.float64).mean(axis=0)
+    np.testing.assert_allclose(moving_mean, want, rtol=1e-5, atol=1e-6)

@@ -479,3 +479,14 @@ def test_the_search_flags_in_the_help_are_the_copy_in_the_docs(capsys, monkeypat
     start = section.index("```text\n") + len("```text\n")
     documented = section[start : section.index("\n```", start)]
     assert out[out.index("search space (") :].rstrip("\n") == documented
+
+
+def test_the_search_flags_defaults():
+    args = tune.build_parser().parse_args([])
+    assert (args.tuner, args.max_trials, args.steps_per_trial, args.hyperband_max_epochs) == (
+        "random", 20, 500, 3,
+    )  # fmt: skip
+    assert args.directory == os.path.join("runs", "tuning")
+    assert (args.project_name, args.retrain_steps, args.retrain_dir, args.space) == (
+        None, 0, None, None,
+    )  # fmt: skip
