@@ -43,6 +43,9 @@ log = logging.getLogger("serving.server")
 
 LINGER_SECONDS = 5.0
 LINGER_FACTOR = 4  # drop at most this many times the body cap while lingering
+# A draining server waits this long for the first request of a connection that has sent
+# nothing yet: a client writes its request just after connecting.
+FIRST_REQUEST_GRACE = 1.0
 
 
 class StrictParser(HTTPRequestParser):
@@ -313,7 +316,7 @@ class ServerThread:
                     timeout=timeout, map=self._map, use_poll=self.adj.asyncore_use_poll, count=1
                 )
             if self.server.draining:
-                self.dropped = self._close_idle()
+                self.dropped = self._close_idle(final=True)
                 log.warning("stopped draining with %d requests unanswered", self.dropped)
         finally:
             self._stopped.set()
@@ -343,11 +346,23 @@ class ServerThread:
             max(left, 0.0),
         )
 
-    def _close_idle(self) -> int:
-        """Close connections with no request in progress; returns how many have one."""
+    def _close_idle(self, final: bool = False) -> int:
+        """Close connections with no request in progress; returns how many have one.
+
+        A connection opened less than `FIRST_REQUEST_GRACE` ago that has sent nothing
+        yet is a client with its first request on the way (it connected, then writes):
+        it is waited for, unless `final`. Idle keep-alive connections close at once.
+        """
         busy = 0
+        now = time.monotonic()
         for channel in list(self.server.active_channels.values()):
-            if channel.busy() or (channel.connected and _has_input(channel.socket)):
+            arriving = (
+                not final
+                and channel.connected
+                and not channel.seen_request
+                and now - channel.opened < FIRST_REQUEST_GRACE
+            )
+            if channel.busy() or (channel.connected and _has_input(channel.socket)) or arriving:
                 busy += 1
             else:
                 channel.linger = False

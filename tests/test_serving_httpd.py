@@ -789,3 +789,23 @@ def test_lingering_reads_on_while_one_byte_of_its_allowance_is_left(monkeypatch)
     channel.socket = _Socket(b"y")
     channel.handle_read()
     assert (channel.linger_left, closed, channel.linger_until) == (0, [channel], 0.0)
+
+
+def test_drain_waits_for_the_first_request_of_a_connection_just_accepted():
+    """A client that connected before the drain writes its request a moment later: it is
+    answered (closing), not cut off as an idle connection."""
+    server = _thread()
+    worker = _start(server)
+    try:
+        with _connect(server) as client:
+            assert _wait_until(lambda: len(server.server.active_channels) == 1, 5)
+            server.drain(3.0)
+            time.sleep(0.3)  # the drain has begun: the connection is still open
+            client.sendall(GOOD)
+            raw, closed = _read_all(client)
+            line, headers, _ = _answer(raw)
+            assert (line, headers["Connection"], closed) == ("HTTP/1.1 200 OK", "close", True)
+        worker.join(timeout=10)
+        assert not worker.is_alive() and server.dropped == 0
+    finally:
+        server.server_close()
