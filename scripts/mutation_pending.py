@@ -38,11 +38,39 @@ def _source(module):
     return module.replace(".", "/") + ".py"
 
 
-def pending(config_text, files):
-    """Yields the names still to check, module by module as the configuration lists them.
+def _hashes(files):
+    """`{qualified function name: hash}`, as mutmut-stats.json's function_hashes."""
+    return {
+        f"{source.removesuffix('.py').replace('/', '.')}.{function}": digest
+        for source, meta in files.items()
+        for function, digest in meta.get("hash_by_function_name", {}).items()
+    }
 
-    `files`: `{source path: meta}` (`mutation_verdicts.view`).
+
+def _rechecked(rechecks, hashes):
+    """Whether a mutant was killed by `mutation_backends.py tensorflow` (a recheck with
+    newer tests, or a first pass over mutants mutmut has not run) while its function is
+    unchanged."""
+
+    def rechecked(name):
+        verdict = rechecks.get(name, {}).get("tensorflow")
+        function = name.rsplit("__mutmut_", 1)[0]
+        return (
+            bool(verdict)
+            and verdict["status"] == "killed"
+            and (verdict["hash"] == hashes.get(function))
+        )
+
+    return rechecked
+
+
+def pending(config_text, files, rechecks=None):
+    """Yields the names still to check, module by module as the configuration lists them:
+    neither run by mutmut nor killed by a recheck.
+
+    `files`, `rechecks`: as `mutation_verdicts.view` returns them.
     """
+    rechecked = _rechecked(rechecks or {}, _hashes(files))
     for module, sample in _modules(config_text):
         if _source(module) not in files:
             # A module added to the configuration since the last run: that run's
@@ -50,7 +78,11 @@ def pending(config_text, files):
             print(f"{module}: no mutants generated yet", file=sys.stderr)
             continue
         codes = files[_source(module)]["exit_code_by_key"]
-        yield from (name for name in _selected(codes, module, sample) if codes[name] is None)
+        yield from (
+            name
+            for name in _selected(codes, module, sample)
+            if codes[name] is None and not rechecked(name)
+        )
 
 
 KILLED = {1, 3, -24, 24, 152, 255, 36}  # mutmut's exit codes for killed and timeout
@@ -65,23 +97,10 @@ def table(config_text, files, rechecks, equivalents_text):
     """
     equivalent = {line.split()[0] for line in equivalents_text.splitlines()
                   if line.strip() and not line.startswith("#")}  # fmt: skip
-    hashes = {  # qualified function name: hash, as mutmut-stats.json's function_hashes
-        f"{source.removesuffix('.py').replace('/', '.')}.{function}": digest
-        for source, meta in files.items()
-        for function, digest in meta.get("hash_by_function_name", {}).items()
-    }
-
-    def rechecked(name):
-        verdict = rechecks.get(name, {}).get("tensorflow")
-        function = name.rsplit("__mutmut_", 1)[0]
-        return (
-            bool(verdict)
-            and verdict["status"] == "killed"
-            and (verdict["hash"] == hashes.get(function))
-        )
+    rechecked = _rechecked(rechecks, _hashes(files))
 
     lines = [
-        "| module | kind | mutants | checked | killed by the run | killed by the new tests"
+        "| module | kind | mutants | checked | killed by the run | killed by a recheck"
         " | equivalent | left | score (w/o eq.) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -91,7 +110,9 @@ def table(config_text, files, rechecks, equivalents_text):
             lines.append(f"| `{module}` | {kind} | - | 0 | 0 | 0 | 0 | 0 | - |")
             continue
         codes = files[_source(module)]["exit_code_by_key"]
-        names = [n for n in _selected(codes, module, sample) if codes[n] is not None]
+        names = [
+            n for n in _selected(codes, module, sample) if codes[n] is not None or rechecked(n)
+        ]
         run = sum(codes[n] in KILLED for n in names)
         rest = [n for n in names if codes[n] not in KILLED]
         new = sum(rechecked(n) for n in rest)
@@ -116,7 +137,7 @@ def main(argv):
         equivalents = (ROOT / "docs" / "mutation-equivalents.txt").read_text()
         print(table(config_text, files, rechecks, equivalents))
         return
-    for name in pending(config_text, files):
+    for name in pending(config_text, files, rechecks):
         print(name)
 
 

@@ -315,3 +315,94 @@ def test_fsync_directory_flushes_the_folder_itself(tmp_path, monkeypatch):
     assert path == os.fspath(tmp_path)
     assert flags & os.O_DIRECTORY and flags & os.O_ACCMODE == os.O_RDONLY
     assert flushed == [handle] and closed == [handle]
+
+
+class _StandInTensorFlow:
+    """What `import_tensorflow` touches of TensorFlow, noisy on native stderr as TF is."""
+
+    def __init__(self, calls):
+        self.calls = calls
+        self.config = self
+
+    def list_physical_devices(self, kind):
+        os.write(2, b"E0000 cuInit failed\n")
+        self.calls.append(("list", kind))
+        return []
+
+
+@pytest.fixture
+def stand_in_imports(monkeypatch):
+    """`importlib.import_module` recording its names, TensorFlow not imported yet."""
+    from apputil import quiet
+
+    calls = []
+    tensorflow = _StandInTensorFlow(calls)
+
+    def import_module(name):
+        os.write(2, f"I0000 loading {name}\n".encode())
+        calls.append(("import", name))
+        if name == "tensorflow" and calls[0] == ("fail", "tensorflow"):
+            raise ImportError("No module named 'tensorflow'")
+        return tensorflow if name == "tensorflow" else f"module {name}"
+
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    monkeypatch.setattr(quiet.importlib, "import_module", import_module)
+    monkeypatch.setattr(quiet, "_DEVICES_LISTED", [])
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    return quiet, calls, tensorflow
+
+
+def test_tensorflow_is_imported_and_lists_its_gpus_once_with_native_stderr_closed(
+    stand_in_imports, capfd, monkeypatch
+):
+    quiet, calls, tensorflow = stand_in_imports
+    print("before", file=sys.stderr)
+    assert quiet.import_tensorflow() is tensorflow
+    print("after", file=sys.stderr)
+    assert calls == [("import", "tensorflow"), ("list", "GPU")]
+    assert capfd.readouterr().err == "before\nafter\n"  # the native lines are gone
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    # Imported already (by Keras): the devices are listed once, then nothing is done.
+    monkeypatch.setitem(sys.modules, "tensorflow", tensorflow)
+    assert quiet.import_tensorflow() is tensorflow
+    assert calls == [("import", "tensorflow"), ("list", "GPU")]
+    monkeypatch.setattr(quiet, "_DEVICES_LISTED", [])
+    assert quiet.import_tensorflow() is tensorflow
+    assert calls == [("import", "tensorflow"), ("list", "GPU"), ("list", "GPU")]
+    assert capfd.readouterr().err == ""
+
+
+def test_a_log_level_already_set_is_kept(stand_in_imports, monkeypatch):
+    quiet, _, _ = stand_in_imports
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    quiet.import_tensorflow()
+    quiet.import_keras()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+
+
+def test_keras_is_imported_before_tensorflow_and_quietly(stand_in_imports, capfd):
+    quiet, calls, _ = stand_in_imports
+    assert quiet.import_keras() == "module keras"
+    assert calls == [("import", "keras"), ("import", "tensorflow"), ("list", "GPU")]
+    assert capfd.readouterr().err == ""
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+
+
+def test_keras_is_imported_where_tensorflow_is_not_installed(stand_in_imports, capfd):
+    quiet, calls, _ = stand_in_imports
+    calls.append(("fail", "tensorflow"))  # the stand-in fails TensorFlow's import
+    assert quiet.import_keras() == "module keras"
+    assert calls[1:] == [("import", "keras"), ("import", "tensorflow")]
+    assert quiet._DEVICES_LISTED == []
+    assert capfd.readouterr().err == ""
+
+
+def test_python_errors_in_a_silenced_block_still_surface_and_stderr_comes_back(capfd):
+    from apputil.quiet import native_stderr_silenced
+
+    with pytest.raises(RuntimeError, match="shown"):
+        with native_stderr_silenced():
+            os.write(2, b"hidden\n")
+            raise RuntimeError("shown")
+    os.write(2, b"visible\n")
+    assert capfd.readouterr().err == "visible\n"

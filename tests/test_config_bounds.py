@@ -123,3 +123,26 @@ def test_a_value_of_a_wrong_type_names_its_flag_and_every_type_it_may_take(field
         f"Received an invalid value for argument `{flag}`, expected {expected}, got {value!r}."
     )
     check_types(_Typed(**{field: value}), skip=(field,))  # a skipped field is not checked
+
+
+def test_a_step_schedule_with_empty_boundaries_is_refused_showing_them():
+    with pytest.raises(UsageError) as refused:
+        RunConfig(lr_schedule="step", lr_boundaries="").validate()
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--lr-boundaries`, expected comma-separated "
+        "steps with --lr-schedule step, got ''."
+    )
+
+
+def test_fields_left_out_of_the_type_check_do_not_stop_it_at_the_next_ones():
+    @dataclasses.dataclass
+    class Settings:
+        first: int = 1
+        skipped: int = 2
+        last: int = 3
+
+    check_types(Settings(skipped="any"), skip=("skipped",))
+    with pytest.raises(UsageError, match="argument `--last`, expected an integer, got 'x'"):
+        check_types(Settings(skipped="any", last="x"), skip=("skipped",))
+    with pytest.raises(UsageError, match="argument `--first`, expected an integer"):
+        check_types(Settings(first="x"), skip=("skipped",))

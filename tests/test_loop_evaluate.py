@@ -131,3 +131,71 @@ def test_a_curve_without_points_starts_its_clock_at_zero(tmp_path):
     fresh = loop.LearningCurve(str(tmp_path / "new.json"), 5, "test", (images, labels), task, 8, 0)
     fresh.record(_Linear(np.zeros((64, 10))), 5, 2.0, RecordingWriter(), lambda line: None)
     assert fresh.points[0]["train_seconds"] == 2.0  # without a resume too
+
+
+def _log_softmax(logits):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _spec(head, **extra):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(head=head, **{"scored_steps": 0, "tolerance": 0.0, **extra})
+
+
+def test_the_per_example_objectives_of_a_last_step_head_against_numpy():
+    from keras import ops
+
+    from training.objectives import per_example_correct, per_example_loss
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(5, 4)).astype("float16")  # a mixed-precision model's output
+    labels = np.array([0, 3, 1, 1, 2])
+    loss = ops.convert_to_numpy(per_example_loss(_spec("last"), labels.astype("float32"), logits))
+    expected = -_log_softmax(logits.astype("float64"))[np.arange(5), labels]
+    assert loss.dtype == np.float32 and loss.shape == (5,)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    correct = ops.convert_to_numpy(per_example_correct(_spec("last"), labels, logits))
+    assert correct.dtype == np.float32
+    np.testing.assert_array_equal(correct, logits.argmax(axis=-1) == labels)
+
+
+def test_a_sequence_head_averages_every_step_s_loss_and_scores_its_last_steps():
+    from keras import ops
+
+    from training.objectives import per_example_correct, per_example_loss
+
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(3, 6, 4)).astype("float32")
+    labels = rng.integers(0, 4, size=(3, 6))
+    labels[0, -2:] = logits[0, -2:].argmax(axis=-1)  # both scored steps right
+    labels[1, -2:] = (logits[1, -2:].argmax(axis=-1) + 1) % 4  # both wrong
+    labels[2, -2] = logits[2, -2].argmax()
+    labels[2, -1] = (logits[2, -1].argmax() + 1) % 4  # one of the two
+    labels[:, 0] = logits[:, 0].argmax(axis=-1)  # unscored steps never count
+    spec = _spec("sequence", scored_steps=2)
+    loss = ops.convert_to_numpy(per_example_loss(spec, labels, logits))
+    nll = -np.take_along_axis(_log_softmax(logits.astype("float64")), labels[..., None], -1)
+    np.testing.assert_allclose(loss, nll[..., 0].mean(axis=1), rtol=1e-5)
+    correct = ops.convert_to_numpy(per_example_correct(spec, labels, logits))
+    np.testing.assert_array_equal(correct, [1.0, 0.0, 0.5])
+
+
+def test_a_regression_head_is_the_mean_squared_error_and_the_share_within_tolerance():
+    from keras import ops
+
+    from training.objectives import per_example_correct, per_example_loss
+
+    outputs = np.array([[0.5, 1.0], [2.0, -1.0], [0.0, 0.25]], "float16")
+    targets = np.array([[0.5, 0.0], [2.5, -1.0], [0.125, 0.0]], "float64")
+    spec = _spec("regression", tolerance=0.2)
+    loss = ops.convert_to_numpy(per_example_loss(spec, targets, outputs))
+    assert loss.dtype == np.float32
+    np.testing.assert_allclose(loss, [0.5, 0.125, (0.125**2 + 0.25**2) / 2], rtol=1e-6)
+    correct = ops.convert_to_numpy(per_example_correct(spec, targets, outputs))
+    # errors: (0, 1), (0.5, 0), (0.125, 0.25): each output under 0.2 counts half
+    np.testing.assert_array_equal(correct, [0.5, 0.5, 0.5])
+    exact = ops.convert_to_numpy(per_example_correct(_spec("regression", tolerance=0.125),
+                                                     targets, outputs))  # fmt: skip
+    np.testing.assert_array_equal(exact, [0.5, 0.5, 0.0])  # under, not at, the tolerance

@@ -289,3 +289,42 @@ def test_the_schedule_class_alone_follows_its_docstring():
     # decay's rate, already halved at the boundary after step 2.
     early = schedules.RunSchedule("step", 1.0, warmup_steps=3, boundaries=(2,), factor=0.5)
     assert [rate(early, s) for s in (1, 2, 3, 4)] == pytest.approx([1 / 3, 2 / 3, 0.5, 0.5])
+
+
+@pytest.mark.parametrize(
+    "name, cls, momentum",
+    [("sgd", keras.optimizers.SGD, 0.5), ("adagrad", keras.optimizers.Adagrad, None),
+     ("adam", keras.optimizers.Adam, None)],
+)  # fmt: skip
+def test_each_optimizer_name_makes_its_keras_optimizer_with_the_rate_and_clipping(
+    name, cls, momentum
+):
+    optimizer = make_optimizer(name, 0.25, momentum=0.5, clipnorm=2.0)
+    assert type(optimizer) is cls
+    assert float(optimizer.learning_rate) == 0.25
+    assert optimizer.clipnorm == 2.0
+    if momentum is not None:
+        assert optimizer.momentum == momentum
+    plain = make_optimizer(name, 0.5)
+    assert plain.clipnorm is None and float(plain.learning_rate) == 0.5
+    assert make_optimizer(name, 0.5, clipnorm=0.0).clipnorm is None  # 0: no clipping
+    if name == "sgd":
+        assert plain.momentum == 0.9  # the default: the paper's
+    # float16 gradients underflow without loss scaling; bfloat16's exponent is float32's.
+    for policy, wrapped in (("mixed_float16", True), ("mixed_bfloat16", False)):
+        made = make_optimizer(name, 0.25, clipnorm=2.0, dtype_policy=policy)
+        assert isinstance(made, keras.optimizers.LossScaleOptimizer) is wrapped
+        inner = made.inner_optimizer if wrapped else made
+        assert type(inner) is cls and inner.clipnorm == 2.0
+        assert float(inner.learning_rate) == 0.25
+
+
+def test_an_unknown_optimizer_name_is_refused_with_the_known_ones():
+    from apputil.errors import UsageError
+
+    with pytest.raises(UsageError) as refused:
+        make_optimizer("rmsprop", 0.1)
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--optimizer`, expected one of sgd, adagrad, "
+        "adam, got 'rmsprop'."
+    )

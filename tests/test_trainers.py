@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import keras
@@ -512,3 +513,42 @@ def test_the_blow_up_bar_is_ten_times_the_first_loss_or_a_thousandth(losses, war
         assert warned == []
     else:
         assert len(warned) == 1 and f"by step {warned_at}:" in warned[0]
+
+
+def test_the_scalar_writer_writes_tensorboard_events_that_read_back(tmp_path):
+    """Each scalar an event of its own: tag, value as a float, step as an int, its time."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    from training.summaries import ScalarWriter
+
+    logdir = tmp_path / "logs" / "train"
+    before = time.time()
+    writer = ScalarWriter(str(logdir))
+    writer.scalar("loss", np.float32(1.5), np.int64(3))
+    writer.scalar("accuracy", 1, 7.0)
+    writer.flush()
+    (path,) = logdir.glob("events.out.tfevents.*")
+    events = [e for e in LegacyEventFileLoader(str(path)).Load() if e.HasField("summary")]
+    assert [(e.summary.value[0].tag, e.summary.value[0].simple_value, e.step) for e in events] == [
+        ("loss", 1.5, 3),
+        ("accuracy", 1.0, 7),
+    ]
+    assert all(before <= e.wall_time <= time.time() for e in events)
+    writer.scalar("late", 2.0, 9)
+    writer.close()  # flushes what is left
+    events = [e for e in LegacyEventFileLoader(str(path)).Load() if e.HasField("summary")]
+    assert [e.summary.value[0].tag for e in events] == ["loss", "accuracy", "late"]
+    resumed = ScalarWriter(str(logdir))  # a resumed run logs into the folder it made
+    resumed.close()
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 2
+
+
+def test_a_scalar_writer_without_a_folder_writes_nothing(tmp_path, monkeypatch):
+    from training.summaries import ScalarWriter
+
+    monkeypatch.chdir(tmp_path)
+    writer = ScalarWriter()
+    writer.scalar("loss", 1.0, 1)
+    writer.flush()
+    writer.close()
+    assert list(tmp_path.iterdir()) == []

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from apputil.errors import UsageError
 from training import tune
 from training.errors import SearchError
 from training.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace, flag_name
@@ -178,7 +179,9 @@ def test_small_random_search_stays_in_the_space_and_names_the_best_trial(tmp_pat
     assert [row["trial_id"] for row in rows] != [] and len(rows) == 3
     scores = [float(row["score"]) for row in rows]
     assert scores == sorted(scores, reverse=True)
-    best = json.loads((directory / "p" / "best.json").read_text())
+    text = (directory / "p" / "best.json").read_text()
+    best = json.loads(text)
+    assert text == json.dumps(best, indent=2) + "\n"  # for people to read
     assert best["objective"] == "val_accuracy"
     assert best["best_trial_id"] == rows[0]["trial_id"]
     assert best["score"] == pytest.approx(max(t["score"] for t in trials.values()))
@@ -490,3 +493,162 @@ def test_the_search_flags_defaults():
     assert (args.project_name, args.retrain_steps, args.retrain_dir, args.space) == (
         None, 0, None, None,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "environment, expected",
+    [
+        ({}, False),  # no oracle: a search of its own
+        ({"KERASTUNER_TUNER_ID": "tuner0"}, False),
+        ({"KERASTUNER_ORACLE_IP": "127.0.0.1"}, True),
+        ({"KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_TUNER_ID": "tuner1"}, True),
+        ({"KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_TUNER_ID": "chief"}, False),
+    ],
+)
+def test_a_worker_is_a_process_with_an_oracle_address_that_is_not_the_chief(
+    monkeypatch, environment, expected
+):
+    from training import search
+
+    for name in ("KERASTUNER_TUNER_ID", "KERASTUNER_ORACLE_IP"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert search.is_worker() is expected
+
+
+class _Metrics:
+    def __init__(self, values):
+        self.values = values
+
+    def exists(self, name):
+        return name in self.values
+
+    def get_last_value(self, name):
+        return self.values[name]
+
+
+def _trial(trial_id, status, score, metrics=None, **values):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        trial_id=trial_id,
+        status=status,
+        score=score,
+        metrics=_Metrics(metrics or {}),
+        hyperparameters=SimpleNamespace(values=values),
+    )
+
+
+def test_trial_rows_put_completed_trials_best_first_then_the_rest_by_id():
+    from types import SimpleNamespace
+
+    from training import search
+
+    trials = [
+        _trial("04", "RUNNING", None, learning_rate=0.1),
+        _trial("01", "COMPLETED", 0.5, {"val_loss": 1.5}, learning_rate=0.2, sigma_w=1.0),
+        _trial("03", "FAILED", None, learning_rate=0.3),
+        _trial("00", "COMPLETED", 0.9, {"val_loss": 0.25}, learning_rate=0.4),
+        _trial("02", "INVALID", None, **{"learning_rate": 0.5, "tuner/epochs": 2}),
+    ]
+    oracle = SimpleNamespace(trials={t.trial_id: t for t in trials})
+    rows = search.trial_rows(oracle, "lstm")
+    assert [row["trial_id"] for row in rows] == ["00", "01", "02", "03", "04"]
+    assert [row["val_loss"] for row in rows] == [0.25, 1.5, None, None, None]
+    assert rows[2]["rounds"] == 2 and "rounds" not in rows[0]
+    assert [row["learning_rate"] for row in rows] == [0.4, 0.2, 0.5, 0.3, 0.1]
+    assert rows[1]["sigma_w"] == 1.0 and rows[0]["sigma_w"] is None
+
+
+def test_a_trial_table_leaves_missing_values_blank_and_rounds_floats_to_four_digits():
+    from training import search
+
+    rows = [
+        {"trial_id": "00", "score": 0.123456, "val_loss": None},
+        {"trial_id": "1", "score": None, "val_loss": 12.0},
+    ]
+    assert search.format_table(rows) == (
+        "trial_id  score   val_loss\n"
+        "--------  ------  --------\n"
+        "00        0.1235\n"
+        "1                 12"
+    )
+    assert search.format_table([]) == "(no trials)"
+
+
+@pytest.mark.parametrize("tuner", ["random", "hyperband"])
+def test_a_tuner_s_hypermodel_trains_under_the_default_strategy_unless_given_one(tmp_path, tuner):
+    from training import search
+    from training.config import RunConfig
+
+    config = tune.SearchConfig(
+        run=RunConfig(task="digits", units=8, batch_size=32, seed=0, validation_fraction=0.1),
+        space=SearchSpace(),
+        tuner=tuner,
+        max_trials=5,
+        hyperband_max_epochs=4,
+        directory=str(tmp_path),
+        project_name="p",
+    )
+    made = search.make_tuner(config, None, log=lambda line: None)
+    assert made.hypermodel.strategy == "default"
+    assert made.oracle.max_trials == 5
+    if tuner == "hyperband":
+        assert (made.oracle.max_epochs, made.oracle.factor) == (4, 3)
+        assert made.hypermodel.rounds == 4
+
+
+def _search_config(tmp_path, **run):
+    from training.config import RunConfig
+
+    settings = dict(task="digits", units=8, batch_size=32, seed=0, validation_fraction=0.1)
+    return tune.SearchConfig(
+        run=RunConfig(**{**settings, **run}),
+        space=SearchSpace(),
+        directory=str(tmp_path),
+        project_name="p",
+    )
+
+
+def test_a_search_record_without_a_newer_run_setting_reads_as_its_default(tmp_path):
+    """A record written before a run setting existed: the setting ran at its default."""
+    from training import search
+    from training.config import RunConfig
+
+    config = _search_config(tmp_path)
+    search.check_same_search(config)
+    path = tmp_path / "p" / "search.json"
+    record = json.loads(path.read_text())
+    assert record == json.loads(json.dumps(config.identity()))
+    assert path.read_text() == json.dumps(record, indent=2, sort_keys=True) + "\n"
+    assert record["run"].pop("momentum") == RunConfig().momentum  # an older record
+    path.write_text(json.dumps(record))
+    search.check_same_search(config)  # continues: it ran at the default
+
+    with pytest.raises(UsageError) as refused:
+        search.check_same_search(_search_config(tmp_path, momentum=0.5))
+    assert str(refused.value) == (
+        f"Received an invalid value for argument `--momentum`, expected {RunConfig().momentum} "
+        f"as in {path} (a rerun continues the search of its project; start another with "
+        "another --project-name or --directory), got 0.5."
+    )
+
+
+def test_trials_off_tensorflow_train_under_the_keras_distribution_of_the_run_s_strategy(
+    monkeypatch,
+):
+    """The JAX and PyTorch path, with the distribution's constructor as a stand-in."""
+    import keras
+
+    from training import distribution, search
+    from training.config import RunConfig
+
+    made = []
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    monkeypatch.setattr(
+        distribution, "make_keras_distribution", lambda name: made.append(name) or "layout"
+    )
+    monkeypatch.setattr(distribution, "keras_distribution_shape", lambda d: ("data", 2))
+    assert search.trial_distribution(RunConfig(strategy="mirrored")) == ("layout", "data", 2)
+    assert made == ["mirrored"]
