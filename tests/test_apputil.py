@@ -97,6 +97,27 @@ def test_run_maps_expected_errors_to_one_line_and_status(capsys):
     assert cli.run("prog", lambda: 3) == 3
 
 
+def test_run_takes_a_status_from_a_function_of_the_error_and_the_first_matching_class(capsys):
+    class _Busy(_Expected):
+        pass
+
+    def busy():
+        raise _Busy("port 8501 in use")
+
+    statuses = {_Busy: lambda error: 75 if "in use" in str(error) else 1, _Expected: 3}
+    assert cli.run("prog", busy, statuses) == 75
+    assert cli.run("prog", busy, {_Expected: 3, _Busy: 4}) == 3  # the first class that matches
+    assert capsys.readouterr().err == "prog: error: port 8501 in use\n" * 2
+
+
+def test_an_interrupted_command_is_one_line_and_status_130(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert cli.run("prog", interrupted) == 130  # 128 + SIGINT, as a shell reports it
+    assert capsys.readouterr().err == "prog: error: interrupted\n"
+
+
 def test_run_lets_bugs_keep_their_traceback():
     def bug():
         raise KeyError("a bug")

@@ -146,3 +146,12 @@ def test_fields_left_out_of_the_type_check_do_not_stop_it_at_the_next_ones():
         check_types(Settings(skipped="any", last="x"), skip=("skipped",))
     with pytest.raises(UsageError, match="argument `--first`, expected an integer"):
         check_types(Settings(first="x"), skip=("skipped",))
+
+
+def test_an_unknown_dtype_policy_is_refused_naming_the_three():
+    with pytest.raises(UsageError) as refused:
+        RunConfig(dtype_policy="float16").validate()
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--dtype-policy`, expected one of float32, "
+        "mixed_bfloat16, mixed_float16, got 'float16'."
+    )

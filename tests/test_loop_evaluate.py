@@ -199,3 +199,22 @@ def test_a_regression_head_is_the_mean_squared_error_and_the_share_within_tolera
     exact = ops.convert_to_numpy(per_example_correct(_spec("regression", tolerance=0.125),
                                                      targets, outputs))  # fmt: skip
     np.testing.assert_array_equal(exact, [0.5, 0.5, 0.0])  # under, not at, the tolerance
+
+
+def test_the_objectives_compute_in_float32_whatever_keras_floatx_is():
+    import keras
+    from keras import ops
+
+    from training.objectives import per_example_correct, per_example_loss
+
+    logits = np.array([[2.0, 0.0], [0.0, 1.0]], "float64")
+    labels = np.array([0, 0])
+    floatx = keras.config.floatx()
+    keras.config.set_floatx("float64")
+    try:
+        for spec in (_spec("last"), _spec("regression", tolerance=0.5)):
+            for objective in (per_example_loss, per_example_correct):
+                value = objective(spec, labels if spec.head == "last" else logits, logits)
+                assert ops.convert_to_numpy(value).dtype == np.float32, (spec.head, objective)
+    finally:
+        keras.config.set_floatx(floatx)

@@ -410,3 +410,72 @@ def test_weights_fingerprint_changes_with_any_weight():
         flat[-1] = np.nextafter(flat[-1], np.float32(np.inf))  # one ulp in the last entry
         same.set_weights(changed)
         assert experiment.weights_fingerprint(same) != experiment.weights_fingerprint(model), index
+
+
+@pytest.mark.parametrize(
+    "error, status",
+    [(None, 0), (OSError("disk full"), 1)],
+)
+def test_main_hands_the_validated_run_to_the_processes_then_the_experiment(
+    monkeypatch, tmp_path, capsys, error, status
+):
+    """In process, with the distribution's steps and the experiment as stand-ins."""
+    from training import distribution
+
+    calls = []
+    monkeypatch.setattr(distribution, "split_cpu", lambda n: calls.append(("split", n)))
+
+    def resolve(coordinator, count, index):
+        calls.append(("resolve", coordinator, count, index))
+        return "processes"
+
+    monkeypatch.setattr(distribution.Processes, "resolve", resolve)
+    monkeypatch.setattr(
+        distribution,
+        "initialize_processes",
+        lambda processes, connect, heartbeat: calls.append(("init", processes, connect, heartbeat)),
+    )
+    monkeypatch.setattr(distribution, "watch_peers", lambda prog: calls.append(("watch", prog)))
+    monkeypatch.setattr(distribution, "finish", lambda code: calls.append(("finish", code)) or code)
+
+    def train_and_evaluate(config, output_dir):
+        calls.append(("train", config.units, config.steps, output_dir))
+        if error:
+            raise error
+
+    monkeypatch.setattr(experiment, "train_and_evaluate", train_and_evaluate)
+    argv = ["--units", "8", "--steps", "3", "--cpu-devices", "2", "--output-dir", str(tmp_path),
+            "--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "1",
+            "--connect-timeout", "7", "--heartbeat-timeout", "9"]  # fmt: skip
+    assert train.main(argv) == status
+    assert calls == [
+        ("split", 2),
+        ("resolve", "127.0.0.1:1234", 2, 1),
+        ("init", "processes", 7, 9),
+        ("watch", "python -m training.train"),
+        ("train", 8, 3, str(tmp_path)),
+        ("finish", status),
+    ]
+    expected = "" if error is None else "python -m training.train: error: disk full\n"
+    assert capsys.readouterr().err == expected
+
+
+def test_an_invalid_run_is_refused_before_anything_starts(monkeypatch, capsys):
+    from training import distribution
+
+    monkeypatch.setattr(distribution, "split_cpu", lambda n: pytest.fail("started"))
+    assert train.main(["--units", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "python -m training.train: error: Received an invalid value for argument `--units`, "
+        "expected a positive integer, got 0.\n"
+    )
+
+
+def test_the_output_folder_flag_defaults_to_none_and_says_where_runs_go(capsys, monkeypatch):
+    parser = train.build_parser()
+    assert parser.parse_args([]).output_dir is None
+    monkeypatch.setenv("COLUMNS", "200")
+    text = " ".join(parser.format_help().split())
+    assert "--output-dir OUTPUT_DIR default: runs/<task>-<model>" in text
+    assert parser.prog == "python -m training.train"
+    assert parser.description == train.__doc__.split("\n\n")[0]
