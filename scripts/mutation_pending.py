@@ -64,13 +64,19 @@ def _rechecked(rechecks, hashes):
     return rechecked
 
 
-def pending(config_text, files, rechecks=None):
+def _equivalents(equivalents_text):
+    return {line.split()[0] for line in equivalents_text.splitlines()
+            if line.strip() and not line.startswith("#")}  # fmt: skip
+
+
+def pending(config_text, files, rechecks=None, equivalents_text=""):
     """Yields the names still to check, module by module as the configuration lists them:
-    neither run by mutmut nor killed by a recheck.
+    neither run by mutmut nor killed by a recheck nor listed as equivalent.
 
     `files`, `rechecks`: as `mutation_verdicts.view` returns them.
     """
     rechecked = _rechecked(rechecks or {}, _hashes(files))
+    equivalent = _equivalents(equivalents_text)
     for module, sample in _modules(config_text):
         if _source(module) not in files:
             # A module added to the configuration since the last run: that run's
@@ -81,7 +87,7 @@ def pending(config_text, files, rechecks=None):
         yield from (
             name
             for name in _selected(codes, module, sample)
-            if codes[name] is None and not rechecked(name)
+            if codes[name] is None and not rechecked(name) and name not in equivalent
         )
 
 
@@ -95,8 +101,7 @@ def table(config_text, files, rechecks, equivalents_text):
 
     `files`, `rechecks`: as `mutation_verdicts.view` returns them.
     """
-    equivalent = {line.split()[0] for line in equivalents_text.splitlines()
-                  if line.strip() and not line.startswith("#")}  # fmt: skip
+    equivalent = _equivalents(equivalents_text)
     rechecked = _rechecked(rechecks, _hashes(files))
 
     lines = [
@@ -111,7 +116,9 @@ def table(config_text, files, rechecks, equivalents_text):
             continue
         codes = files[_source(module)]["exit_code_by_key"]
         names = [
-            n for n in _selected(codes, module, sample) if codes[n] is not None or rechecked(n)
+            n
+            for n in _selected(codes, module, sample)
+            if codes[n] is not None or rechecked(n) or n in equivalent
         ]
         run = sum(codes[n] in KILLED for n in names)
         rest = [n for n in names if codes[n] not in KILLED]
@@ -133,11 +140,11 @@ def main(argv):
     files, rechecks = mutation_verdicts.view(
         ROOT / ".mutation-app" / "mutants", ROOT / "docs" / "mutation-verdicts-app.json"
     )
+    equivalents = (ROOT / "docs" / "mutation-equivalents.txt").read_text()
     if argv == ["--table"]:
-        equivalents = (ROOT / "docs" / "mutation-equivalents.txt").read_text()
         print(table(config_text, files, rechecks, equivalents))
         return
-    for name in pending(config_text, files, rechecks):
+    for name in pending(config_text, files, rechecks, equivalents):
         print(name)
 
 

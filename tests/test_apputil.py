@@ -356,12 +356,13 @@ def stand_in_imports(monkeypatch):
     """`importlib.import_module` recording its names, TensorFlow not imported yet."""
     from apputil import quiet
 
-    calls = []
+    calls, levels = [], []
     tensorflow = _StandInTensorFlow(calls)
 
     def import_module(name):
         os.write(2, f"I0000 loading {name}\n".encode())
         calls.append(("import", name))
+        levels.append(os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
         if name == "tensorflow" and calls[0] == ("fail", "tensorflow"):
             raise ImportError("No module named 'tensorflow'")
         return tensorflow if name == "tensorflow" else f"module {name}"
@@ -370,17 +371,18 @@ def stand_in_imports(monkeypatch):
     monkeypatch.setattr(quiet.importlib, "import_module", import_module)
     monkeypatch.setattr(quiet, "_DEVICES_LISTED", [])
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
-    return quiet, calls, tensorflow
+    return quiet, calls, tensorflow, levels
 
 
 def test_tensorflow_is_imported_and_lists_its_gpus_once_with_native_stderr_closed(
     stand_in_imports, capfd, monkeypatch
 ):
-    quiet, calls, tensorflow = stand_in_imports
+    quiet, calls, tensorflow, levels = stand_in_imports
     print("before", file=sys.stderr)
     assert quiet.import_tensorflow() is tensorflow
     print("after", file=sys.stderr)
     assert calls == [("import", "tensorflow"), ("list", "GPU")]
+    assert levels == ["2"]
     assert capfd.readouterr().err == "before\nafter\n"  # the native lines are gone
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
     # Imported already (by Keras): the devices are listed once, then nothing is done.
@@ -394,23 +396,25 @@ def test_tensorflow_is_imported_and_lists_its_gpus_once_with_native_stderr_close
 
 
 def test_a_log_level_already_set_is_kept(stand_in_imports, monkeypatch):
-    quiet, _, _ = stand_in_imports
+    quiet, _, _, levels = stand_in_imports
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
     quiet.import_tensorflow()
     quiet.import_keras()
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    assert set(levels) == {"0"}
 
 
 def test_keras_is_imported_before_tensorflow_and_quietly(stand_in_imports, capfd):
-    quiet, calls, _ = stand_in_imports
+    quiet, calls, _, levels = stand_in_imports
     assert quiet.import_keras() == "module keras"
     assert calls == [("import", "keras"), ("import", "tensorflow"), ("list", "GPU")]
+    assert levels == ["2", "2"]  # set before Keras imports TensorFlow on its backend
     assert capfd.readouterr().err == ""
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
 
 
 def test_keras_is_imported_where_tensorflow_is_not_installed(stand_in_imports, capfd):
-    quiet, calls, _ = stand_in_imports
+    quiet, calls, _, _ = stand_in_imports
     calls.append(("fail", "tensorflow"))  # the stand-in fails TensorFlow's import
     assert quiet.import_keras() == "module keras"
     assert calls[1:] == [("import", "keras"), ("import", "tensorflow")]

@@ -59,8 +59,13 @@ def test_each_range_accepts_its_edge_and_refuses_past_it(name):
 def test_a_process_id_lies_below_the_number_of_processes():
     assert RunConfig(num_processes=3, process_id=2).validate().process_id == 2
     assert RunConfig(process_id=7).validate().process_id == 7  # the count comes later
+    assert RunConfig(num_processes=3, process_id=0).validate().process_id == 0  # the first
+    assert RunConfig(process_id=0).validate().process_id == 0
+    # Without the count, ids stay within a 32-bit signed integer (JAX's process index).
+    assert RunConfig(process_id=2**31 - 1).validate().process_id == 2**31 - 1
     for processes, process_id, expected in ((3, 3, "[0, 3)"), (3, -1, "[0, 3)"),
-                                            (None, -1, "[0, N)")):  # fmt: skip
+                                            (None, -1, "[0, N)"),
+                                            (None, 2**31, "[0, N)")):  # fmt: skip
         with pytest.raises(UsageError) as caught:
             RunConfig(num_processes=processes, process_id=process_id).validate()
         assert str(caught.value) == (

@@ -92,6 +92,14 @@ def test_a_mixed_policy_runs_the_recurrence_in_it_and_keeps_the_head_in_float32(
     assert rnn.dtype_policy.name == "mixed_bfloat16"
     assert head.dtype_policy.name == "float32"
     assert built(np.zeros((2, 7, 3), "float32")).dtype == "float32"
+    # The head stays in float32 under a global mixed policy too (the docstring's promise).
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        mixed = models.build_model(_spec(), "gated", units=4, dtype_policy="mixed_bfloat16")
+    finally:
+        keras.config.set_dtype_policy(policy)
+    assert mixed.layers[1].dtype_policy.name == "float32"
     plain = models.build_model(_spec(), "gated", units=4)  # the global policy for both
     assert [layer.dtype_policy.name for layer in plain.layers] == ["float32", "float32"]
 

@@ -220,3 +220,32 @@ def test_a_recheck_leaves_out_mutants_of_modules_the_tree_holds_only_as_copies()
     hashes = {"pkg.mod.x_f": "a1", "pkg.mod.xǁCǁm": "b2"}  # the last run mutated pkg.mod
     assert backends._in_tree(mutants, hashes) == (mutants[:2], ["pkg.other"])
     assert backends._in_tree(mutants, {}) == ([], ["pkg.mod", "pkg.other"])
+
+
+def test_first_pass_kills_and_listed_equivalents_are_checked_and_the_rest_pending(
+    verdicts, monkeypatch
+):
+    """A mutant mutmut never ran counts as checked once a recheck killed it while its
+    function is unchanged, or once it is listed as equivalent; else it stays pending."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mutation_verdicts", verdicts)  # mutation_pending's
+    spec = importlib.util.spec_from_file_location(
+        "mutation_pending", _PATH.parent / "mutation_pending.py"
+    )
+    pending = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pending)
+    names = [f"pkg.mod.x_f__mutmut_{i}" for i in range(1, 7)]
+    codes = dict(zip(names, (1, 0, None, None, None, None), strict=True))
+    files = {"pkg/mod.py": _meta(codes, {"x_f": "h1"})}
+    rechecks = {
+        names[1]: {"tensorflow": {"status": "killed", "hash": "h1", "detail": ""}},
+        names[2]: {"tensorflow": {"status": "killed", "hash": "h1", "detail": ""}},
+        names[3]: {"tensorflow": {"status": "killed", "hash": "old", "detail": ""}},  # stale
+    }
+    equivalents = f"# comment\n{names[4]}  the reason\n"
+    config = "# module: pkg.mod\n"
+    assert list(pending.pending(config, files, rechecks, equivalents)) == [names[3], names[5]]
+    row = pending.table(config, files, rechecks, equivalents).splitlines()[-1]
+    # mutants, checked, killed by the run, killed by a recheck, equivalent, left, score
+    assert row == "| `pkg.mod` | full | 6 | 4 | 1 | 2 | 1 | 0 | 100.0% |"

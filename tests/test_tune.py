@@ -1,6 +1,7 @@
 """The tuning CLI: a small search, distributed chief/workers, resume, bad flags."""
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -652,3 +653,37 @@ def test_trials_off_tensorflow_train_under_the_keras_distribution_of_the_run_s_s
     monkeypatch.setattr(distribution, "keras_distribution_shape", lambda d: ("data", 2))
     assert search.trial_distribution(RunConfig(strategy="mirrored")) == ("layout", "data", 2)
     assert made == ["mirrored"]
+
+
+def test_the_best_summary_names_the_best_completed_trial_and_the_search(tmp_path):
+    from types import SimpleNamespace
+
+    from training import search
+
+    config = dataclasses.replace(_search_config(tmp_path), tuner="hyperband", steps_per_trial=7)
+    best = _trial("03", "COMPLETED", 0.75, {"val_loss": 0.5},
+                  **{"learning_rate": 0.1, "tuner/epochs": 2, "tuner/round": 0})  # fmt: skip
+    other = _trial("01", "COMPLETED", 0.5, {"val_loss": 0.9}, learning_rate=0.2)
+    failed = _trial("02", "FAILED", None, learning_rate=0.3)
+    oracle = SimpleNamespace(trials={t.trial_id: t for t in (best, other, failed)})
+    tuner = SimpleNamespace(oracle=oracle, project_dir=config.project_dir)
+    rows = search.trial_rows(oracle, "antisymmetric")
+    assert search.best_summary(config, tuner, rows) == {
+        "objective": "val_accuracy",
+        "best_trial_id": "03",
+        "score": 0.75,
+        "val_loss": 0.5,
+        "hyperparameters": {"learning_rate": 0.1},  # keras-tuner's own keys left out
+        "task": "digits",
+        "model": config.run.model,
+        "units": 8,
+        "tuner": "hyperband",
+        "steps_per_trial": 7,
+        "validation_fraction": 0.1,
+        "trials": 3,
+        "completed_trials": 2,
+        "space": config.space.to_dict(),
+        "project_dir": config.project_dir,
+    }
+    with pytest.raises(SearchError, match=f"no trial of {config.project_dir} completed"):
+        search.best_summary(config, tuner, [r for r in rows if r["trial_id"] == "02"])
