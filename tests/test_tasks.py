@@ -62,7 +62,7 @@ def test_noise_padding(mock_images, name, steps, features, image_steps):
     task = tasks.get_task(name)
     inputs, targets = task.examples("train")
     x, _ = task.make_batch(inputs[:16], targets[:16], (3, 4))
-    assert x.shape == (16, steps, features)
+    assert x.shape == (16, steps, features) and x.dtype == np.float32
     rows = inputs[:16].reshape(16, image_steps, features) / 255.0
     np.testing.assert_allclose(x[:, :image_steps], rows, atol=1e-7)
     noise = x[:, image_steps:]
@@ -152,6 +152,21 @@ def test_validation_split_is_disjoint_and_fixed():
     np.testing.assert_array_equal(val, val_again)
     test, _ = task.examples("test", validation_fraction=0.25)
     assert len(test) == int(1797 * 0.2)
+
+
+def test_a_validation_split_needs_a_validation_fraction():
+    from apputil.errors import UsageError
+
+    task = tasks.get_task("digits")
+    for fraction in (0.0, None):
+        with pytest.raises(UsageError) as refused:
+            task.examples("validation", validation_fraction=fraction)
+        assert str(refused.value) == (
+            "Received an invalid value for argument `validation_fraction`, expected a float "
+            "in (0, 1) for a validation split, got 0."
+        )
+    everything, _ = task.examples("train")
+    assert len(task.examples("train", validation_fraction=0.0)[0]) == len(everything)
 
 
 def test_adding_task():
@@ -387,3 +402,9 @@ def test_image_splits_read_the_data_sets_own_test_split_and_carve_validation_fro
 def test_invalid_task_arguments(kwargs, argument):
     with pytest.raises(ValueError, match=f"argument `{argument}`"):
         tasks.get_task(**kwargs)
+
+
+def test_every_task_s_spec_is_named_after_it():
+    """The name a model (`{model}_{spec.name}`) and a saved file are called by."""
+    for name in tasks.TASK_NAMES:
+        assert tasks.get_task(name).spec.name == name

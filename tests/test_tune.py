@@ -687,3 +687,61 @@ def test_the_best_summary_names_the_best_completed_trial_and_the_search(tmp_path
     }
     with pytest.raises(SearchError, match=f"no trial of {config.project_dir} completed"):
         search.best_summary(config, tuner, [r for r in rows if r["trial_id"] == "02"])
+
+
+@pytest.mark.parametrize(
+    "values, sources, message",
+    [
+        ({"alpha": [1], "beta": [2]}, {},
+         "`--space`, expected keys among epsilon, gamma, learning_rate, sigma_w, optimizer, "
+         "got 'alpha'"),
+        ({"learning_rate": []}, {},
+         "`--learning-rate-values`, expected at least one value, got []"),
+        ({"sigma_w": ()}, {"sigma_w": "sigma-w in space.yaml"},
+         "`sigma-w in space.yaml`, expected at least one value, got []"),
+        ({"optimizer": ["sgd", "rmsprop"]}, {},
+         "`--optimizer-values`, expected names among sgd, adagrad, adam, got ['sgd', 'rmsprop']"),
+        ({"epsilon": ["0.1", "small"]}, {},
+         "`--epsilon-values`, expected positive floats, got ['0.1', 'small']"),
+        ({"gamma": [0.1, -0.5]}, {"gamma": "gamma in s.yaml"},
+         "`gamma in s.yaml`, expected non-negative floats, got [0.1, -0.5]"),
+        ({"learning_rate": [None]}, {},
+         "`--learning-rate-values`, expected positive floats, got [None]"),
+    ],
+)  # fmt: skip
+def test_a_space_refuses_bad_values_naming_where_they_came_from(values, sources, message):
+    with pytest.raises(UsageError) as refused:
+        SearchSpace(values, sources=sources)
+    assert str(refused.value) == f"Received an invalid value for argument {message}."
+
+
+def test_each_hyperparameter_s_flag_is_its_name_dashed():
+    assert [flag_name(name) for name in PAPER_GRID] == [
+        "--epsilon-values", "--gamma-values", "--learning-rate-values", "--sigma-w-values",
+        "--optimizer-values",
+    ]  # fmt: skip
+
+
+def test_a_log_scale_space_declares_ranges_over_its_values_log_uniform_above_zero():
+    import keras_tuner
+
+    space = SearchSpace(
+        {"epsilon": [1.0, 0.01, 0.1], "gamma": [0.0, 2.0], "learning_rate": [0.5, 0.25, 2.0],
+         "sigma_w": [4.0], "optimizer": ["adam", "sgd"]},
+        log_scale=True,
+    )  # fmt: skip
+    hp = keras_tuner.HyperParameters()
+    space.declare(hp, "antisymmetric")
+    declared = {p.name: p.get_config() for p in hp.space}
+    ranges = {
+        name: (config["min_value"], config["max_value"], config["sampling"])
+        for name, config in declared.items()
+        if "min_value" in config
+    }
+    assert ranges == {
+        "epsilon": (0.01, 1.0, "log"),
+        "gamma": (0.0, 2.0, "linear"),  # 0 has no logarithm
+        "learning_rate": (0.25, 2.0, "log"),
+    }
+    assert declared["sigma_w"]["value"] == 4.0  # a single value is fixed
+    assert declared["optimizer"]["values"] == ["adam", "sgd"]  # names stay a choice
