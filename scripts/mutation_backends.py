@@ -227,7 +227,7 @@ def main(argv):
                 # A test module could not be collected: the mutant broke code it runs at
                 # import (a valid configuration it builds is refused), a failure too.
                 status = "killed"
-            if code not in (0, 1) and code >= 0:
+            if status == "error":
                 detail = f"pytest exit code {code}"
         verdict = {"status": status, "hash": hashes.get(_function(mutant)), "detail": detail}
         print(f"{status:>9}  {mutant}  {detail}", flush=True)

@@ -570,3 +570,30 @@ def test_the_report_reads_searches_from_the_runs_folder_and_goes_under_it(tmp_pa
     path = runs / "report" / "reproduction.md"
     assert capsys.readouterr().out == f"report -> {path}\n"
     assert "| 0.005 | 25.0% |" in path.read_text()
+
+
+def test_the_paper_rows_carry_table_2_s_accuracies_on_mnist_only():
+    """Chang et al., Table 2: pixel-by-pixel and permuted MNIST test accuracy (%)."""
+    table_2 = {
+        ("pixel_mnist", "antisymmetric"): 98.0, ("pixel_mnist", "gated"): 98.8,
+        ("pixel_mnist", "lstm"): 97.3, ("permuted_mnist", "antisymmetric"): 95.8,
+        ("permuted_mnist", "gated"): 93.1, ("permuted_mnist", "lstm"): 92.6,
+    }  # fmt: skip
+    rows = {run.name: run for run in suite.SUITES["paper"]}
+    for (task, model), accuracy in table_2.items():
+        mnist = rows[f"{task}_{model}"]
+        assert (mnist.paper, mnist.data, mnist.steps) == (accuracy, "mnist", 6000)
+        assert mnist.overrides == (("dataset", "mnist"),)
+        fashion = rows[f"{task.replace('mnist', 'fashion_mnist')}_{model}"]
+        assert fashion.paper is None and fashion.data == "fashion_mnist"
+        # Fashion-MNIST's pixel rows were still climbing at 6,000 steps.
+        assert fashion.steps == (10000 if task == "pixel_mnist" else 6000)
+
+
+def test_the_length_rows_train_at_t100_and_t300():
+    rows = [run for run in suite.SUITES["paper"] if run.table == "length (fashion_mnist)"]
+    assert sorted((run.overrides, run.name) for run in rows) == sorted(
+        ((("timesteps", t),), f"noise_padded_fashion_mnist_t{t}_{model}")
+        for t in (100, 300)
+        for model in ("antisymmetric", "gated", "lstm")
+    )
