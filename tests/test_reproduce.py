@@ -597,3 +597,21 @@ def test_the_length_rows_train_at_t100_and_t300():
         for t in (100, 300)
         for model in ("antisymmetric", "gated", "lstm")
     )
+
+
+def test_every_run_of_the_suites_is_a_valid_training_command_with_its_overrides():
+    """Each row, as the suite starts it, parses and validates as `training.train`'s run,
+    with the settings it overrides in effect; its folder name is plain."""
+    import re
+
+    from training import options, train
+    from training.config import RunConfig
+
+    for runs in suite.SUITES.values():
+        for run in runs:
+            argv = suite.train_argv(run, 100, "runs", None)
+            args = options.parse_with_config(train.build_parser(), argv)
+            config = RunConfig.from_namespace(args).validate()
+            for key, value in run.overrides:
+                assert getattr(config, key) == value, (run.name, key)
+            assert re.fullmatch(r"[a-z0-9_.]+", run.name), run.name
