@@ -615,3 +615,14 @@ def test_every_run_of_the_suites_is_a_valid_training_command_with_its_overrides(
             for key, value in run.overrides:
                 assert getattr(config, key) == value, (run.name, key)
             assert re.fullmatch(r"[a-z0-9_.]+", run.name), run.name
+            # A value in the name ("..._eps0.01_gamma0.1", "..._lr0.002") is the run's.
+            for short, value in re.findall(r"_(eps|gamma|lr)([0-9.]+)", run.name):
+                field = {"eps": "epsilon", "gamma": "gamma", "lr": "learning_rate"}[short]
+                assert getattr(config, field) == float(value), (run.name, field)
+            # The data it needs is the data it trains on; its table names task and data.
+            first = run.table.split(" ")[0]
+            assert first in ("length", "smoke") or config.task.startswith(first), run.name
+            if "mnist" in config.task:
+                dataset = config.dataset or "mnist"  # the MNIST tasks' default
+                assert run.data == dataset, run.name
+                assert f"({dataset}" in run.table or first == "smoke", run.name
