@@ -590,6 +590,24 @@ def test_the_paper_rows_carry_table_2_s_accuracies_on_mnist_only():
         assert fashion.steps == (10000 if task == "pixel_mnist" else 6000)
 
 
+# Chang et al., Table 3: pixel-by-pixel and noise-padded CIFAR-10 test accuracy (%).
+TABLE_3 = {
+    ("pixel_cifar10", "lstm"): 59.7, ("pixel_cifar10", "ablation"): 54.6,
+    ("pixel_cifar10", "antisymmetric"): 58.7, ("pixel_cifar10", "gated"): 62.2,
+    ("noise_padded_cifar10", "lstm"): 11.6, ("noise_padded_cifar10", "ablation"): 46.2,
+    ("noise_padded_cifar10", "antisymmetric"): 48.3, ("noise_padded_cifar10", "gated"): 54.7,
+}  # fmt: skip
+
+
+def test_every_cifar10_row_carries_table_3_s_accuracy_of_its_task_and_model():
+    """The smoke rows too: they stand in for the paper rows of their config."""
+    rows = [run for runs in suite.SUITES.values() for run in runs if run.data == "cifar10"]
+    assert len(rows) == 10  # the eight of Table 3 and two smoke rows
+    for run in rows:
+        task, model = run.config.removesuffix(".yaml").rsplit("_", 1)
+        assert run.paper == TABLE_3[task, model], run.name
+
+
 def test_the_length_rows_train_at_t100_and_t300():
     rows = [run for run in suite.SUITES["paper"] if run.table == "length (fashion_mnist)"]
     assert sorted((run.overrides, run.name) for run in rows) == sorted(
