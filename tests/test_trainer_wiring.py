@@ -259,3 +259,92 @@ def test_processes_that_restored_different_steps_are_refused(tmp_path, monkeypat
         "process must read the chief's checkpoints: give them a shared --output-dir or copy "
         "the chief's checkpoints/ to each"
     )
+
+
+# --- training.distribution in this process: the strategy names, with stand-ins for what
+# cannot start here (a cluster, a CPU split after TensorFlow started) ----------------------
+
+
+def test_the_named_tensorflow_strategies_and_their_public_names():
+    import tensorflow as tf
+
+    default = distribution.make_strategy("default")
+    assert default is tf.distribute.get_strategy()
+    assert distribution.strategy_name(default) == "default"
+    mirrored = distribution.make_strategy("mirrored")  # over this process's one CPU
+    assert distribution.strategy_name(mirrored) == "MirroredStrategy"
+    assert mirrored.num_replicas_in_sync == 1
+    with pytest.raises(distribution.StrategyError) as refused:
+        distribution.make_strategy("data_parallel")
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--strategy`, expected one of auto, default, "
+        "mirrored, multi_worker, tpu on the tensorflow backend, got 'data_parallel'."
+    )
+
+
+class _StandInMultiWorker:
+    """`tf.distribute.MultiWorkerMirroredStrategy` without its cluster."""
+
+    def __init__(self):
+        self.cluster_resolver = type("Resolver", (), {"task_type": "worker", "task_id": 1})()
+
+
+@pytest.fixture
+def stand_in_multi_worker(monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", _StandInMultiWorker)
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker",
+                                                                             "index": 1}}))  # fmt: skip
+    return monkeypatch
+
+
+def test_auto_picks_multi_worker_for_a_cluster_of_several_workers(stand_in_multi_worker):
+    strategy = distribution.make_strategy("auto")
+    assert isinstance(strategy, _StandInMultiWorker)
+    assert isinstance(distribution.make_strategy("multi_worker"), _StandInMultiWorker)
+    assert distribution.task_label(strategy) == "worker1"
+    assert distribution.task_label(distribution.make_strategy("default")) == "chief"
+    stand_in_multi_worker.setenv("TF_CONFIG", json.dumps({"task": {"type": "worker"}}))
+    with pytest.raises(distribution.StrategyError, match="needs TF_CONFIG with a cluster"):
+        distribution.make_strategy("multi_worker")
+    stand_in_multi_worker.delenv("TF_CONFIG")
+    assert distribution.make_strategy("auto") is distribution.make_strategy("default")
+
+
+def test_the_chief_process_on_tensorflow_is_the_strategy_s_chief(monkeypatch):
+    monkeypatch.setattr(distribution, "is_chief", lambda strategy: strategy == "chief")
+    assert distribution.chief_process("chief") is True
+    assert distribution.chief_process("worker") is False
+
+
+def test_a_process_count_from_the_environment_must_be_an_integer(monkeypatch):
+    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "two")
+    with pytest.raises(distribution.StrategyError) as refused:
+        distribution.Processes.resolve()
+    assert str(refused.value) == (
+        "Received an invalid value for argument `KERAS_DISTRIBUTION_NUM_PROCESSES`, expected "
+        "an integer, got 'two'."
+    )
+
+
+def test_processes_are_connected_only_on_jax(monkeypatch):
+    monkeypatch.setattr(distribution, "_wait_for_coordinator", lambda *a: pytest.fail("waited"))
+    processes = distribution.Processes("127.0.0.1:1234", 2, 0)
+    assert distribution.initialize_processes(processes) is False
+
+
+def test_a_cpu_split_on_tensorflow_asks_for_that_many_logical_devices(monkeypatch):
+    import tensorflow as tf
+
+    asked = []
+    monkeypatch.setattr(
+        tf.config, "set_logical_device_configuration", lambda d, c: asked.append((d, c))
+    )
+    distribution.split_cpu(3)
+    distribution.split_cpu(1)  # one device: nothing to split
+    ((device, configurations),) = asked
+    assert device.device_type == "CPU"
+    assert configurations == [tf.config.LogicalDeviceConfiguration()] * 3
