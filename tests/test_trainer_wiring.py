@@ -296,8 +296,8 @@ def stand_in_multi_worker(monkeypatch):
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", _StandInMultiWorker)
     monkeypatch.delenv("TPU_NAME", raising=False)
     cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker",
-                                                                             "index": 1}}))  # fmt: skip
+    task = {"type": "worker", "index": 1}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
     return monkeypatch
 
 
