@@ -479,3 +479,33 @@ def test_the_output_folder_flag_defaults_to_none_and_says_where_runs_go(capsys, 
     assert "--output-dir OUTPUT_DIR default: runs/<task>-<model>" in text
     assert parser.prog == "python -m training.train"
     assert parser.description == train.__doc__.split("\n\n")[0]
+
+
+def test_the_machine_is_described_alike_on_every_backend(monkeypatch):
+    """With stand-ins for the accelerators this machine lacks."""
+    import types
+
+    import tensorflow as tf
+
+    gpus = ["GPU:0", "GPU:1"]
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: gpus)
+    monkeypatch.setattr(
+        tf.config.experimental, "get_device_details", lambda gpu: {"device_name": "NVIDIA H200"}
+    )
+    assert experiment._describe_device() == "tensorflow on 2 x NVIDIA H200 (gpu)"
+    monkeypatch.setattr(tf.config.experimental, "get_device_details", lambda gpu: {})
+    assert experiment._describe_device() == "tensorflow on 2 x GPU (gpu)"
+
+    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 3,
+                                 get_device_name=lambda i: f"H100 #{i}")  # fmt: skip
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
+    assert experiment._describe_device() == "torch on 3 x H100 #0 (gpu)"
+    cuda.is_available = lambda: False
+    assert experiment._describe_device() == "torch on cpu"
+
+    devices = [types.SimpleNamespace(device_kind="cpu", platform="cpu"),
+               types.SimpleNamespace(device_kind="TPU v5 lite", platform="tpu")] * 2  # fmt: skip
+    monkeypatch.setitem(sys.modules, "jax", types.SimpleNamespace(devices=lambda: devices))
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    assert experiment._describe_device() == "jax on 2 x TPU v5 lite (tpu)"

@@ -348,3 +348,17 @@ def test_a_cpu_split_on_tensorflow_asks_for_that_many_logical_devices(monkeypatc
     ((device, configurations),) = asked
     assert device.device_type == "CPU"
     assert configurations == [tf.config.LogicalDeviceConfiguration()] * 3
+
+
+def test_processes_come_from_the_flags_else_keras_variables_else_jax_s(monkeypatch):
+    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "JAX_COORDINATOR_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "3")
+    monkeypatch.setenv("KERAS_DISTRIBUTION_PROCESS_ID", "2")
+    assert distribution.Processes.resolve() == distribution.Processes(None, 3, 2)
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.9:99")
+    assert distribution.Processes.resolve().coordinator == "10.0.0.9:99"
+    monkeypatch.setenv("KERAS_DISTRIBUTION_JOB_ADDRESSES", "10.0.0.1:1234, 10.0.0.2:1234")
+    assert distribution.Processes.resolve() == distribution.Processes("10.0.0.1:1234", 3, 2)
+    flags = distribution.Processes.resolve("127.0.0.1:5", 4, 0)
+    assert flags == distribution.Processes("127.0.0.1:5", 4, 0)
