@@ -89,8 +89,10 @@ def test_each_model_learns_on_mock_data_and_writes_every_output(tmp_path, model)
     for key in ("test_accuracy", "test_loss", "steps", "examples_per_second", "wall_time_seconds"):
         assert key in written
     assert written["steps"] == 40 and written == metrics
+    assert (written["task"], written["model"]) == ("noise_padded_mnist", model)
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert config["model"] == model and config["timesteps"] == 28
+    assert (config["features"], config["output_dir"]) == (28, str(tmp_path))
     loaded = keras.saving.load_model(tmp_path / "model.keras")
     assert loaded.count_params() == written["parameters"]
 
