@@ -517,13 +517,13 @@ def test_a_run_s_trainer_has_its_seeded_model_and_compiles_when_asked(tmp_path):
     import types
 
     task = get_task("digits")
-    config = RunConfig(task="digits", model="gated", units=4, batch_size=8, seed=5,
-                       epsilon=0.5, gamma=0.25, sigma_w=2.0, jit_compile=True).validate()  # fmt: skip
+    settings = dict(units=4, epsilon=0.5, gamma=0.25, sigma_w=2.0)
+    config = RunConfig(task="digits", model="gated", batch_size=8, seed=5, jit_compile=True,
+                       **settings).validate()  # fmt: skip
     x, y = task.examples("train")
     splits = types.SimpleNamespace(train=(x[:16], y[:16]))
     trainer = experiment._make_trainer(task, config, splits, "default", str(tmp_path))
     assert trainer.jit_compile is True
-    expected = build_model(task.spec, "gated", units=4, epsilon=0.5, gamma=0.25, sigma_w=2.0,
-                           seed=5)  # fmt: skip
+    expected = build_model(task.spec, "gated", seed=5, **settings)
     for got, want in zip(trainer.model.get_weights(), expected.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
