@@ -527,3 +527,22 @@ def test_a_run_s_trainer_has_its_seeded_model_and_compiles_when_asked(tmp_path):
     expected = build_model(task.spec, "gated", seed=5, **settings)
     for got, want in zip(trainer.model.get_weights(), expected.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_run_s_splits_are_read_from_its_data_with_its_validation_fraction(tmp_path):
+    """The train split leaves out the validation examples; the test split is read last."""
+    read = []
+
+    class StandInTask:
+        def examples(self, split, data_dir=None, validation_fraction=0.0):
+            read.append((split, data_dir, validation_fraction))
+            return split, data_dir
+
+    config = RunConfig(data_dir=str(tmp_path), validation_fraction=0.2)
+    splits = experiment.Splits.load(StandInTask(), config)
+    assert read == [("train", str(tmp_path), 0.2), ("validation", str(tmp_path), 0.2)]
+    assert splits.test == ("test", str(tmp_path))
+    assert read[-1] == ("test", str(tmp_path), 0.0)
+    read.clear()
+    without = experiment.Splits.load(StandInTask(), RunConfig(data_dir=str(tmp_path)))
+    assert without.validation is None and read == [("train", str(tmp_path), 0.0)]
