@@ -160,3 +160,14 @@ def test_an_unknown_dtype_policy_is_refused_naming_the_three():
         "Received an invalid value for argument `--dtype-policy`, expected one of float32, "
         "mixed_bfloat16, mixed_float16, got 'float16'."
     )
+
+
+def test_keep_best_needs_evaluations_to_select_from_and_one_is_enough():
+    kept = RunConfig(keep_best=True, validation_fraction=0.1, eval_every=1).validate()
+    assert kept.eval_every == 1
+    with pytest.raises(UsageError) as refused:
+        RunConfig(keep_best=True, validation_fraction=0.1, eval_every=0).validate()
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--eval-every`, expected a positive integer "
+        "with --keep-best (the evaluations it selects from), got 0."
+    )
