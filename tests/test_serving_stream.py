@@ -394,3 +394,22 @@ def test_a_model_that_cannot_stream_is_exported_with_a_note_and_served(capsys):
             list(client.stream([x]))
     finally:
         server.stop()
+
+
+def test_every_layer_after_the_last_sequence_is_a_head_step_of_the_plan():
+    """A head of several layers: each one runs once, on the last output."""
+    from serving import signatures
+
+    model = keras.Sequential([
+        keras.Input((None, 2)),
+        keras.layers.Dense(3),  # per step
+        keras.layers.RNN(AntisymmetricCell(4)),
+        keras.layers.Dense(5, activation="relu"),
+        keras.layers.Dropout(0.5),
+        keras.layers.Dense(2),
+    ])  # fmt: skip
+    for plan in (signatures.stream_plan(model), signatures.padded_plan(model)):
+        assert [step.kind for step in plan.steps] == [
+            "per_step", "recurrent", "head", "head", "head",
+        ]  # fmt: skip
+        assert [step.layer for step in plan.steps] == model.layers
