@@ -413,3 +413,31 @@ def test_every_layer_after_the_last_sequence_is_a_head_step_of_the_plan():
             "per_step", "recurrent", "head", "head", "head",
         ]  # fmt: skip
         assert [step.layer for step in plan.steps] == model.layers
+
+
+def test_plans_name_the_layer_a_sequence_cannot_be_served_through():
+    from serving import signatures
+
+    class SelfAttention(keras.layers.Layer):
+        """Mixes the time steps (a stand-in for an attention layer of one input)."""
+
+        def call(self, x):
+            weights = keras.ops.softmax(keras.ops.matmul(x, keras.ops.swapaxes(x, 1, 2)))
+            return keras.ops.matmul(weights, x)
+
+    attending = keras.Sequential([
+        keras.Input((None, 2)), SelfAttention(name="mixer"), keras.layers.RNN(AntisymmetricCell(4)),
+    ])  # fmt: skip
+    with pytest.raises(signatures.StreamPlanError) as refused:
+        signatures.stream_plan(attending)
+    assert str(refused.value) == "layer 'mixer' (SelfAttention) attends over the whole sequence"
+
+    stateful = keras.Sequential([
+        keras.Input(batch_shape=(2, 5, 2)),
+        keras.layers.Bidirectional(keras.layers.LSTM(3, stateful=True), name="both_ways"),
+    ])  # fmt: skip
+    with pytest.raises(signatures.StreamPlanError) as refused:
+        signatures.padded_plan(stateful)
+    assert str(refused.value) == (
+        "layer 'both_ways' (Bidirectional) is stateful (states in variables)"
+    )
