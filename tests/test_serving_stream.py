@@ -441,3 +441,21 @@ def test_plans_name_the_layer_a_sequence_cannot_be_served_through():
     assert str(refused.value) == (
         "layer 'both_ways' (Bidirectional) is stateful (states in variables)"
     )
+
+
+def test_the_padded_endpoint_refuses_lengths_outside_its_steps_with_the_reason():
+    import tensorflow as tf
+
+    from serving import signatures
+
+    model = keras.Sequential([keras.Input((None, 2)), AntisymmetricRNN(4), keras.layers.Dense(3)])
+    fn, spec = signatures.padded_endpoint(signatures.padded_plan(model), "classification", None, 2)
+    padded = tf.function(fn, input_signature=spec)
+    sequence = np.zeros((2, 5, 2), "float32")
+    assert padded(sequence, np.array([1, 5], "int32"))["logits"].shape == (2, 3)
+    for lengths, reason in (  # TensorFlow shows the quotes escaped
+        ([0, 3], r"\[Input \\?'length\\?' must be at least 1\]"),
+        ([6, 3], r"\[Input \\?'length\\?' must be at most the sequence\\?'s steps\]"),
+    ):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=reason):
+            padded(sequence, np.array(lengths, "int32"))
