@@ -408,3 +408,14 @@ def test_every_task_s_spec_is_named_after_it():
     """The name a model (`{model}_{spec.name}`) and a saved file are called by."""
     for name in tasks.TASK_NAMES:
         assert tasks.get_task(name).spec.name == name
+
+
+def test_a_training_dataset_starts_at_step_zero_with_one_replica():
+    task = tasks.get_task("digits")
+    inputs, targets = task.examples("train")
+    batches = tasks.TrainingBatches(task, inputs, targets, 8, seed=1)
+    for (x, y), step in zip(training_dataset(batches).take(2), range(2), strict=True):
+        want_x, want_y = batches(step)
+        assert x.shape == want_x.shape and y.shape == want_y.shape
+        np.testing.assert_array_equal(x.numpy(), want_x)
+        np.testing.assert_array_equal(y.numpy(), want_y)
