@@ -171,3 +171,15 @@ def test_keep_best_needs_evaluations_to_select_from_and_one_is_enough():
         "Received an invalid value for argument `--eval-every`, expected a positive integer "
         "with --keep-best (the evaluations it selects from), got 0."
     )
+
+
+def test_a_data_folder_that_does_not_exist_is_refused_unless_downloading(tmp_path):
+    missing = str(tmp_path / "tfds")
+    with pytest.raises(UsageError) as refused:
+        RunConfig(data_dir=missing).validate()
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--data-dir`, expected an existing TFDS data "
+        f"directory or a folder of .npz files, got '{missing}'."
+    )
+    assert RunConfig(data_dir=missing, download=True).validate().data_dir == missing
+    assert RunConfig(data_dir=str(tmp_path)).validate().data_dir == str(tmp_path)
