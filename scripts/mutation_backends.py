@@ -129,8 +129,11 @@ def _run_pytest(tests, mutant, report=None, deselect=()):
     failed = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
     if report is not None:
         report.extend(line.split()[1] for line in failed)
+    # No test ran: pytest (exit code 4) could not import the tests' conftest.
+    failed += [line for line in output.splitlines() if "while loading conftest" in line][:1]
     code = os.waitstatus_to_exitcode(status)
-    return code, (failed[0][:200] if failed else "")
+    # Paths as the tree names them (the verdicts are kept in the repository).
+    return code, (failed[0].replace(os.getcwd() + os.sep, "")[:200] if failed else "")
 
 
 def _parse(argv):
@@ -223,9 +226,12 @@ def main(argv):
         else:
             code, detail = _run_pytest(tests, mutant, deselect=failing)
             status = {0: "survived", 1: "killed"}.get(code, "timeout" if code < 0 else "error")
-            if code == 2 and detail.startswith("ERROR"):
-                # A test module could not be collected: the mutant broke code it runs at
-                # import (a valid configuration it builds is refused), a failure too.
+            if (code == 2 and detail.startswith("ERROR")) or (
+                code == 4 and "while loading conftest" in detail
+            ):
+                # A test module (or the tests' conftest) could not be imported: the mutant
+                # broke code it runs at import (a valid configuration it builds is refused,
+                # the quiet import of Keras fails), a failure too.
                 status = "killed"
             if status == "error":
                 detail = f"pytest exit code {code}"
