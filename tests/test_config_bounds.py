@@ -38,14 +38,19 @@ def _flag(name):
     return "--" + name.replace("_", "-")
 
 
+def _refusal(**fields):
+    """The message `RunConfig(**fields).validate()` refuses them with."""
+    with pytest.raises(UsageError) as refused:
+        RunConfig(**fields).validate()
+    return str(refused.value)
+
+
 def _assert_bounds(around, name, accepted, refused, expected):
     for value in accepted:
         config = RunConfig(**around, **{name: value})
         assert config.validate() is config, (name, value)
     for value in refused:
-        with pytest.raises(UsageError) as caught:
-            RunConfig(**around, **{name: value}).validate()
-        assert str(caught.value) == (
+        assert _refusal(**around, **{name: value}) == (
             f"Received an invalid value for argument `{_flag(name)}`, "
             f"expected {expected}, got {value!r}."
         ), (name, value)
@@ -66,9 +71,7 @@ def test_a_process_id_lies_below_the_number_of_processes():
     for processes, process_id, expected in ((3, 3, "[0, 3)"), (3, -1, "[0, 3)"),
                                             (None, -1, "[0, N)"),
                                             (None, 2**31, "[0, N)")):  # fmt: skip
-        with pytest.raises(UsageError) as caught:
-            RunConfig(num_processes=processes, process_id=process_id).validate()
-        assert str(caught.value) == (
+        assert _refusal(num_processes=processes, process_id=process_id) == (
             "Received an invalid value for argument `--process-id`, expected an integer in "
             f"{expected}, got {process_id}."
         )
@@ -99,9 +102,7 @@ def test_each_schedule_setting_accepts_its_edge_and_refuses_past_it(
 
 
 def test_an_unknown_schedule_is_named_with_the_choices():
-    with pytest.raises(UsageError) as caught:
-        RunConfig(lr_schedule="linear").validate()
-    assert str(caught.value) == (
+    assert _refusal(lr_schedule="linear") == (
         "Received an invalid value for argument `--lr-schedule`, expected one of "
         "constant, cosine, step, got 'linear'."
     )
@@ -131,9 +132,7 @@ def test_a_value_of_a_wrong_type_names_its_flag_and_every_type_it_may_take(field
 
 
 def test_a_step_schedule_with_empty_boundaries_is_refused_showing_them():
-    with pytest.raises(UsageError) as refused:
-        RunConfig(lr_schedule="step", lr_boundaries="").validate()
-    assert str(refused.value) == (
+    assert _refusal(lr_schedule="step", lr_boundaries="") == (
         "Received an invalid value for argument `--lr-boundaries`, expected comma-separated "
         "steps with --lr-schedule step, got ''."
     )
@@ -154,9 +153,7 @@ def test_fields_left_out_of_the_type_check_do_not_stop_it_at_the_next_ones():
 
 
 def test_an_unknown_dtype_policy_is_refused_naming_the_three():
-    with pytest.raises(UsageError) as refused:
-        RunConfig(dtype_policy="float16").validate()
-    assert str(refused.value) == (
+    assert _refusal(dtype_policy="float16") == (
         "Received an invalid value for argument `--dtype-policy`, expected one of float32, "
         "mixed_bfloat16, mixed_float16, got 'float16'."
     )
@@ -165,9 +162,7 @@ def test_an_unknown_dtype_policy_is_refused_naming_the_three():
 def test_keep_best_needs_evaluations_to_select_from_and_one_is_enough():
     kept = RunConfig(keep_best=True, validation_fraction=0.1, eval_every=1).validate()
     assert kept.eval_every == 1
-    with pytest.raises(UsageError) as refused:
-        RunConfig(keep_best=True, validation_fraction=0.1, eval_every=0).validate()
-    assert str(refused.value) == (
+    assert _refusal(keep_best=True, validation_fraction=0.1, eval_every=0) == (
         "Received an invalid value for argument `--eval-every`, expected a positive integer "
         "with --keep-best (the evaluations it selects from), got 0."
     )
@@ -175,9 +170,7 @@ def test_keep_best_needs_evaluations_to_select_from_and_one_is_enough():
 
 def test_a_data_folder_that_does_not_exist_is_refused_unless_downloading(tmp_path):
     missing = str(tmp_path / "tfds")
-    with pytest.raises(UsageError) as refused:
-        RunConfig(data_dir=missing).validate()
-    assert str(refused.value) == (
+    assert _refusal(data_dir=missing) == (
         "Received an invalid value for argument `--data-dir`, expected an existing TFDS data "
         f"directory or a folder of .npz files, got '{missing}'."
     )
