@@ -3,6 +3,7 @@ checkpoints it keeps and the state file, the fallback past a torn one, leftovers
 saves, and the replica slices of the input pipeline."""
 
 import os
+import tempfile
 import types
 
 import keras
@@ -186,6 +187,8 @@ def test_a_worker_that_is_not_the_chief_saves_aside(tmp_path, monkeypatch):
     assert _files(tmp_path) == ["tmp.tmp"]  # the chief's folder untouched
     aside = trainer._save_dir
     assert os.path.basename(aside) == "worker-1" and not aside.startswith(str(tmp_path))
+    # In a fresh temporary folder of its own, not beside the process's working folder.
+    assert os.path.dirname(os.path.dirname(aside)) == tempfile.gettempdir()
     assert _files(aside) == sorted(["checkpoint", *_checkpoint_files(5)])
 
 
@@ -325,3 +328,81 @@ def test_a_step_runs_the_model_in_training_mode():
     moving_mean = trainer.model.layers[1].moving_mean.numpy()
     want = 0.5 * x.reshape(len(x), -1).astype(np.float64).mean(axis=0)
     np.testing.assert_allclose(moving_mean, want, rtol=1e-5, atol=1e-6)
+
+
+def test_regularization_losses_join_the_gradient_not_the_reported_loss():
+    """An L2 kernel penalty `c·ΣW²` adds `2c·W` to the kernel's gradient; the loss a step
+    reports is the task's alone."""
+    penalty = 0.01
+
+    def build():
+        keras.utils.set_random_seed(0)
+        dense = keras.layers.Dense(10, kernel_regularizer=keras.regularizers.L2(penalty))
+        model = keras.Sequential([keras.Input((64, 1)), keras.layers.Flatten(), dense])
+        return model, keras.optimizers.SGD(RATE)
+
+    task, inputs, targets = _task()
+    trainer = TFTrainer(task, build, inputs, targets, strategy=tf.distribute.get_strategy(),
+                        batch_size=BATCH, seed=3)  # fmt: skip
+    kernel, bias = (w.astype(np.float64) for w in trainer.model.get_weights())
+    x, y = trainer.batches(0)
+    loss, _, want_kernel, want_bias = _numpy_step(kernel, bias, x, y)
+    assert trainer.step()[0] == pytest.approx(loss, rel=1e-5)
+    new_kernel, new_bias = trainer.model.get_weights()
+    np.testing.assert_allclose(new_kernel, want_kernel - RATE * 2 * penalty * kernel,
+                               rtol=1e-4, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(new_bias, want_bias, rtol=1e-4, atol=1e-6)
+
+
+def _xla_calls(trainer):
+    """`_XlaMustCompile` of each call in the traced training step's graph and functions."""
+    graph = trainer._train_step.get_concrete_function(trainer._iterator).graph.as_graph_def()
+    nodes = [*graph.node, *(node for f in graph.library.function for node in f.node_def)]
+    return [node.attr["_XlaMustCompile"].b for node in nodes if "_XlaMustCompile" in node.attr]
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_jit_compile_compiles_the_replica_step_with_xla_and_keeps_the_update(jit_compile):
+    trainer = _trainer(jit_compile=jit_compile) if jit_compile else _trainer()
+    assert trainer.jit_compile is jit_compile
+    kernel, bias = (w.astype(np.float64) for w in trainer.model.get_weights())
+    x, y = trainer.batches(0)
+    loss, accuracy, want_kernel, _ = _numpy_step(kernel, bias, x, y)
+    assert trainer.step() == pytest.approx((loss, accuracy), rel=1e-5)
+    np.testing.assert_allclose(trainer.model.get_weights()[0], want_kernel, rtol=1e-4, atol=1e-6)
+    assert _xla_calls(trainer) == ([True] if jit_compile else [])
+
+
+class _StandInWorker:
+    """A `tf.distribute.MultiWorkerMirroredStrategy` worker 1 (`task_type` "worker") without
+    its cluster: one replica, the default strategy's scope."""
+
+    num_replicas_in_sync = 1
+
+    def __init__(self):
+        self.cluster_resolver = types.SimpleNamespace(task_type="worker", task_id=1)
+
+    def scope(self):
+        return tf.distribute.get_strategy().scope()
+
+
+def test_a_trainer_knows_its_strategy_role_and_label(tmp_path, monkeypatch):
+    """What a run records and logs: the public strategy name, whether this process is the
+    chief, its label, and whether workers must compare weights."""
+    trainer = _trainer(str(tmp_path / "chief"))
+    assert (trainer.strategy_name, trainer.chief, trainer.label) == ("default", True, "chief")
+    assert trainer.distributed is False
+    assert trainer._save_dir == str(tmp_path / "chief")
+
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", _StandInWorker)
+    task, inputs, targets = _task()
+    worker = TFTrainer(task, _build, inputs, targets, strategy=_StandInWorker(), batch_size=BATCH,
+                       seed=3, checkpoint_dir=str(tmp_path / "chief"))  # fmt: skip
+    assert (worker.strategy_name, worker.chief, worker.label) == (
+        "MultiWorkerMirroredStrategy",
+        False,
+        "worker1",
+    )
+    assert worker.distributed is True
+    assert os.path.basename(worker._save_dir) == "worker1"
+    assert os.path.dirname(os.path.dirname(worker._save_dir)) == tempfile.gettempdir()
