@@ -604,3 +604,46 @@ def test_without_a_single_output_the_head_is_the_last_layer_s():
     two = keras.Model(inputs, [first, keras.layers.Dense(2, name="other")(hidden)])
     assert recorded_head(two) is None  # two outputs: the last layer, no head of its own
     assert recorded_head(keras.Sequential()) is None
+
+
+@pytest.mark.parametrize(
+    "make, shape",
+    [(lambda: keras.Sequential([keras.Input((5,)), keras.layers.Dense(10)]), "(None, 5)"),
+     (lambda: keras.Sequential([keras.Input((4, None)), keras.layers.Activation("tanh")]),
+      "(None, 4, None)"),
+     (lambda: _Subclassed("regression_head"), "None")],
+)  # fmt: skip
+def test_a_model_without_one_sequence_input_of_known_width_is_refused_naming_its_shape(make, shape):
+    """A subclassed model called on nothing yet has no `inputs` at all."""
+    with pytest.raises(ValueError) as refused:
+        build_archive(make(), head="regression")
+    assert str(refused.value) == (
+        "Received an invalid value for argument `model`, expected a model with one input of "
+        f"shape (batch, T, m) with known m, got input shape {shape}."
+    )
+
+
+def test_variable_length_refusal_names_the_fixed_t():
+    model = keras.Sequential([keras.Input((24, FEATURES)), keras.layers.GRU(3),
+                              keras.layers.Dense(2, name="regression_head")])  # fmt: skip
+    with pytest.raises(ValueError) as refused:
+        build_archive(model, variable_length=True)
+    assert str(refused.value) == (
+        "Received an invalid value for argument `variable_length`, expected a model built with "
+        "T=None (any number of time steps), got a model built with a fixed T=24."
+    )
+
+
+def test_an_export_base_that_is_a_file_is_refused_before_anything_is_built():
+    base = work_dir("a-file")
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    with open(base, "w") as f:
+        f.write("not a folder")
+    with pytest.raises(ValueError) as refused:
+        export_model(build_model("antisymmetric"), base, 1)
+    assert str(refused.value) == (
+        "Received an invalid value for argument `export_base`, expected a folder, or a path to "
+        f"create one, got {base!r}."
+    )
+    with open(base) as f:
+        assert f.read() == "not a folder"
