@@ -323,3 +323,20 @@ def test_generic_alternatives_follow_each_type():
     assert "adam" not in _candidates("optimizer", "adam")
     assert set(_candidates("optimizer", "adam")) == set(options.CHOICES["optimizer"]) - {"adam"}
     assert _candidates("tpu", None) == []
+
+
+def test_a_run_that_restores_no_checkpoint_records_no_earlier_changes(tmp_path):
+    """A resumed run recorded a change; then no checkpoint is readable (all torn): the run
+    starts over at step 0, and its record lists no change it did not make."""
+    name = RESUME_CHANGEABLE[0]
+    base = _base(name)
+    workdir = _first_run(str(tmp_path / "run"), base)
+    config = _alternative(name).replace(change_on_resume=name)
+    assert _attempt(config, workdir, StandInTrainer(base, checkpoint="ckpt")) == STEP
+    changes = [{"step": STEP, name: getattr(config, name)}]
+    assert yaml.safe_load(_config_yaml(workdir))["resume_changes"] == changes
+    assert _attempt(config, workdir, StandInTrainer(config)) == 0
+    assert "resume_changes" not in yaml.safe_load(_config_yaml(workdir))
+    # Restored again, the record keeps the changes it has on disk (none now).
+    assert _attempt(config, workdir, StandInTrainer(config, checkpoint="ckpt")) == STEP
+    assert "resume_changes" not in yaml.safe_load(_config_yaml(workdir))

@@ -647,3 +647,16 @@ def test_an_export_base_that_is_a_file_is_refused_before_anything_is_built():
     )
     with open(base) as f:
         assert f.read() == "not a folder"
+
+
+@pytest.mark.parametrize(
+    "hostname, host",
+    [("node-7.example", "node_7.example"), ("a b/c:d", "a_b_c_d"), ("", "localhost")],
+)
+def test_the_host_in_a_staging_folder_s_name_is_the_hostname_with_only_word_characters_and_dots(
+    hostname, host, monkeypatch
+):
+    from serving import export
+
+    monkeypatch.setattr(export.socket, "gethostname", lambda: hostname)
+    assert export._host() == host

@@ -443,6 +443,21 @@ def test_plans_name_the_layer_a_sequence_cannot_be_served_through():
     )
 
 
+def test_a_plan_streams_the_first_output_only_when_it_is_the_last_layer_s():
+    """Two outputs: streaming serves the first, which must be the chain's end."""
+    from serving import signatures
+
+    inputs = keras.Input((5, 3))
+    hidden = keras.layers.RNN(AntisymmetricCell(4), return_sequences=True)(inputs)
+    last = keras.layers.Dense(2)(hidden)
+    plan = signatures.stream_plan(keras.Model(inputs, [last, hidden]))
+    assert [step.kind for step in plan.steps] == ["recurrent", "per_step"]
+    for make_plan in (signatures.stream_plan, signatures.padded_plan):
+        with pytest.raises(signatures.StreamPlanError) as refused:
+            make_plan(keras.Model(inputs, [hidden, last]))
+        assert str(refused.value) == "the model's output is not its last layer's (a shared layer)"
+
+
 def test_the_padded_endpoint_refuses_lengths_outside_its_steps_with_the_reason():
     import tensorflow as tf
 
