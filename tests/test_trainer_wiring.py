@@ -332,8 +332,34 @@ def test_a_process_count_from_the_environment_must_be_an_integer(monkeypatch):
 
 def test_processes_are_connected_only_on_jax(monkeypatch):
     monkeypatch.setattr(distribution, "_wait_for_coordinator", lambda *a: pytest.fail("waited"))
-    processes = distribution.Processes("127.0.0.1:1234", 2, 0)
-    assert distribution.initialize_processes(processes) is False
+    for index in (0, 1):  # process 1 would wait for the coordinator first
+        processes = distribution.Processes("127.0.0.1:1234", 2, index)
+        assert distribution.initialize_processes(processes) is False
+
+
+def test_on_jax_a_process_other_than_0_waits_for_the_coordinator_as_long_as_it_may_connect(
+    monkeypatch,
+):
+    """JAX's calls replaced by stand-ins; the wait stops the connection where it starts.
+    Without a coordinator there is one process and nothing to connect."""
+    import jax
+    import keras
+
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)
+    waited = []
+
+    def wait(*args):
+        waited.append(args)
+        raise distribution.StrategyError("no coordinator answers")
+
+    monkeypatch.setattr(distribution, "_wait_for_coordinator", wait)
+    processes = distribution.Processes("127.0.0.1:1234", 2, 1)
+    with pytest.raises(distribution.StrategyError, match="no coordinator answers"):
+        distribution.initialize_processes(processes, connect_timeout=7)
+    assert waited == [("127.0.0.1", 1234, processes, 7)]
+    assert distribution.initialize_processes(distribution.Processes(None, None, None)) is False
 
 
 def test_a_cpu_split_on_tensorflow_asks_for_that_many_logical_devices(monkeypatch):
@@ -362,3 +388,39 @@ def test_processes_come_from_the_flags_else_keras_variables_else_jax_s(monkeypat
     assert distribution.Processes.resolve() == distribution.Processes("10.0.0.1:1234", 3, 2)
     flags = distribution.Processes.resolve("127.0.0.1:5", 4, 0)
     assert flags == distribution.Processes("127.0.0.1:5", 4, 0)
+
+
+def test_a_tpu_strategy_connects_to_and_initializes_the_tpu_it_resolves(monkeypatch):
+    """TensorFlow's TPU calls replaced by stand-ins that record what they are given: the
+    one resolver made for the address reaches the connection, the initialization and the
+    strategy; one that finds no TPU is one line with the first line of why."""
+    import tensorflow as tf
+
+    calls = []
+
+    class Resolver:
+        def __init__(self, tpu):
+            calls.append(("resolve", tpu))
+
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", Resolver)
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster",
+                        lambda resolver: calls.append(("connect", resolver)))  # fmt: skip
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system",
+                        lambda resolver: calls.append(("initialize", resolver)))  # fmt: skip
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda resolver: ("tpu", resolver))
+    kind, resolver = distribution.make_strategy("tpu", tpu="grpc://10.0.0.1:8470")
+    assert kind == "tpu" and isinstance(resolver, Resolver)
+    assert calls == [
+        ("resolve", "grpc://10.0.0.1:8470"), ("connect", resolver), ("initialize", resolver),
+    ]  # fmt: skip
+    calls.clear()
+    distribution.make_strategy("tpu")
+    assert calls[0] == ("resolve", "")  # the resolver's own discovery (TPU_NAME, metadata)
+
+    def none_found(tpu):
+        raise ValueError("Please provide a TPU Name to connect to.\nsecond line")
+
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", none_found)
+    with pytest.raises(distribution.StrategyError) as refused:
+        distribution.make_strategy("tpu")
+    assert str(refused.value) == "no TPU found (Please provide a TPU Name to connect to.)"
