@@ -660,3 +660,28 @@ def test_the_host_in_a_staging_folder_s_name_is_the_hostname_with_only_word_char
 
     monkeypatch.setattr(export.socket, "gethostname", lambda: hostname)
     assert export._host() == host
+
+
+@pytest.mark.parametrize(
+    "message, reason",
+    [("  No space left on device\nsecond line", "No space left on device"),
+     ("x" * 400, "x" * 300), ("", "")],
+)  # fmt: skip
+def test_a_tensorflow_write_error_is_one_line_naming_the_base_and_leaves_nothing(
+    message, reason, monkeypatch
+):
+    """TensorFlow's own I/O errors (a full disk) are no `OSError`: they become one
+    `ExportWriteError` with the first line of why, at most 300 characters."""
+    import tensorflow as tf
+
+    from serving import export
+
+    def fail(self, *args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, message)
+
+    monkeypatch.setattr(type(keras.export.ExportArchive()), "write_out", fail)
+    base = work_dir("write-error")
+    with pytest.raises(export.ExportWriteError) as failed:
+        export_model(build_model("antisymmetric"), base, 1)
+    assert str(failed.value) == f"cannot write the export to {base!r}: {reason}"
+    assert os.listdir(base) == []  # the staging folder removed
