@@ -685,3 +685,23 @@ def test_a_tensorflow_write_error_is_one_line_naming_the_base_and_leaves_nothing
         export_model(build_model("antisymmetric"), base, 1)
     assert str(failed.value) == f"cannot write the export to {base!r}: {reason}"
     assert os.listdir(base) == []  # the staging folder removed
+
+
+@pytest.mark.parametrize("imported", [False, True])
+def test_keras_is_imported_on_tensorflow_unless_it_was_already(imported, monkeypatch):
+    """An export needs TensorFlow: a Keras not yet imported gets that backend whatever
+    `KERAS_BACKEND` says; one imported already keeps its own (and `build_archive` refuses)."""
+    from serving import export
+
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    if not imported:
+        monkeypatch.delitem(sys.modules, "keras")
+    backends = []
+
+    def import_keras():
+        backends.append(os.environ["KERAS_BACKEND"])
+        return keras
+
+    monkeypatch.setattr(export, "import_keras", import_keras)
+    assert export._keras() is keras
+    assert backends == ["jax" if imported else "tensorflow"]
