@@ -705,3 +705,13 @@ def test_keras_is_imported_on_tensorflow_unless_it_was_already(imported, monkeyp
     monkeypatch.setattr(export, "import_keras", import_keras)
     assert export._keras() is keras
     assert backends == ["jax" if imported else "tensorflow"]
+
+
+def test_a_model_off_tensorflow_is_refused_naming_its_backend(monkeypatch):
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.raises(ValueError) as refused:
+        build_archive(build_model("antisymmetric"))
+    assert str(refused.value) == (
+        "Received an invalid value for argument `model`, expected a model on the TensorFlow "
+        "backend, got backend 'jax' (set KERAS_BACKEND=tensorflow)."
+    )
