@@ -715,3 +715,112 @@ def test_a_model_off_tensorflow_is_refused_naming_its_backend(monkeypatch):
         "Received an invalid value for argument `model`, expected a model on the TensorFlow "
         "backend, got backend 'jax' (set KERAS_BACKEND=tensorflow)."
     )
+
+
+def _ending_in(units, name, per_step=False):
+    return keras.Sequential([
+        keras.Input((STEPS, FEATURES)), keras.layers.SimpleRNN(4, return_sequences=per_step),
+        keras.layers.Dense(units, name=name),
+    ])  # fmt: skip
+
+
+_EXPECTED_HEADS = (
+    "a model whose output layer is named for its head (classification_head, regression_head, "
+    "per_step_classification_head) as training.models builds it, or --head "
+    "classification|regression|per_step_classification"
+)
+
+
+@pytest.mark.parametrize(
+    "units, name, per_step, head, resolved",
+    [(2, "scores", False, None,
+      ("classification", "inferred from output layer 'scores' of shape (None, 2)")),
+     (2, "classification_head", False, None, ("classification", "recorded")),
+     (3, "per_step_classification_head", True, None, ("per_step_classification", "recorded")),
+     (1, "regression_head", False, None, ("regression", "recorded")),
+     (2, "scores", False, "classification", ("classification", "given")),
+     (1, "scores", False, "regression", ("regression", "given")),
+     (2, "scores", True, "per_step_classification", ("per_step_classification", "given")),
+     (1, "scores", False, None,
+      f"`model`, expected {_EXPECTED_HEADS}, got output layer 'scores' with output shape "
+      "(None, 1)."),
+     (2, "scores", True, None,
+      f"`model`, expected {_EXPECTED_HEADS}, got output layer 'scores' with output shape "
+      f"(None, {STEPS}, 2)."),
+     (1, "classification_head", False, None,
+      "`head`, expected a model with (batch, classes >= 2) outputs for head 'classification' "
+      "(recorded), got output shape (None, 1)."),
+     (3, "scores", True, "regression",
+      "`head`, expected a model with (batch, k) outputs for head 'regression' (given), got "
+      f"output shape (None, {STEPS}, 3)."),
+     (1, "scores", True, "per_step_classification",
+      "`head`, expected a model with (batch, T, classes >= 2) outputs for head "
+      f"'per_step_classification' (given), got output shape (None, {STEPS}, 1)."),
+     (2, "scores", False, "softmax",
+      "`head`, expected one of classification, regression, per_step_classification, got "
+      "'softmax'.")],
+)  # fmt: skip
+def test_the_head_is_given_recorded_or_inferred_and_must_fit_the_output(
+    units, name, per_step, head, resolved
+):
+    """Classes from 2 on: one class would make a softmax of always 1.0."""
+    from serving.export import resolve_head
+
+    model = _ending_in(units, name, per_step)
+    if isinstance(resolved, tuple):
+        assert resolve_head(model, head) == resolved
+        return
+    with pytest.raises(ValueError) as refused:
+        resolve_head(model, head)
+    assert str(refused.value) == f"Received an invalid value for argument {resolved}"
+
+
+class _Doubled(keras.layers.Layer):
+    """A layer outside Keras: the plans cannot tell that it treats each step alone."""
+
+    def call(self, x):
+        return 2.0 * x
+
+
+def test_an_archive_tries_both_extra_signatures_unless_told_and_notes_why_not():
+    model = keras.Sequential([
+        keras.Input((STEPS, FEATURES)), _Doubled(name="doubled"), keras.layers.SimpleRNN(4),
+        keras.layers.Dense(2, name="classification_head"),
+    ])  # fmt: skip
+    notes = []
+    build_archive(model, notes=notes)
+    assert [note.split(":")[0] for note in notes] == [
+        "no `stream` signature", "no `padded` signature",
+    ]  # fmt: skip
+    assert all("layer 'doubled' (_Doubled)" in note for note in notes), notes
+    quiet = []
+    build_archive(model, stream=False, padded=False, notes=quiet)
+    assert quiet == []
+
+
+def test_the_served_function_runs_the_model_in_inference_mode():
+    """Dropout at rate 0.5 in training mode would zero about half the units at random."""
+    model = keras.Sequential([
+        keras.Input((STEPS, FEATURES)), keras.layers.SimpleRNN(16), keras.layers.Dropout(0.5),
+        keras.layers.Dense(3, name="regression_head"),
+    ])  # fmt: skip
+    import tensorflow as tf
+
+    version = export_model(model, work_dir("inference"), 1, stream=False, padded=False)
+    signature = tf.saved_model.load(version).signatures["serving_default"]
+    x = np.random.default_rng(0).normal(size=(4, STEPS, FEATURES)).astype("float32")
+    served = signature(sequence=tf.constant(x))["value"].numpy()
+    np.testing.assert_allclose(served, model(x, training=False), rtol=1e-5, atol=1e-6)
+
+
+def test_a_subclassed_model_has_no_output_shape_to_fit_a_head():
+    from serving.export import resolve_head
+
+    model = _Subclassed("classification_head")
+    model(np.zeros((1, STEPS, FEATURES), "float32"))
+    with pytest.raises(ValueError) as refused:
+        resolve_head(model)
+    assert str(refused.value) == (
+        "Received an invalid value for argument `head`, expected a model with (batch, "
+        "classes >= 2) outputs for head 'classification' (recorded), got output shape None."
+    )
