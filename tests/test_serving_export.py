@@ -797,6 +797,9 @@ def test_an_archive_tries_both_extra_signatures_unless_told_and_notes_why_not():
     build_archive(model, stream=False, padded=False, notes=quiet)
     assert quiet == []
     build_archive(model)  # without a list to note them in: no error
+    exported_notes = []
+    export_model(model, work_dir("noted"), 1, notes=exported_notes)
+    assert exported_notes == notes
 
 
 def test_the_served_function_runs_the_model_in_inference_mode():
