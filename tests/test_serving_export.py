@@ -344,9 +344,38 @@ def test_a_version_written_meanwhile_is_one_clear_error(monkeypatch):
         export_model(model, base, 1)  # the other exporter wins
 
     monkeypatch.setattr(export, "_write", write_then_lose_the_race)
-    with pytest.raises(FileExistsError, match="`version`.*written by another export"):
+    with pytest.raises(export.VersionExistsError) as lost:
         export_model(model, base, 1)
+    target = os.path.join(base, "1")
+    assert str(lost.value) == (
+        "Received an invalid value for argument `version`, expected a version not yet "
+        f"exported, got 1 (`{target}` was written by another export meanwhile)."
+    )
     assert sorted(os.listdir(base)) == ["1"]  # the loser's staging folder is gone
+
+
+def test_an_export_is_staged_beside_its_target_named_for_its_version_pid_and_host(monkeypatch):
+    """The name `remove_stale_staging` reads to tell a dead exporter's folder."""
+    import re
+
+    import serving.export as export
+
+    write, staged = export._write, []
+
+    def recording(archive, staging):
+        staged.append(staging)
+        write(archive, staging)
+
+    monkeypatch.setattr(export, "_write", recording)
+    base = work_dir("staged")
+    export_model(build_model("antisymmetric"), base, 3)
+    (staging,) = staged
+    assert os.path.dirname(staging) == base
+    name = os.path.basename(staging)
+    assert re.fullmatch(rf"\.tmp-3-{os.getpid()}@{re.escape(export._host())}-\w+", name), name
+    match = export._STAGING.match(name)
+    assert (match["pid"], match["host"]) == (str(os.getpid()), export._host())
+    assert sorted(os.listdir(base)) == ["3"]
 
 
 def test_two_concurrent_cli_exports_of_one_version():
@@ -827,4 +856,10 @@ def test_a_subclassed_model_has_no_output_shape_to_fit_a_head():
     assert str(refused.value) == (
         "Received an invalid value for argument `head`, expected a model with (batch, "
         "classes >= 2) outputs for head 'classification' (recorded), got output shape None."
+    )
+    with pytest.raises(ValueError) as refused:
+        resolve_head(keras.Sequential())  # no layer, no output
+    assert str(refused.value) == (
+        f"Received an invalid value for argument `model`, expected {_EXPECTED_HEADS}, got "
+        "output layer None with output shape None."
     )
