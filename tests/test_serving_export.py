@@ -863,3 +863,35 @@ def test_a_subclassed_model_has_no_output_shape_to_fit_a_head():
         f"Received an invalid value for argument `model`, expected {_EXPECTED_HEADS}, got "
         "output layer None with output shape None."
     )
+
+
+def test_stale_staging_removal_reads_every_entry_and_removes_only_staging_folders(tmp_path):
+    from serving.export import _host, remove_stale_staging
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = [f".tmp-{version}-{dead.pid}@{_host()}-abc" for version in (1, 2)]
+    kept = [".a-notes", f".tmp-3-{dead.pid}@{_host()}-file"]  # another name; a file
+    (tmp_path / kept[0]).mkdir()
+    (tmp_path / kept[1]).write_text("not a folder")
+    for name in stale:
+        (tmp_path / name / "variables").mkdir(parents=True)
+    assert remove_stale_staging(tmp_path) == stale
+    assert sorted(os.listdir(tmp_path)) == kept
+
+
+def test_a_failed_export_whose_staging_folder_went_meanwhile_raises_its_own_error(monkeypatch):
+    """Removing the staging folder never hides why the export stopped."""
+    import shutil
+
+    import serving.export as export
+
+    def fail(archive, staging):
+        shutil.rmtree(staging)
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(export, "_write", fail)
+    base = work_dir("staging-gone")
+    with pytest.raises(OSError, match="the disk went away"):
+        export_model(build_model("antisymmetric"), base, 1)
+    assert os.listdir(base) == []
