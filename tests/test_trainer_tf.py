@@ -406,3 +406,31 @@ def test_a_trainer_knows_its_strategy_role_and_label(tmp_path, monkeypatch):
     assert worker.distributed is True
     assert os.path.basename(worker._save_dir) == "worker1"
     assert os.path.dirname(os.path.dirname(worker._save_dir)) == tempfile.gettempdir()
+
+
+def test_a_restore_brings_back_every_model_variable_the_non_trainable_ones_too(tmp_path):
+    """Batch normalization's moving statistics are no optimizer's variables: the checkpoint
+    must hold the model itself for them."""
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((64, 1)), keras.layers.Flatten(),
+             keras.layers.BatchNormalization(momentum=0.5), keras.layers.Dense(10)]
+        )  # fmt: skip
+        return model, keras.optimizers.SGD(RATE)
+
+    task, inputs, targets = _task()
+
+    def trainer():
+        return TFTrainer(task, build, inputs, targets, strategy=tf.distribute.get_strategy(),
+                         batch_size=BATCH, seed=3, checkpoint_dir=str(tmp_path))  # fmt: skip
+
+    trained = trainer()
+    trained.step()
+    trained.save(1)
+    fresh = trainer()
+    assert fresh.restore() == (1, str(tmp_path / "ckpt-1"))
+    for a, b in zip(fresh.model.variables, trained.model.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    assert np.abs(fresh.model.layers[1].moving_mean.numpy()).max() > 0  # moved by the step
