@@ -895,3 +895,34 @@ def test_a_failed_export_whose_staging_folder_went_meanwhile_raises_its_own_erro
     with pytest.raises(OSError, match="the disk went away"):
         export_model(build_model("antisymmetric"), base, 1)
     assert os.listdir(base) == []
+
+
+def test_an_ownerless_staging_folder_is_stale_after_more_than_an_hour(tmp_path, monkeypatch):
+    import serving.export as export
+
+    now = 2_000_000_000
+    monkeypatch.setattr(export.time, "time", lambda: float(now))
+    for name, age in ((".tmp-1-hour", 3600), (".tmp-1-older", 3601)):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (now - age, now - age))
+    assert export.remove_stale_staging(tmp_path) == [".tmp-1-older"]
+    assert os.listdir(tmp_path) == [".tmp-1-hour"]
+
+
+def test_a_stale_folder_removed_meanwhile_by_another_export_is_no_error(tmp_path, monkeypatch):
+    import shutil
+
+    import serving.export as export
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    name = f".tmp-1-{dead.pid}@{export._host()}-abc"
+    (tmp_path / name).mkdir()
+    rmtree = shutil.rmtree
+
+    def removed_first_by_another(path, **kwargs):
+        rmtree(path)
+        rmtree(path, **kwargs)
+
+    monkeypatch.setattr(export.shutil, "rmtree", removed_first_by_another)
+    assert export.remove_stale_staging(tmp_path) == [name]
