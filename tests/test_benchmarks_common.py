@@ -171,6 +171,25 @@ def test_environment_describes_this_process():
     json.dumps(info)  # written into the results as it is
 
 
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_environment_names_the_framework_of_a_jax_or_torch_process(backend, monkeypatch):
+    """Keras' backend stood in; the framework's own version and device are read."""
+    import importlib
+
+    import keras
+
+    framework = importlib.import_module(backend)
+    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
+    info = common.environment()
+    assert info["backend"] == backend and info[backend] == framework.__version__
+    other = "jax" if backend == "torch" else "torch"
+    assert other not in info
+    if backend == "jax":
+        assert info["device"] == str(framework.devices()[0].device_kind)
+    elif not framework.cuda.is_available():
+        assert "device" not in info and "cudnn" not in info
+
+
 def test_run_backends_runs_one_child_per_backend_and_names_the_failed(monkeypatch, capsys):
     calls = []
 
