@@ -73,6 +73,15 @@ def test_constant_without_warmup_keeps_an_assignable_rate_variable():
     assert isinstance(schedules.learning_rate(warm), schedules.RunSchedule)
 
 
+def test_a_given_peak_replaces_the_configured_rate():
+    """A tuner trial's sampled rate: the constant rate, or the schedule's peak (reached at
+    the end of the warm-up, step 2)."""
+    assert schedules.learning_rate(RunConfig(learning_rate=0.03).validate(), 0.2) == 0.2
+    warm = RunConfig(learning_rate=0.03, warmup_steps=2).validate()
+    assert float(schedules.learning_rate(warm, 0.2)(2)) == pytest.approx(0.2)
+    assert float(schedules.learning_rate(warm)(2)) == pytest.approx(0.03)
+
+
 def test_a_schedule_survives_keras_serialization():
     config = RunConfig(lr_schedule="step", lr_boundaries="3,6", warmup_steps=2).validate()
     schedule = schedules.learning_rate(config)
