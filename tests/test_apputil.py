@@ -187,6 +187,15 @@ def test_pid_alive_without_proc_asks_the_kernel(monkeypatch, tmp_path):
     assert processes.pid_alive(1)  # another user's process runs
 
 
+def test_a_proc_folder_without_self_is_no_process_list(monkeypatch, tmp_path):
+    """A `/proc` that is not the kernel's (no `self` in it): the kernel is asked."""
+    from apputil import processes
+
+    (tmp_path / "proc").mkdir()
+    monkeypatch.setattr(processes, "PROC", str(tmp_path / "proc"))
+    assert processes.pid_alive(os.getpid())
+
+
 def test_pid_alive_with_an_unreadable_proc_entry_asks_the_kernel(monkeypatch, tmp_path):
     from apputil import processes
 

@@ -809,3 +809,46 @@ def test_drain_waits_for_the_first_request_of_a_connection_just_accepted():
         assert not worker.is_alive() and server.dropped == 0
     finally:
         server.server_close()
+
+
+class _StandInChannel:
+    """What `_close_idle` reads of a channel, and whether it closed it."""
+
+    def __init__(self, opened, seen_request=False, busy=False):
+        self.opened, self.seen_request, self._busy = opened, seen_request, busy
+        self.connected, self.socket, self.linger, self.closed = True, None, True, False
+
+    def busy(self):
+        return self._busy
+
+    def handle_close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_close_idle_waits_only_for_a_first_request_within_its_grace(final, monkeypatch):
+    """On a stand-in clock at 100 s: a connection opened exactly `FIRST_REQUEST_GRACE` ago
+    with nothing sent is idle, one opened half of it ago is arriving (unless `final`), a
+    keep-alive one that has had a request is idle whatever its age, a busy one stays.
+    Closed ones do not linger."""
+    monkeypatch.setattr(httpd.time, "monotonic", lambda: 100.0)
+    monkeypatch.setattr(httpd, "_has_input", lambda sock: False)
+    grace = httpd.FIRST_REQUEST_GRACE
+    channels = {
+        "at the grace": _StandInChannel(100.0 - grace),
+        "arriving": _StandInChannel(100.0 - grace / 2),
+        "kept alive": _StandInChannel(100.0 - grace / 2, seen_request=True),
+        "busy": _StandInChannel(0.0, seen_request=True, busy=True),
+    }
+    server = _thread()
+    try:
+        server.server.active_channels = dict(enumerate(channels.values()))
+        busy = server._close_idle(final=final)
+    finally:
+        server.server.active_channels = {}
+        server.server_close()
+    open_ = {"busy"} if final else {"busy", "arriving"}
+    assert busy == len(open_)
+    for name, channel in channels.items():
+        assert channel.closed == (name not in open_), name
+        assert channel.linger is (name in open_), name  # closed: no lingering read

@@ -178,6 +178,7 @@ def test_adding_task():
     assert np.all(markers[:, :25].sum(1) == 1) and np.all(markers[:, 25:].sum(1) == 1)
     np.testing.assert_allclose(y[:, 0], (values * markers).sum(1), atol=1e-6)
     assert 0 <= values.min() and values.max() <= 1
+    assert x.dtype == np.float32 and y.dtype == np.float32  # what the model is fed
 
 
 def test_copy_task():
@@ -196,6 +197,8 @@ def test_copy_task():
         10,
         {"timesteps": 40},
     )
+    # One-hot float32 inputs of ten symbols, a ten-way classification at every step.
+    assert (task.spec.features, task.spec.num_outputs, x.dtype) == (10, 10, np.float32)
     assert tasks.get_task("copy").spec.timesteps == 120
 
 
@@ -419,3 +422,16 @@ def test_a_training_dataset_starts_at_step_zero_with_one_replica():
         assert x.shape == want_x.shape and y.shape == want_y.shape
         np.testing.assert_array_equal(x.numpy(), want_x)
         np.testing.assert_array_equal(y.numpy(), want_y)
+
+
+@pytest.mark.parametrize(
+    "name, timesteps, expected",
+    [("digits", 63, "an integer >= 64"), ("adding", 1, "an integer >= 2"),
+     ("copy", 20, "an integer >= 21 (10 symbols, delimiter, 10 outputs)")],
+)  # fmt: skip
+def test_a_sequence_too_short_for_its_task_is_refused_naming_the_length(name, timesteps, expected):
+    with pytest.raises(ValueError) as refused:
+        tasks.get_task(name, timesteps=timesteps)
+    assert str(refused.value) == (
+        f"Received an invalid value for argument `timesteps`, expected {expected}, got {timesteps}."
+    )
