@@ -926,3 +926,12 @@ def test_a_stale_folder_removed_meanwhile_by_another_export_is_no_error(tmp_path
 
     monkeypatch.setattr(export.shutil, "rmtree", removed_first_by_another)
     assert export.remove_stale_staging(tmp_path) == [name]
+
+
+def test_the_padded_signature_of_a_fixed_length_model_takes_its_t_steps():
+    import tensorflow as tf
+
+    version = export_model(build_model("antisymmetric"), work_dir("padded-t"), 1, stream=False)
+    _, spec = tf.saved_model.load(version).signatures["padded"].structured_input_signature
+    assert spec["sequence"].shape.as_list() == [None, STEPS, FEATURES]
+    assert spec["length"].shape.as_list() == [None]

@@ -852,3 +852,21 @@ def test_close_idle_waits_only_for_a_first_request_within_its_grace(final, monke
     for name, channel in channels.items():
         assert channel.closed == (name not in open_), name
         assert channel.linger is (name in open_), name  # closed: no lingering read
+
+
+def test_a_drain_that_runs_out_closes_a_silent_new_connection_without_counting_it(caplog):
+    """A client that connected and has sent nothing when the deadline (well within its
+    first request's grace) passes has no request to cut off: it is closed, not counted."""
+    server = _thread()
+    worker = _start(server)
+    try:
+        with _connect(server) as client:
+            assert _wait_until(lambda: len(server.server.active_channels) == 1, 5)
+            with caplog.at_level("INFO", logger="serving.server"):
+                server.drain(0.2)
+                worker.join(timeout=10)
+            assert not worker.is_alive() and server.dropped == 0
+            assert caplog.messages[-1] == "stopped draining with 0 requests unanswered"
+            assert _read_all(client) == (b"", True)
+    finally:
+        server.server_close()
