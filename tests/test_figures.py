@@ -290,3 +290,17 @@ def test_a_checkpoint_is_measured_on_its_noise_padded_inputs(tmp_path):
     assert sorted(entry) == ["6", "layer", "type"]
     for key, value in expected.items():
         assert entry["6"][key] == pytest.approx(value, rel=1e-5), key
+
+
+def test_noise_padded_inputs_are_standardized_image_rows_then_standard_normal_noise():
+    """Uniform rows scaled to zero mean and unit variance (`(u - 1/2)·√12`, so within
+    ±√3), then N(0, 1) noise: the paper's noise-padded inputs, 96 features wide."""
+    x = figures.noise_padded_inputs(200, 40, seed=1)
+    assert x.shape == (200, 40, 96) and x.dtype == np.float32
+    image, noise = x[:, :32].astype(np.float64), x[:, 32:].astype(np.float64)
+    assert np.abs(image).max() <= np.sqrt(3.0) + 1e-6
+    assert abs(image.mean()) < 0.01 and abs(image.var() - 1.0) < 0.02
+    assert abs(noise.mean()) < 0.02 and abs(noise.var() - 1.0) < 0.03
+    assert np.abs(noise).max() > np.sqrt(3.0)  # Gaussian tails, not uniform
+    np.testing.assert_array_equal(figures.noise_padded_inputs(200, 40, seed=1), x)
+    assert figures.noise_padded_inputs(3, 10, image_rows=32).shape == (3, 10, 96)
