@@ -172,22 +172,30 @@ def test_environment_describes_this_process():
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
-def test_environment_names_the_framework_of_a_jax_or_torch_process(backend, monkeypatch):
-    """Keras' backend stood in; the framework's own version and device are read."""
-    import importlib
-
-    import keras
-
-    framework = importlib.import_module(backend)
-    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
-    info = common.environment()
-    assert info["backend"] == backend and info[backend] == framework.__version__
-    other = "jax" if backend == "torch" else "torch"
-    assert other not in info
-    if backend == "jax":
-        assert info["device"] == str(framework.devices()[0].device_kind)
-    elif not framework.cuda.is_available():
-        assert "device" not in info and "cudnn" not in info
+def test_environment_names_the_framework_of_a_jax_or_torch_process(backend):
+    """In a child on that backend (this process keeps TensorFlow's): the framework's own
+    version, and its device where JAX names one or PyTorch has CUDA."""
+    code = (
+        "import json, keras\n"
+        "from benchmarks import common\n"
+        f"import {backend} as framework\n"
+        "info = common.environment()\n"
+        "if keras.backend.backend() == 'jax':\n"
+        "    device = str(framework.devices()[0].device_kind)\n"
+        "else:\n"
+        "    cuda = framework.cuda.is_available()\n"
+        "    device = framework.cuda.get_device_name(0) if cuda else None\n"
+        "print(json.dumps({'info': info, 'version': framework.__version__, 'device': device}))\n"
+    )
+    env = {**os.environ, "KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    info = answer["info"]
+    assert info["backend"] == backend and info[backend] == answer["version"]
+    assert ("jax" if backend == "torch" else "torch") not in info
+    assert info.get("device") == answer["device"]
 
 
 def test_run_backends_runs_one_child_per_backend_and_names_the_failed(monkeypatch, capsys):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 import warnings
 
 import keras
@@ -831,11 +832,20 @@ def test_an_archive_tries_both_extra_signatures_unless_told_and_notes_why_not():
     assert exported_notes == notes
 
 
+class _TrainingByDefault(keras.layers.Layer):
+    """Doubles its input in training mode, which its `call` takes by default: Keras gives
+    a layer its own default when no `training` reaches it."""
+
+    def call(self, x, training=True):
+        return 2.0 * x if training else x
+
+
 def test_the_served_function_runs_the_model_in_inference_mode():
-    """Dropout at rate 0.5 in training mode would zero about half the units at random."""
+    """Dropout at rate 0.5 in training mode would zero about half the units at random; a
+    layer that trains by default would double its input."""
     model = keras.Sequential([
         keras.Input((STEPS, FEATURES)), keras.layers.SimpleRNN(16), keras.layers.Dropout(0.5),
-        keras.layers.Dense(3, name="regression_head"),
+        _TrainingByDefault(), keras.layers.Dense(3, name="regression_head"),
     ])  # fmt: skip
     import tensorflow as tf
 
@@ -901,7 +911,8 @@ def test_an_ownerless_staging_folder_is_stale_after_more_than_an_hour(tmp_path, 
     import serving.export as export
 
     now = 2_000_000_000
-    monkeypatch.setattr(export.time, "time", lambda: float(now))
+    # The module's clock alone (other threads keep the real one).
+    monkeypatch.setattr(export, "time", types.SimpleNamespace(time=lambda: float(now)))
     for name, age in ((".tmp-1-hour", 3600), (".tmp-1-older", 3601)):
         (tmp_path / name).mkdir()
         os.utime(tmp_path / name, (now - age, now - age))
@@ -924,7 +935,7 @@ def test_a_stale_folder_removed_meanwhile_by_another_export_is_no_error(tmp_path
         rmtree(path)
         rmtree(path, **kwargs)
 
-    monkeypatch.setattr(export.shutil, "rmtree", removed_first_by_another)
+    monkeypatch.setattr(export, "shutil", types.SimpleNamespace(rmtree=removed_first_by_another))
     assert export.remove_stale_staging(tmp_path) == [name]
 
 

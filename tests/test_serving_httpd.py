@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 import time
+import types
 
 import pytest
 from waitress import wasyncore
@@ -831,7 +832,9 @@ def test_close_idle_waits_only_for_a_first_request_within_its_grace(final, monke
     with nothing sent is idle, one opened half of it ago is arriving (unless `final`), a
     keep-alive one that has had a request is idle whatever its age, a busy one stays.
     Closed ones do not linger."""
-    monkeypatch.setattr(httpd.time, "monotonic", lambda: 100.0)
+    # The module's clock alone (other threads keep the real one).
+    clock = types.SimpleNamespace(monotonic=lambda: 100.0, time=time.time, sleep=time.sleep)
+    monkeypatch.setattr(httpd, "time", clock)
     monkeypatch.setattr(httpd, "_has_input", lambda sock: False)
     grace = httpd.FIRST_REQUEST_GRACE
     channels = {

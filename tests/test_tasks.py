@@ -413,6 +413,12 @@ def test_every_task_s_spec_is_named_after_it():
         assert tasks.get_task(name).spec.name == name
 
 
+def test_an_image_task_records_whether_a_step_is_a_row_or_a_pixel():
+    rows = {name: tasks.get_task(name).per_row for name in tasks.TASK_NAMES[1:6]}
+    assert rows == {"pixel_mnist": False, "permuted_mnist": False, "noise_padded_mnist": True,
+                    "pixel_cifar10": False, "noise_padded_cifar10": True}  # fmt: skip
+
+
 def test_a_training_dataset_starts_at_step_zero_with_one_replica():
     task = tasks.get_task("adding", timesteps=20)  # targets of shape (batch, 1)
     inputs, targets = task.examples("train")

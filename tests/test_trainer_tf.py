@@ -178,7 +178,17 @@ def test_checkpoint_paths_are_the_complete_looking_ones_in_step_order(tmp_path):
     assert checkpoint_paths(str(tmp_path / "missing")) == []
 
 
+def _temporary_folder(tmp_path, monkeypatch):
+    """Where `tempfile.mkdtemp` makes its folders for the rest of the test (beside
+    `tmp_path`, which the tests use as the chief's checkpoint folder)."""
+    folder = tmp_path.parent / f"system-temp-{tmp_path.name}"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return str(folder)
+
+
 def test_a_worker_that_is_not_the_chief_saves_aside(tmp_path, monkeypatch):
+    temporary = _temporary_folder(tmp_path, monkeypatch)
     monkeypatch.setattr(trainer_tf.distribution, "is_chief", lambda strategy: False)
     monkeypatch.setattr(trainer_tf.distribution, "task_label", lambda strategy: "worker-1")
     (tmp_path / "tmp.tmp").write_text("the chief's to clean")
@@ -188,7 +198,7 @@ def test_a_worker_that_is_not_the_chief_saves_aside(tmp_path, monkeypatch):
     aside = trainer._save_dir
     assert os.path.basename(aside) == "worker-1" and not aside.startswith(str(tmp_path))
     # In a fresh temporary folder of its own, not beside the process's working folder.
-    assert os.path.dirname(os.path.dirname(aside)) == tempfile.gettempdir()
+    assert os.path.dirname(os.path.dirname(aside)) == temporary
     assert _files(aside) == sorted(["checkpoint", *_checkpoint_files(5)])
 
 
@@ -287,14 +297,23 @@ def test_leftovers_removed_meanwhile_by_another_process_are_no_error(tmp_path, m
     assert _files(tmp_path) == []
 
 
+class _TrainingByDefault(keras.layers.Layer):
+    """Doubles its input in training mode, which its `call` takes by default: Keras gives
+    a layer its own default when no `training` reaches it."""
+
+    def call(self, x, training=True):
+        return 2.0 * x if training else x
+
+
 def test_predict_runs_the_model_in_inference_mode():
-    """With dropout in the model, a training-mode call would drop units at random."""
+    """With dropout in the model, a training-mode call would drop units at random; a layer
+    that trains by default would double its input."""
 
     def build():
         keras.utils.set_random_seed(0)
         model = keras.Sequential(
             [keras.Input((64, 1)), keras.layers.Flatten(), keras.layers.Dropout(0.5),
-             keras.layers.Dense(10)]
+             _TrainingByDefault(), keras.layers.Dense(10)]
         )  # fmt: skip
         return model, keras.optimizers.SGD(RATE)
 
@@ -395,6 +414,7 @@ def test_a_trainer_knows_its_strategy_role_and_label(tmp_path, monkeypatch):
     assert trainer._save_dir == str(tmp_path / "chief")
 
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", _StandInWorker)
+    temporary = _temporary_folder(tmp_path, monkeypatch)
     task, inputs, targets = _task()
     worker = TFTrainer(task, _build, inputs, targets, strategy=_StandInWorker(), batch_size=BATCH,
                        seed=3, checkpoint_dir=str(tmp_path / "chief"))  # fmt: skip
@@ -405,7 +425,7 @@ def test_a_trainer_knows_its_strategy_role_and_label(tmp_path, monkeypatch):
     )
     assert worker.distributed is True
     assert os.path.basename(worker._save_dir) == "worker1"
-    assert os.path.dirname(os.path.dirname(worker._save_dir)) == tempfile.gettempdir()
+    assert os.path.dirname(os.path.dirname(worker._save_dir)) == temporary
 
 
 def test_a_restore_brings_back_every_model_variable_the_non_trainable_ones_too(tmp_path):
