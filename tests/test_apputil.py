@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from apputil import cli, errors, files
+from tests.helpers import ended_pid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -157,12 +158,6 @@ def test_pid_alive_tells_running_from_ended_and_unreaped():
     zombie.wait()
 
 
-def _ended_child():
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()  # reaped: its pid is free
-    return child.pid
-
-
 def test_pid_alive_without_proc_asks_the_kernel(monkeypatch, tmp_path):
     from apputil import processes
 
@@ -176,7 +171,7 @@ def test_pid_alive_without_proc_asks_the_kernel(monkeypatch, tmp_path):
 
     monkeypatch.setattr(processes.os, "kill", kill)
     assert processes.pid_alive(os.getpid())
-    ended = _ended_child()
+    ended = ended_pid()
     assert not processes.pid_alive(ended)
     assert asked == [(os.getpid(), 0), (ended, 0)]  # signal 0: nothing is sent
 
@@ -205,7 +200,7 @@ def test_pid_alive_with_an_unreadable_proc_entry_asks_the_kernel(monkeypatch, tm
         (tmp_path / str(pid) / "stat").mkdir()  # reading a folder fails: IsADirectoryError
     monkeypatch.setattr(processes, "PROC", str(tmp_path))
     assert processes.pid_alive(os.getpid())
-    ended = _ended_child()
+    ended = ended_pid()
     assert not processes.pid_alive(ended)  # no entry: gone, without asking
     monkeypatch.setattr(processes.os, "kill", lambda pid, signum: None)
     assert processes.pid_alive(12345)

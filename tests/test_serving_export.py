@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from serving.export import build_archive, export_model
+from tests.helpers import TrainingByDefault, ended_pid
 from tests.serving_helpers import (
     FEATURES,
     NO_KERAS_PRELUDE,
@@ -405,13 +406,12 @@ def test_only_stale_staging_folders_are_removed():
     from serving.export import _host
 
     base = work_dir("stale")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead = ended_pid()
     host = _host()
     names = {
-        f".tmp-1-{dead.pid}@{host}-abc": False,  # killed export: removed
+        f".tmp-1-{dead}@{host}-abc": False,  # killed export: removed
         f".tmp-1-{os.getpid()}@{host}-def": True,  # a live export (this process): kept
-        f".tmp-1-{dead.pid}@other_host-ghi": True,  # another machine's: cannot tell, kept
+        f".tmp-1-{dead}@other_host-ghi": True,  # another machine's: cannot tell, kept
         ".tmp-1-oldlegacy": False,  # an older export's, untouched for 2 hours: removed
         ".tmp-1-newlegacy": True,  # an older export's, just written: kept
     }
@@ -832,20 +832,12 @@ def test_an_archive_tries_both_extra_signatures_unless_told_and_notes_why_not():
     assert exported_notes == notes
 
 
-class _TrainingByDefault(keras.layers.Layer):
-    """Doubles its input in training mode, which its `call` takes by default: Keras gives
-    a layer its own default when no `training` reaches it."""
-
-    def call(self, x, training=True):
-        return 2.0 * x if training else x
-
-
 def test_the_served_function_runs_the_model_in_inference_mode():
     """Dropout at rate 0.5 in training mode would zero about half the units at random; a
     layer that trains by default would double its input."""
     model = keras.Sequential([
         keras.Input((STEPS, FEATURES)), keras.layers.SimpleRNN(16), keras.layers.Dropout(0.5),
-        _TrainingByDefault(), keras.layers.Dense(3, name="regression_head"),
+        TrainingByDefault(), keras.layers.Dense(3, name="regression_head"),
     ])  # fmt: skip
     import tensorflow as tf
 
@@ -878,10 +870,9 @@ def test_a_subclassed_model_has_no_output_shape_to_fit_a_head():
 def test_stale_staging_removal_reads_every_entry_and_removes_only_staging_folders(tmp_path):
     from serving.export import _host, remove_stale_staging
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = [f".tmp-{version}-{dead.pid}@{_host()}-abc" for version in (1, 2)]
-    kept = [".a-notes", f".tmp-3-{dead.pid}@{_host()}-file"]  # another name; a file
+    dead = ended_pid()
+    stale = [f".tmp-{version}-{dead}@{_host()}-abc" for version in (1, 2)]
+    kept = [".a-notes", f".tmp-3-{dead}@{_host()}-file"]  # another name; a file
     (tmp_path / kept[0]).mkdir()
     (tmp_path / kept[1]).write_text("not a folder")
     for name in stale:
@@ -925,9 +916,8 @@ def test_a_stale_folder_removed_meanwhile_by_another_export_is_no_error(tmp_path
 
     import serving.export as export
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    name = f".tmp-1-{dead.pid}@{export._host()}-abc"
+    dead = ended_pid()
+    name = f".tmp-1-{dead}@{export._host()}-abc"
     (tmp_path / name).mkdir()
     rmtree = shutil.rmtree
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.helpers import TrainingByDefault
 from training import tasks, trainer_tf
 from training.trainer_tf import TFTrainer, checkpoint_paths, remove_leftovers
 
@@ -24,17 +25,30 @@ def _task():
     return task, inputs, targets
 
 
-def _build():
-    """A softmax regression on the flattened sequence: its gradient is known in closed form."""
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((64, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
-    return model, keras.optimizers.SGD(RATE)
+def _build_of(layers=lambda: [keras.layers.Dense(10)]):
+    """A trainer's `build`: the flattened sequence through `layers()` (made anew for each
+    model), seeded, and SGD. By default a softmax regression: its gradient is known in
+    closed form."""
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((64, 1)), keras.layers.Flatten(), *layers()])
+        return model, keras.optimizers.SGD(RATE)
+
+    return build
 
 
-def _trainer(checkpoint_dir=None, **kwargs):
+_build = _build_of()
+
+
+def _batch_norm_then_dense():
+    return [keras.layers.BatchNormalization(momentum=0.5), keras.layers.Dense(10)]
+
+
+def _trainer(checkpoint_dir=None, build=_build, **kwargs):
     task, inputs, targets = _task()
     strategy = tf.distribute.get_strategy()
-    return TFTrainer(task, _build, inputs, targets, strategy=strategy, batch_size=BATCH, seed=3,
+    return TFTrainer(task, build, inputs, targets, strategy=strategy, batch_size=BATCH, seed=3,
                      checkpoint_dir=checkpoint_dir, **kwargs)  # fmt: skip
 
 
@@ -297,30 +311,15 @@ def test_leftovers_removed_meanwhile_by_another_process_are_no_error(tmp_path, m
     assert _files(tmp_path) == []
 
 
-class _TrainingByDefault(keras.layers.Layer):
-    """Doubles its input in training mode, which its `call` takes by default: Keras gives
-    a layer its own default when no `training` reaches it."""
-
-    def call(self, x, training=True):
-        return 2.0 * x if training else x
-
-
 def test_predict_runs_the_model_in_inference_mode():
     """With dropout in the model, a training-mode call would drop units at random; a layer
     that trains by default would double its input."""
 
-    def build():
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential(
-            [keras.Input((64, 1)), keras.layers.Flatten(), keras.layers.Dropout(0.5),
-             _TrainingByDefault(), keras.layers.Dense(10)]
-        )  # fmt: skip
-        return model, keras.optimizers.SGD(RATE)
+    def layers():
+        return [keras.layers.Dropout(0.5), TrainingByDefault(), keras.layers.Dense(10)]
 
-    task, inputs, targets = _task()
-    trainer = TFTrainer(task, build, inputs, targets, strategy=tf.distribute.get_strategy(),
-                        batch_size=BATCH, seed=3)  # fmt: skip
-    x = inputs[:8].astype("float32")
+    trainer = _trainer(build=_build_of(layers))
+    x = _task()[1][:8].astype("float32")
     kernel, bias = trainer.model.get_weights()
     want = x.reshape(8, -1) @ kernel + bias  # no unit dropped, none rescaled
     for _ in range(2):
@@ -330,18 +329,7 @@ def test_predict_runs_the_model_in_inference_mode():
 def test_a_step_runs_the_model_in_training_mode():
     """Batch normalization in training mode moves its moving mean toward the batch's mean
     (momentum 0.5: halfway from 0); in inference mode it would leave it at 0."""
-
-    def build():
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential(
-            [keras.Input((64, 1)), keras.layers.Flatten(),
-             keras.layers.BatchNormalization(momentum=0.5), keras.layers.Dense(10)]
-        )  # fmt: skip
-        return model, keras.optimizers.SGD(RATE)
-
-    task, inputs, targets = _task()
-    trainer = TFTrainer(task, build, inputs, targets, strategy=tf.distribute.get_strategy(),
-                        batch_size=BATCH, seed=3)  # fmt: skip
+    trainer = _trainer(build=_build_of(_batch_norm_then_dense))
     x, _ = trainer.batches(0)
     trainer.step()
     moving_mean = trainer.model.layers[1].moving_mean.numpy()
@@ -354,15 +342,10 @@ def test_regularization_losses_join_the_gradient_not_the_reported_loss():
     reports is the task's alone."""
     penalty = 0.01
 
-    def build():
-        keras.utils.set_random_seed(0)
-        dense = keras.layers.Dense(10, kernel_regularizer=keras.regularizers.L2(penalty))
-        model = keras.Sequential([keras.Input((64, 1)), keras.layers.Flatten(), dense])
-        return model, keras.optimizers.SGD(RATE)
+    def regularized():
+        return [keras.layers.Dense(10, kernel_regularizer=keras.regularizers.L2(penalty))]
 
-    task, inputs, targets = _task()
-    trainer = TFTrainer(task, build, inputs, targets, strategy=tf.distribute.get_strategy(),
-                        batch_size=BATCH, seed=3)  # fmt: skip
+    trainer = _trainer(build=_build_of(regularized))
     kernel, bias = (w.astype(np.float64) for w in trainer.model.get_weights())
     x, y = trainer.batches(0)
     loss, _, want_kernel, want_bias = _numpy_step(kernel, bias, x, y)
@@ -382,6 +365,7 @@ def _xla_calls(trainer):
 
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_jit_compile_compiles_the_replica_step_with_xla_and_keeps_the_update(jit_compile):
+    # False is left to the default.
     trainer = _trainer(jit_compile=jit_compile) if jit_compile else _trainer()
     assert trainer.jit_compile is jit_compile
     kernel, bias = (w.astype(np.float64) for w in trainer.model.get_weights())
@@ -431,25 +415,11 @@ def test_a_trainer_knows_its_strategy_role_and_label(tmp_path, monkeypatch):
 def test_a_restore_brings_back_every_model_variable_the_non_trainable_ones_too(tmp_path):
     """Batch normalization's moving statistics are no optimizer's variables: the checkpoint
     must hold the model itself for them."""
-
-    def build():
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential(
-            [keras.Input((64, 1)), keras.layers.Flatten(),
-             keras.layers.BatchNormalization(momentum=0.5), keras.layers.Dense(10)]
-        )  # fmt: skip
-        return model, keras.optimizers.SGD(RATE)
-
-    task, inputs, targets = _task()
-
-    def trainer():
-        return TFTrainer(task, build, inputs, targets, strategy=tf.distribute.get_strategy(),
-                         batch_size=BATCH, seed=3, checkpoint_dir=str(tmp_path))  # fmt: skip
-
-    trained = trainer()
+    build = _build_of(_batch_norm_then_dense)
+    trained = _trainer(str(tmp_path), build=build)
     trained.step()
     trained.save(1)
-    fresh = trainer()
+    fresh = _trainer(str(tmp_path), build=build)
     assert fresh.restore() == (1, str(tmp_path / "ckpt-1"))
     for a, b in zip(fresh.model.variables, trained.model.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
