@@ -25,7 +25,6 @@ or is a version folder itself). Errors at start-up are one line on stderr.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import math
 import os
@@ -37,6 +36,7 @@ from contextlib import contextmanager
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import Literal, invalid
+from apputil.net import is_loopback
 from serving.httpd import ServerThread
 from serving.names import check_model_name
 from serving.payload import DEFAULT_MAX_INPUT_ELEMENTS
@@ -91,15 +91,6 @@ def _connection_limit(wanted: int) -> int:
     return fitted
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def make_server(
     model_base_path: str,
     model_name: str,
@@ -139,7 +130,7 @@ def make_server(
         raise invalid("model_base_path", "a folder of numbered version folders", Literal(problem))
     if not 0 <= port <= 65535:
         raise invalid("port", "0 to 65535", port)
-    if not _is_loopback(host):
+    if not is_loopback(host):
         log.warning("Binding %s: this server has no authentication, anyone who can reach it "
                     "can query the model", host)  # fmt: skip
     repository = ModelRepository(model_base_path, model_name, poll_seconds)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -75,7 +76,22 @@ def _reports(out):
 
 def test_every_process_gets_the_coordinator_and_its_id(stand_ins, capsys):
     commands, _ = stand_ins
-    assert launch.main(["--processes", "3", "--port", "12345", "--", "--task", "digits"]) == 0
+    assert (
+        launch.main(
+            [
+                "--processes",
+                "3",
+                "--max-processes",
+                "3",
+                "--port",
+                "12345",
+                "--",
+                "--task",
+                "digits",
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert err == ""  # nothing failed, nothing stopped
     reports = _reports(out)
@@ -217,7 +233,9 @@ def test_a_leftover_grandchild_holding_the_output_does_not_hold_the_launcher(sta
     assert time.monotonic() - begun < 20  # the forwarders are given 5 s, not the 30 s
 
 
-def test_no_process_outlives_a_launcher_that_failed_to_start_them(stand_ins, monkeypatch):
+def test_a_launch_the_machine_cannot_start_is_one_line_and_leaves_nothing_running(
+    stand_ins, monkeypatch, capsys
+):
     commands, plan = stand_ins
     plan(**{"0": "sleep 60"})
     started = []
@@ -225,12 +243,172 @@ def test_no_process_outlives_a_launcher_that_failed_to_start_them(stand_ins, mon
 
     def second_fails(argv, **kwargs):
         if started:
-            raise OSError(24, "Too many open files")
+            raise OSError(11, "Resource temporarily unavailable")
         started.append(popen(argv, **kwargs))
         return started[-1]
 
     monkeypatch.setattr(launch.subprocess, "Popen", second_fails)
-    with pytest.raises(OSError, match="Too many open files"):
-        launch.main(["--processes", "2", "--", "--steps", "1"])
+    assert launch.main(["--processes", "2", "--", "--steps", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "python -m training.launch: error: could not start process 1 of 2 ([Errno 11] Resource "
+        "temporarily unavailable); this machine cannot run that many: start fewer processes\n"
+    )
     (first,) = started
-    assert first.returncode == -signal.SIGKILL  # killed and reaped on the way out
+    assert first.returncode == -signal.SIGTERM  # stopped and reaped on the way out
+
+
+def test_more_processes_than_cpus_are_refused_unless_allowed(stand_ins, capsys):
+    cpus = launch.usable_cpus()
+    assert launch.main(["--processes", str(cpus + 1), "--", "--steps", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"python -m training.launch: error: Received an invalid value for argument "
+        f"`--processes`, expected at most {cpus} (one per CPU this launcher may use; "
+        f"--max-processes {cpus + 1} starts more), got {cpus + 1}.\n"
+    )
+    commands, _ = stand_ins
+    assert commands == []  # nothing was started
+    assert launch.main(["--processes", "3", "--max-processes", "2", "--", "--steps", "1"]) == 2
+    assert "expected at most 2 (the --max-processes given), got 3." in capsys.readouterr().err
+    assert launch.main(["--processes", "1", "--max-processes", "0", "--", "--steps", "1"]) == 2
+    assert "`--max-processes`, expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_refused_before_any_process_starts(stand_ins, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert launch.main(["--processes", "1", "--port", str(port), "--", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m training.launch: error: port {port} on 127.0.0.1 is in use")
+    assert err.endswith("give --port a free port\n") and err.count("\n") == 1
+    assert stand_ins[0] == []
+
+
+def _cgroup_tree(tmp_path, self_cgroup, limits):
+    """A /proc/self/cgroup and cgroup folders with `{folder: (pids.max, pids.current)}`."""
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text(self_cgroup)
+    root = tmp_path / "cgroup"
+    for folder, (limit, current) in limits.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "pids.max").write_text(f"{limit}\n")
+        (root / folder / "pids.current").write_text(f"{current}\n")
+    return str(proc), str(root)
+
+
+def test_the_room_left_is_the_tightest_pids_cgroup_above_this_process(tmp_path):
+    # cgroup v1: the pids hierarchy; the parent's limit is the tighter one.
+    proc, root = _cgroup_tree(
+        tmp_path,
+        "9:name=systemd:/\n8:pids:/jobs/mine\n4:memory:/x\n0::/\n",
+        {"pids": ("max", 500), "pids/jobs": (100, 60), "pids/jobs/mine": (1000, 10)},
+    )
+    room = launch.ProcessRoom.read(proc, root)
+    assert room.free == 40 and room.where == f"the pids cgroup {root}/pids/jobs"
+    room.check(1)  # 24 threads fit into 40
+    with pytest.raises(launch.LaunchError) as refused:
+        room.check(2)
+    assert str(refused.value) == (
+        f"2 processes need about 48 threads (24 each), but the pids cgroup {root}/pids/jobs "
+        f"leaves room for 40: start fewer processes"
+    )
+
+
+def test_the_room_left_under_cgroup_v2_and_without_limits(tmp_path):
+    proc, root = _cgroup_tree(tmp_path, "0::/user.slice/job\n", {"user.slice/job": (30, 29)})
+    assert launch.ProcessRoom.read(proc, root) == launch.ProcessRoom(
+        1, f"the pids cgroup {root}/user.slice/job"
+    )
+    proc, root = _cgroup_tree(tmp_path / "none", "0::/a\n", {"a": ("max", 3)})
+    room = launch.ProcessRoom.read(proc, root)
+    if os.getuid() == 0:  # root is not held to RLIMIT_NPROC: no limit at all
+        assert room == launch.ProcessRoom(None)
+        room.check(10_000)
+    else:
+        assert room.free is None or room.where.startswith("the user's process limit (ulimit -u")
+
+
+PIDS_V1 = "/sys/fs/cgroup/pids"
+
+
+def _can_make_pids_cgroup():
+    if not os.access(PIDS_V1, os.W_OK):
+        return False
+    probe = os.path.join(PIDS_V1, f"keras-antisym-probe-{os.getpid()}")
+    try:
+        os.mkdir(probe)
+        os.rmdir(probe)
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _can_make_pids_cgroup(), reason="needs a writable pids cgroup (v1)")
+def test_a_launch_inside_a_small_pids_cgroup_is_refused_with_one_line(tmp_path):
+    """The real kernel limit: the launcher runs in a pids cgroup of 40 tasks."""
+    folder = os.path.join(PIDS_V1, f"keras-antisym-test-{os.getpid()}")
+    os.mkdir(folder)
+    try:
+        with open(os.path.join(folder, "pids.max"), "w") as handle:
+            handle.write("40")
+
+        def enter():
+            with open(os.path.join(folder, "cgroup.procs"), "w") as procs:
+                procs.write(str(os.getpid()))
+
+        done = subprocess.run(
+            [sys.executable, "-m", "training.launch", "--processes", "2", "--max-processes", "2",
+             "--", "--steps", "1"],
+            preexec_fn=enter, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(
+            "python -m training.launch: error: 2 processes need about 48 threads (24 each), "
+            f"but the pids cgroup {folder} leaves room for "
+        )
+        with open(os.path.join(folder, "cgroup.procs")) as procs:
+            assert procs.read().split() == []  # nothing left running in it
+    finally:
+        os.rmdir(folder)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_processes_die_with_a_launcher_killed_outright(tmp_path):
+    """SIGKILL to the launcher (as an out-of-memory kill or a CI timeout would) ends them."""
+    from apputil.processes import pid_alive
+
+    driver = """
+import sys
+from training import launch
+running = launch.Launch(2, launch.free_port(), [], command=(sys.executable, "-c",
+    "import sys, time; print('up', flush=True); time.sleep(120)"))
+running.start()
+print(" ".join(str(child.pid) for child in running.children), flush=True)
+running.wait()
+"""
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        lines = [launcher.stdout.readline() for _ in range(3)]
+        ups = sorted(line for line in lines if line.startswith("["))
+        assert ups == ["[0] up\n", "[1] up\n"]  # both children run their command
+        (pid_line,) = (line for line in lines if not line.startswith("["))
+        pids = [int(pid) for pid in pid_line.split()]
+        assert len(pids) == 2 and all(pid_alive(pid) for pid in pids)
+        launcher.kill()
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(pid_alive(pid) for pid in pids)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=10)

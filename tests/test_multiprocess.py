@@ -305,3 +305,50 @@ def test_launcher_stops_every_process_on_sigterm(tmp_path):
         assert launcher.returncode == 128 + signal.SIGTERM, text[-3000:]
         assert "python -m training.launch: stopping the processes (SIGTERM)" in text
         _assert_nothing_left(launcher)
+
+
+def test_a_coordinator_that_accepts_but_never_answers_is_one_line_within_the_timeout(tmp_path):
+    """JAX's client would abort (SIGABRT, a C++ stack) after its own timeout."""
+    with socket.socket() as silent, Processes(tmp_path) as started:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes connections; nobody reads or writes
+        port = silent.getsockname()[1]
+        worker = started.train("worker", tmp_path / "w", 1, 2, port, "--connect-timeout", "4")
+        (text,) = started.wait_all([worker], timeout=60)
+    assert worker.returncode == 2, text[-3000:]
+    assert _errors(text) == [
+        f"python -m training.train: error: process 1 of 2 could not join the coordinator at "
+        f"127.0.0.1:{port} within 4 s (something accepts connections there but does not "
+        f"answer); check that all 2 processes run, with the same --num-processes and "
+        f"--coordinator"
+    ]
+
+
+def test_a_coordinator_port_in_use_is_one_line(tmp_path):
+    """JAX's coordinator would crash process 0 (SIGSEGV, "Failed to add port")."""
+    with socket.socket() as taken, Processes(tmp_path) as started:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        chief = started.train("chief", tmp_path / "c", 0, 2, port)
+        (text,) = started.wait_all([chief], timeout=60)
+    assert chief.returncode == 2, text[-3000:]
+    (line,) = _errors(text)
+    assert line.startswith(f"python -m training.train: error: port {port} on 127.0.0.1 is in use")
+    assert line.endswith("give --coordinator a free port")
+
+
+def test_a_process_whose_peers_never_come_gives_up_within_the_connect_timeout(tmp_path):
+    """Process 0 alone (its launcher killed before the others started): one line, status 2."""
+    with Processes(tmp_path) as started:
+        chief = started.train("chief", tmp_path / "c", 0, 2, _free_port(), "--connect-timeout", "3")
+        begun = time.monotonic()
+        (text,) = started.wait_all([chief], timeout=60)
+        seconds = time.monotonic() - begun
+    assert chief.returncode == 2, text[-3000:]
+    (line,) = _errors(text)
+    assert "process 0 of 2 could not join the coordinator" in line
+    assert "within 3 s (not every process joined)" in line
+    assert "Check failure" not in text and "SIGABRT" not in text
+    # Start-up, then 3 s and process 0's few extra seconds; JAX's own limit is 30 s later.
+    assert seconds < 30

@@ -435,7 +435,9 @@ def test_main_hands_the_validated_run_to_the_processes_then_the_experiment(
     monkeypatch.setattr(
         distribution,
         "initialize_processes",
-        lambda processes, connect, heartbeat: calls.append(("init", processes, connect, heartbeat)),
+        lambda processes, connect, heartbeat, prog: calls.append(
+            ("init", processes, connect, heartbeat, prog)
+        ),
     )
     monkeypatch.setattr(distribution, "watch_peers", lambda prog: calls.append(("watch", prog)))
     monkeypatch.setattr(distribution, "finish", lambda code: calls.append(("finish", code)) or code)
@@ -453,7 +455,7 @@ def test_main_hands_the_validated_run_to_the_processes_then_the_experiment(
     assert calls == [
         ("split", 2),
         ("resolve", "127.0.0.1:1234", 2, 1),
-        ("init", "processes", 7, 9),
+        ("init", "processes", 7, 9, "python -m training.train"),
         ("watch", "python -m training.train"),
         ("train", 8, 3, str(tmp_path)),
         ("finish", status),

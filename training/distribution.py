@@ -9,7 +9,6 @@ device. TensorFlow is imported only on its backend.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 import os
 import socket
@@ -18,8 +17,9 @@ import threading
 import time
 from typing import Any
 
-from apputil.cli import EXIT_FAILURE
+from apputil.cli import EXIT_FAILURE, EXIT_USAGE
 from apputil.errors import invalid
+from apputil.net import is_loopback
 from apputil.processes import pid_alive
 from apputil.quiet import native_stderr_silenced
 from training.errors import ProcessLostError, StrategyError
@@ -153,20 +153,35 @@ _LOSS_CLAIM = threading.Lock()
 PEER_POLL_SECONDS = 0.25
 
 
+#: Seconds JAX's own join timeout runs past `--connect-timeout`: when it runs out, JAX's
+#: client aborts the process with a C++ stack, so the one-line give-up must come first.
+JAX_TIMEOUT_MARGIN = 30
+#: Seconds process 0 waits past the others before giving up: they leave first, each with
+#: its one line, before the coordinator it serves goes (which would abort them).
+COORDINATOR_EXTRA_SECONDS = 3
+
+
 def initialize_processes(
-    processes: Processes | None = None, connect_timeout: int = 120, heartbeat_timeout: int = 30
+    processes: Processes | None = None,
+    connect_timeout: int = 120,
+    heartbeat_timeout: int = 30,
+    prog: str = "python -m training.train",
 ) -> bool:
     """Connects this JAX process to the others (once, before JAX computes anything).
 
     Does nothing with one process or off JAX. Returns whether several
     processes train together. CPUs reduce with gloo, so processes of one
-    machine (or of hosts without accelerators) train together too.
+    machine (or of hosts without accelerators) train together too. A
+    process that has not joined every other one `connect_timeout` seconds
+    after this call (its peers never started, or were killed with their
+    launcher) prints `PROG: error: ...` and exits with status 2: JAX itself
+    would abort it with a stack trace.
 
     Raises:
         StrategyError: an address that is not this machine's (process 0) or
-            does not resolve, a count or id that disagrees with the other
-            processes', or processes that did not all connect within
-            `connect_timeout` seconds.
+            does not resolve, a coordinator port in use (process 0), a count
+            or id that disagrees with the other processes', or a coordinator
+            that does not answer within `connect_timeout` seconds.
     """
     import keras
 
@@ -177,12 +192,12 @@ def initialize_processes(
 
     if jax.distributed.is_initialized():
         return jax.process_count() > 1
+    deadline = time.monotonic() + connect_timeout
     auto = processes.coordinator == "auto"
     if not auto:
         _check_processes(processes)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     kwargs: dict[str, Any] = dict(
-        initialization_timeout=connect_timeout,
         heartbeat_timeout_seconds=heartbeat_timeout,
         shutdown_timeout_seconds=connect_timeout,
     )
@@ -193,20 +208,50 @@ def initialize_processes(
             num_processes=processes.count,
             process_id=processes.index,
         )
-        if _is_loopback(host):  # one machine: nothing outside it can reach the coordinator
+        if is_loopback(host):  # one machine: nothing outside it can reach the coordinator
             kwargs["coordinator_bind_address"] = f"{host}:{port}"
         if processes.index:
             _wait_for_coordinator(host, int(port), processes, connect_timeout)
+        else:
+            check_port_free(host, int(port))
+            deadline += COORDINATOR_EXTRA_SECONDS
+    left = max(1, int(deadline - time.monotonic()))
+    kwargs["initialization_timeout"] = left + JAX_TIMEOUT_MARGIN
     _ATTEMPTED.set()
+    give_up = _give_up_at(deadline, prog, _connect_failure(processes, connect_timeout, _NOT_ALL))
     try:
-        jax.distributed.initialize(**kwargs)
-    except Exception as error:  # JAX's own classes, without a public base
-        raise StrategyError(_connect_failure(processes, connect_timeout, error)) from None
-    # The count this process was given, not jax.process_count(): that builds the devices,
-    # which wait for as many processes as this one was told of.
-    _STARTED.update(processes=processes, count=processes.count or jax.process_count())
-    _check_agreement(processes, connect_timeout)
+        try:
+            jax.distributed.initialize(**kwargs)
+        except Exception as error:  # JAX's own classes, without a public base
+            raise StrategyError(_connect_failure(processes, connect_timeout, error)) from None
+        # The count this process was given, not jax.process_count(): that builds the devices,
+        # which wait for as many processes as this one was told of.
+        _STARTED.update(processes=processes, count=processes.count or jax.process_count())
+        _check_agreement(processes, max(1, int(deadline - time.monotonic())))
+    finally:
+        give_up.set()
     return jax.process_count() > 1
+
+
+_NOT_ALL = "not every process joined"
+
+
+def _give_up_at(deadline: float, prog: str, message: str) -> threading.Event:
+    """Ends this process with `PROG: error: MESSAGE` (status 2) at `deadline`, unless set first.
+
+    Returns the event that calls it off. JAX waits for the other processes in
+    C++ and cannot be interrupted: a daemon thread is what can end the wait.
+    """
+    done = threading.Event()
+
+    def watch():
+        if done.wait(max(0.0, deadline - time.monotonic())):
+            return
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        _exit(EXIT_USAGE)
+
+    threading.Thread(target=watch, name="join-deadline", daemon=True).start()
+    return done
 
 
 def _check_processes(processes):
@@ -239,34 +284,72 @@ def _check_processes(processes):
             ) from None
 
 
-def _wait_for_coordinator(host, port, processes, timeout):
-    """Waits until the coordinator accepts connections, or raises `StrategyError`.
+# The client's connection preface and an empty SETTINGS frame (RFC 9113, sections 3.4 and 6.5).
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_HTTP2_SETTINGS = 4
 
-    JAX's client aborts the process when it cannot register in time; checking
-    first turns a wrong address into one line.
+
+def _wait_for_coordinator(host, port, processes, timeout):
+    """Waits until the coordinator answers as a gRPC server, or raises `StrategyError`.
+
+    JAX's client aborts the whole process (SIGABRT, a C++ stack) when it
+    cannot register in time: at an address where nothing listens, and also
+    where something accepts TCP connections but never answers. The
+    coordinator is a gRPC (HTTP/2) server, which opens every connection with
+    a SETTINGS frame; checking for it first turns both into one line.
     """
     deadline = time.monotonic() + timeout
     while True:
+        left = deadline - time.monotonic()
         try:
-            with socket.create_connection((host.strip("[]"), port), timeout=2):
+            with socket.create_connection(
+                (host.strip("[]"), port), timeout=max(0.1, min(2.0, left))
+            ) as connection:
+                connection.sendall(_HTTP2_PREFACE)
+                header = _read_exactly(connection, 9)
+            if header[3] == _HTTP2_SETTINGS:
                 return
+            problem = "something answers there, but not a JAX coordinator (no HTTP/2 SETTINGS)"
+        except TimeoutError:
+            problem = "something accepts connections there but does not answer"
         except OSError as error:
-            if time.monotonic() >= deadline:
-                raise StrategyError(
-                    _connect_failure(processes, timeout, f"no coordinator answers: {error}")
-                ) from None
-        time.sleep(0.25)
+            problem = f"no coordinator answers: {error}"
+        if time.monotonic() >= deadline:
+            raise StrategyError(_connect_failure(processes, timeout, problem)) from None
+        time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+
+
+def _read_exactly(connection, size):
+    """`size` bytes from `connection`; ConnectionError when it closes first."""
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the connection closed without an answer")
+        data += chunk
+    return data
+
+
+def check_port_free(host: str, port: int, flag: str = "--coordinator") -> None:
+    """Raises `StrategyError` when `port` of `host` is taken by a listening socket.
+
+    JAX's coordinator crashes its process (SIGSEGV, "Failed to add port")
+    when its port is in use. SO_REUSEADDR, as gRPC sets it, lets the check
+    ignore connections of an earlier run that are still in TIME_WAIT.
+    """
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as error:
+            raise StrategyError(
+                f"port {port} on {host} is in use ({error.strerror or error}); give {flag} "
+                f"a free port"
+            ) from None
 
 
 def _family(host):
     return socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-
-
-def _is_loopback(host):
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _connect_failure(processes, timeout, error):
@@ -293,12 +376,14 @@ def _check_agreement(processes, timeout):
         client = distributed.global_state.client
         mine = {"count": processes.count, "host": socket.gethostname(), "pid": os.getpid()}
         client.key_value_set(f"keras_antisym/processes/{processes.index}", json.dumps(mine))
+        # One deadline for the whole roster: waiting `timeout` for each process in turn
+        # would keep a process whose peers never come for count × timeout seconds.
+        deadline = time.monotonic() + timeout
         for index in range(_STARTED["count"]):
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
             try:
                 theirs = json.loads(
-                    client.blocking_key_value_get(
-                        f"keras_antisym/processes/{index}", timeout * 1000
-                    )
+                    client.blocking_key_value_get(f"keras_antisym/processes/{index}", left_ms)
                 )
             except Exception:  # JAX's own classes: the other process left, or never published
                 continue

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             config.coordinator, config.num_processes, config.process_id
         )
         distribution.initialize_processes(
-            processes, config.connect_timeout, config.heartbeat_timeout
+            processes, config.connect_timeout, config.heartbeat_timeout, parser.prog
         )
         distribution.watch_peers(parser.prog)
         experiment.train_and_evaluate(config, args.output_dir)
