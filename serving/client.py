@@ -29,11 +29,9 @@ from typing import Any
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import Literal, invalid
-from serving.names import check_model_name
+from serving.names import SEQUENCE_INPUT, STREAM_SIGNATURE, check_model_name
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
-STREAM_SIGNATURE = "stream"  # as serving.signatures (not imported: it is the export's)
-SEQUENCE_INPUT = "sequence"
 DEFAULT_CHUNK = 28
 
 

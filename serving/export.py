@@ -49,10 +49,15 @@ from apputil.errors import Literal, UsageError, invalid
 from apputil.files import fsync_directory, fsync_tree
 from apputil.processes import pid_alive
 from apputil.quiet import import_keras, import_tensorflow
-from serving.names import check_version, parse_version, version_folder
-from serving.signatures import (
+from serving.names import (
     PADDED_SIGNATURE,
+    SEQUENCE_INPUT,
     STREAM_SIGNATURE,
+    check_version,
+    parse_version,
+    version_folder,
+)
+from serving.signatures import (
     StreamPlanError,
     head_outputs,
     padded_endpoint,
@@ -65,7 +70,6 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-INPUT_NAME = "sequence"
 SIGNATURE_NAME = "serving_default"
 HEADS = ("classification", "regression", "per_step_classification")
 # Staging folders `.tmp-<version>-<pid>@<host>-<random>`; dot-prefixed, because
@@ -112,7 +116,7 @@ def _input_spec(model: keras.Model, variable_length: bool) -> tf.TensorSpec:
             Literal(f"a model built with a fixed T={shape[1]}"),
         )
     tf = import_tensorflow()  # heavy: only an export makes TensorFlow objects
-    return tf.TensorSpec([None, shape[1], shape[2]], tf.float32, name=INPUT_NAME)
+    return tf.TensorSpec([None, shape[1], shape[2]], tf.float32, name=SEQUENCE_INPUT)
 
 
 def _output_layer(model: keras.Model) -> keras.Layer | None:

@@ -1,4 +1,4 @@
-"""The names the exporter writes and the server reads: version folders and model names.
+"""The names the exporter writes and the server reads: versions, models, signatures.
 
 One rule for both sides, so that what `serving.export` writes is what
 `serving.server` (and TensorFlow Serving) serves:
@@ -18,6 +18,15 @@ from __future__ import annotations
 import re
 
 from apputil.errors import invalid
+
+#: The signatures and inputs of an export's contract, beside `serving_default`: `stream`
+#: (a chunk of `sequence` with the recurrent states in and out, each state input named
+#: `STATE_PREFIX` + its layer) and `padded` (`sequence` with each row's `length`).
+STREAM_SIGNATURE = "stream"
+PADDED_SIGNATURE = "padded"
+SEQUENCE_INPUT = "sequence"
+LENGTH_INPUT = "length"
+STATE_PREFIX = "state_"
 
 MAX_VERSION = 2**63 - 1  # TensorFlow Serving's versions are int64
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() accepts "²", int() rejects it

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from apputil.quiet import import_tensorflow
+from serving.names import LENGTH_INPUT, PADDED_SIGNATURE, SEQUENCE_INPUT
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -111,27 +112,39 @@ def _check_leaves(leaves, spec, name):
             raise _bad(f"Input '{name}' expects numbers of type {spec.dtype.name}, got a {kind}")
 
 
-def as_input_array(value: Any, spec: tf.TensorSpec, name: str, budget: list[int]) -> np.ndarray:
+class Budget:
+    """The input numbers one request may still carry: `limit` in all, `used` so far."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+
+    def take(self, count: int, name: str) -> None:
+        """Counts `count` numbers of input `name`, or raises a 400 past the limit."""
+        if self.used + count > self.limit:
+            alone = "" if self.used else " alone"
+            raise _bad(
+                f"Request has more than {self.limit} input numbers (--max-input-elements); "
+                f"input '{name}'{alone} has {count}"
+                + (f", after {self.used} in the inputs before it" if self.used else "")
+            )
+        self.used += count
+
+
+def as_input_array(value: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> np.ndarray:
     """`value` (nested JSON lists) as an array matching `spec`, or a 400 `RestError`.
 
     Args:
         value: The decoded JSON value of one input (all instances).
         spec: The signature's `tf.TensorSpec` for it.
         name: The input name, for messages.
-        budget: One-item list: numbers still allowed in this request (decremented).
+        budget: The `Budget` of this request's input numbers (this input is counted).
     """
     if spec.dtype.name not in _NUMPY_DTYPES or spec.shape.rank is None:
         raise _bad(f"Input '{name}' has an unsupported dtype or unknown rank: {spec}")
     shape = _leading_shape(value, spec.shape.rank, name)
     if any(want is not None and want != got for want, got in zip(spec.shape, shape, strict=True)):
         raise _bad(f"Input '{name}' expects shape {_shape_text(spec.shape)}, got {shape}")
-    count = math.prod(shape)
-    if count > budget[0]:
-        raise _bad(
-            f"Request has more than {budget[0]} input numbers (--max-input-elements); "
-            f"input '{name}' alone has {count}"
-        )
-    budget[0] -= count
+    budget.take(math.prod(shape), name)
     leaves = _flatten(value, shape, name)
     _check_leaves(leaves, spec, name)
     wide = np.int64 if spec.dtype.is_integer else np.float64
@@ -209,11 +222,31 @@ def parse_predict_request(
         raise _bad(f"Expected inputs {sorted(specs)}, got a single unnamed tensor")
     if set(columns) != set(specs):
         raise _bad(_inputs_mismatch(columns, specs))
-    budget = [max_elements]
+    budget = Budget(max_elements)
     arrays = {name: as_input_array(columns[name], specs[name], name, budget) for name in specs}
     if len({a.shape[0] for a in arrays.values() if a.ndim}) > 1:
         raise _bad("Inputs have different batch sizes")
+    if signature_name == PADDED_SIGNATURE:
+        check_lengths(arrays)
     return signature_name, arrays, has_rows
+
+
+def check_lengths(arrays: Mapping[str, np.ndarray]) -> None:
+    """A 400 naming the first row whose `length` is not 1..T (the steps of `sequence`).
+
+    The `padded` signature asserts the same in its graph; checked here, the
+    answer says which row and what range instead of TensorFlow's words.
+    """
+    if LENGTH_INPUT not in arrays or SEQUENCE_INPUT not in arrays:
+        return
+    lengths, steps = arrays[LENGTH_INPUT].reshape(-1), arrays[SEQUENCE_INPUT].shape[1]
+    outside = np.flatnonzero((lengths < 1) | (lengths > steps))
+    if outside.size:
+        row = int(outside[0])
+        raise _bad(
+            f"Input '{LENGTH_INPUT}' of row {row} is {int(lengths[row])}; each row's length "
+            f"must be in 1..{steps} (the steps of input '{SEQUENCE_INPUT}')"
+        )
 
 
 def _inputs_mismatch(sent, specs):
@@ -263,8 +296,16 @@ def predict(
     try:
         outputs = function(**{k: tf.constant(v) for k, v in arrays.items()})
     except (tf.errors.InvalidArgumentError, ValueError, TypeError) as error:
-        raise _bad(str(error).splitlines()[0]) from None
+        raise _bad(error_text(error)) from None
     outputs = {name: tensor.numpy() for name, tensor in outputs.items()}
+    for name, value in sorted(outputs.items()):
+        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+            row = int(np.argwhere(~np.isfinite(value))[0][0]) if value.ndim else 0
+            raise _bad(
+                f"Output '{name}' of signature '{signature_name}' holds NaN or Infinity "
+                f"(row {row}), which JSON cannot carry: the inputs (a state, say) drive the "
+                f"model out of {value.dtype.name} range"
+            )
     single = next(iter(outputs.values())) if len(outputs) == 1 else None
     if not row_format:
         if single is not None:
@@ -275,6 +316,21 @@ def predict(
     batch = next(iter(outputs.values())).shape[0]
     columns = {name: value.tolist() for name, value in sorted(outputs.items())}
     return {"predictions": [{name: col[i] for name, col in columns.items()} for i in range(batch)]}
+
+
+# Lines of TensorFlow's errors that say nothing about the request.
+_NOISE = ("Graph execution error:", "Detected at node", "Detected unsupported operations")
+
+
+def error_text(error: BaseException) -> str:
+    """The line of a TensorFlow error that says what is wrong (an assertion's message)."""
+    text = str(getattr(error, "message", None) or error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if "assertion failed" in line.lower() or line.startswith("Input '"):
+            return line[:500]
+    useful = [line for line in lines if not line.startswith(_NOISE)]
+    return (useful or lines or [type(error).__name__])[0][:500]
 
 
 def model_metadata(servable: Servable, name: str) -> dict:

@@ -24,6 +24,8 @@ from serving.payload import RestError
 log = logging.getLogger("serving.server")
 
 MAX_RETRY_SECONDS = 30.0
+#: How answers to clients write the base path (the server's logs give it in full).
+BASE_PATH_SHOWN = "<base_path>"
 
 
 class Servable:
@@ -200,7 +202,7 @@ class ModelRepository:
                     "remove or rename one",
                 )
             elif not os.path.isfile(os.path.join(path, "saved_model.pb")):
-                broken[version] = ("NOT_FOUND", f"No saved_model.pb in {path}")
+                broken[version] = ("NOT_FOUND", f"No saved_model.pb in version folder {names[0]}")
             else:
                 loadable[version] = names[0]
         return loadable, broken
@@ -299,18 +301,25 @@ class ModelRepository:
         with self._lock:
             listing = self._listing
         if self._last_error and not listing:
-            return f"cannot read base path {self.base_path}: {self._last_error}"
+            return f"cannot read the model's base path: {self.hide_paths(self._last_error)}"
         if not listing:
-            return no_versions_message(self.name, self.base_path)
+            return no_versions_message(self.name, BASE_PATH_SHOWN)
         if version is not None:
             if version not in listing:
-                return f"no version folder {version} under {self.base_path}"
+                return f"no version folder {version} under the model's base path"
             code, message = listing[version]
             if code != "OK":
-                return f"version {version} is not loaded: {code}: {message}"
+                return f"version {version} is not loaded: {code}: {self.hide_paths(message)}"
             return f"version {version} is not loaded: the served version is {served}"
         code, message = next(iter(listing.values()))
-        return f"no version loads; the highest: {code}: {message}"
+        return f"no version loads; the highest: {code}: {self.hide_paths(message)}"
+
+    def hide_paths(self, text: str) -> str:
+        """`text` with the base path on disk written as `<base_path>`: clients see no paths."""
+        paths = {self.base_path, os.path.abspath(self.base_path), os.path.realpath(self.base_path)}
+        for path in sorted(paths, key=len, reverse=True):
+            text = text.replace(path.rstrip(os.sep) or path, BASE_PATH_SHOWN)
+        return text
 
     def status(self, name: str, version: str | None = None) -> dict:
         """The `GET /v1/models/NAME[/versions/V]` body: every version folder, highest first.
@@ -337,7 +346,7 @@ class ModelRepository:
             entries.append({
                 "version": str(each),
                 "state": "AVAILABLE" if served else "END",
-                "status": {"error_code": code, "error_message": message},
+                "status": {"error_code": code, "error_message": self.hide_paths(message)},
             })  # fmt: skip
         return {"model_version_status": entries}
 

@@ -3,7 +3,13 @@
 Every answer the app gives is JSON: 200 with TensorFlow Serving's layouts,
 `{"error": ...}` with 400 (bad input), 404 (unknown model, version or path),
 405 (wrong method on a known path), 503 (too many requests waiting for a
-worker) and 500 only for real faults.
+worker) and 500 only for real faults. Bodies are strict JSON: never NaN or
+Infinity (a prediction that holds them is a 400 naming the output).
+
+Every `:predict` and `/metadata` answer carries the version that answered in
+the `X-Model-Version` header (TensorFlow Serving's gRPC answers carry it as
+`model_spec.version`): a client that streams state through several requests
+sees when a new version took over, or pins one with `/versions/N`.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ _PATH = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[0-9]+))?"
     r"(?:(?P<metadata>/metadata)|(?P<verb>:[A-Za-z]+))?/?$"
 )
+#: The response header that names the version that answered.
+VERSION_HEADER = "X-Model-Version"
 
 
 def json_response(
@@ -40,8 +48,17 @@ def json_response(
     body: Any,
     extra_headers: Iterable[tuple[str, str]] = (),
 ) -> list[bytes]:
-    """Start a JSON response and return its body chunks."""
-    data = json.dumps(body, allow_nan=True).encode()
+    """Start a JSON response and return its body chunks.
+
+    The body is strict JSON (RFC 8259): one holding NaN or Infinity, which
+    `predict` refuses before it gets here, is answered as a 500.
+    """
+    try:
+        data = json.dumps(body, allow_nan=False).encode()
+    except ValueError:
+        log.error("An answer with status %s held NaN or Infinity; answered 500", status)
+        status, extra_headers = HTTPStatus.INTERNAL_SERVER_ERROR, ()
+        data = json.dumps({"error": "Internal: the answer holds NaN or Infinity"}).encode()
     status = HTTPStatus(status)
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
     start_response(f"{status.value} {status.phrase}", headers + list(extra_headers))
@@ -71,9 +88,11 @@ class RestApp:
         method = environ["REQUEST_METHOD"]
         # WSGI gives the percent-decoded path as latin-1; model names are UTF-8.
         path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
-        extra = []
+        extra: list[tuple[str, str]] = []
         try:
-            status, body = HTTPStatus.OK, self._route(method, path, environ)
+            status, (body, version) = HTTPStatus.OK, self._route(method, path, environ)
+            if version is not None:
+                extra = [(VERSION_HEADER, str(version))]
         except RestError as error:
             status, body = error.status, {"error": error.message}
             if status == HTTPStatus.SERVICE_UNAVAILABLE:
@@ -85,7 +104,8 @@ class RestApp:
         chunks = json_response(start_response, status, body, extra)
         return [] if method == "HEAD" else chunks  # a HEAD answer has headers only
 
-    def _route(self, method, path, environ):
+    def _route(self, method: str, path: str, environ: dict) -> tuple[Any, int | None]:
+        """`(body, the version that answered or None)` of a request, or a `RestError`."""
         match = _PATH.match(path)
         if match is None or match["verb"] not in (None, ":predict"):
             raise RestError(HTTPStatus.NOT_FOUND, f"Malformed request: {method} {path[:200]}")
@@ -96,10 +116,10 @@ class RestApp:
                 f"Method {method} not allowed for {path[:200]}, use {allowed}",
             )
         if not match["verb"] and not match["metadata"]:  # every version folder, loaded or not
-            return self.repository.status(match["name"], match["version"])
+            return self.repository.status(match["name"], match["version"]), None
         servable = self.repository.get(match["name"], match["version"])
         if not match["verb"]:
-            return model_metadata(servable, match["name"])
+            return model_metadata(servable, match["name"]), servable.version
         if self.overloaded():
             raise RestError(
                 HTTPStatus.SERVICE_UNAVAILABLE, "Server overloaded: too many queued requests"
@@ -108,4 +128,4 @@ class RestApp:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
         request = parse_predict_request(body, servable, self.max_input_elements)
-        return predict(servable, *request)
+        return predict(servable, *request), servable.version

@@ -34,15 +34,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from apputil.quiet import import_tensorflow
+from serving.names import LENGTH_INPUT, SEQUENCE_INPUT, STATE_PREFIX
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-STREAM_SIGNATURE = "stream"
-PADDED_SIGNATURE = "padded"
-LENGTH_NAME = "length"
-STATE_PREFIX = "state_"
 # Layers that treat each time step on its own (by class name, from keras.layers),
 # so that a chunk gives the same answer as the whole sequence. Their axis, where
 # they have one, must be the feature axis (`_per_step_reason`).
@@ -344,8 +341,8 @@ def padded_endpoint(
         raise StreamPlanError("its per-step outputs are not aligned with the input's steps")
     tf = import_tensorflow()
     spec = [
-        tf.TensorSpec([None, steps, features], tf.float32, name="sequence"),
-        tf.TensorSpec([None], tf.int32, name=LENGTH_NAME),
+        tf.TensorSpec([None, steps, features], tf.float32, name=SEQUENCE_INPUT),
+        tf.TensorSpec([None], tf.int32, name=LENGTH_INPUT),
     ]
 
     def padded(sequence, length):

@@ -15,6 +15,8 @@ from google.protobuf import (
     wrappers_pb2,
 )
 
+from serving.names import SEQUENCE_INPUT
+
 ROOT = Path(__file__).resolve().parents[1]
 SERVING = ROOT / "serving"
 
@@ -193,7 +195,6 @@ def test_clients_send_the_exported_signature_and_input_names():
 
     import tensorflow as tf
 
-    from serving import export
     from serving.client import ServingClient
     from tests.serving_helpers import STEPS, digits, exported
 
@@ -203,7 +204,7 @@ def test_clients_send_the_exported_signature_and_input_names():
     assert tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY in loaded.signatures
     signature = loaded.signatures[tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY]
     (input_name,) = signature.structured_input_signature[1]
-    assert input_name == export.INPUT_NAME
+    assert input_name == SEQUENCE_INPUT
 
     sent = []
 

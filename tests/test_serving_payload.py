@@ -168,7 +168,7 @@ def test_row_instances_are_all_objects_or_all_plain_values_of_one_input(
 
 def _as_array(value, spec, budget=None):
     try:
-        return payload.as_input_array(value, spec, "x", budget or [100])
+        return payload.as_input_array(value, spec, "x", budget or payload.Budget(100))
     except RestError as error:
         assert error.status == 400
         return error.message
@@ -204,17 +204,22 @@ def test_integers_are_read_exactly_and_a_float_overflow_is_refused_without_a_war
 
 
 def test_the_request_s_number_budget_is_shared_by_its_inputs():
-    budget = [10]
+    budget = payload.Budget(10)
     spec = tf.TensorSpec([None, 3], tf.float32)
     assert _as_array([[1, 2, 3], [4, 5, 6]], spec, budget).shape == (2, 3)
-    assert budget == [4]
+    assert budget.used == 6
     assert _as_array([[1, 2, 3]], spec, budget).shape == (1, 3)
-    assert budget == [1]
+    assert budget.used == 9
+    # The message names the limit, not what was left of it.
     assert _as_array([[1, 2, 3]], spec, budget) == (
-        "Request has more than 1 input numbers (--max-input-elements); input 'x' alone has 3"
+        "Request has more than 10 input numbers (--max-input-elements); input 'x' has 3, "
+        "after 9 in the inputs before it"
     )
     assert _as_array([7.0], tf.TensorSpec([None], tf.float32), budget).tolist() == [7.0]
-    assert budget == [0]  # exactly what was left is allowed
+    assert budget.used == 10  # exactly the limit is allowed
+    assert _as_array([[1, 2, 3]] * 4, spec, payload.Budget(10)) == (
+        "Request has more than 10 input numbers (--max-input-elements); input 'x' alone has 12"
+    )
 
 
 @pytest.mark.parametrize(

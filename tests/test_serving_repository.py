@@ -307,7 +307,8 @@ def test_each_404_says_why_the_version_asked_for_is_not_served(tmp_path):
         "version is 3"
     )
     assert _not_found(lambda: repository.get("m", "7")) == (
-        f"Servable not found for request: Specific(m, 7): no version folder 7 under {base}"
+        "Servable not found for request: Specific(m, 7): no version folder 7 under the "
+        "model's base path"
     )
     assert _not_found(lambda: repository.get("m", "x")) == (
         "Servable not found for request: Specific(m, x): not a version"
@@ -349,7 +350,7 @@ def test_an_unreadable_base_path_is_named_until_a_scan_succeeds(tmp_path):
     try:
         message = _not_found(lambda: repository.get("m"))
         assert message.startswith(
-            f"Servable not found for request: Latest(m): cannot read base path {base}: "
+            "Servable not found for request: Latest(m): cannot read the model's base path: "
             "FileNotFoundError: "
         ), message
         _fake_version(base, "1")
@@ -360,7 +361,8 @@ def test_an_unreadable_base_path_is_named_until_a_scan_succeeds(tmp_path):
         os.rename(base, base + ".moved")  # versions were listed: they stay the answer
         time.sleep(0.2)
         assert _not_found(lambda: repository.get("m", "2")) == (
-            f"Servable not found for request: Specific(m, 2): no version folder 2 under {base}"
+            "Servable not found for request: Specific(m, 2): no version folder 2 under the "
+            "model's base path"
         )
     finally:
         repository.stop()
@@ -423,7 +425,7 @@ def test_a_broken_version_on_the_first_scan_is_logged_once(tmp_path, caplog):
     os.makedirs(tmp_path / "2")  # no saved_model.pb
     _fake_version(str(tmp_path), "1")
     repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
-    expected = [f"Version 2 of m is not loaded: No saved_model.pb in {tmp_path / '2'}"]
+    expected = ["Version 2 of m is not loaded: No saved_model.pb in version folder 2"]
     with caplog.at_level("ERROR", logger="serving.server"):
         repository.refresh()
         assert [r.getMessage() for r in caplog.records] == expected  # at once
@@ -512,3 +514,31 @@ def test_two_folders_naming_one_version_are_refused_with_both_names(tmp_path):
         3: ("FAILED_PRECONDITION",
             "Folders '03' and '3' both name version 3; remove or rename one")
     }  # fmt: skip
+
+
+def test_answers_to_clients_never_show_the_base_path_on_disk(tmp_path):
+    """Load failures carry the path (TensorFlow's messages do); clients see `<base_path>`."""
+    from serving.repository import ModelRepository
+
+    base = str(tmp_path / "models")
+
+    def loader(path, version):
+        raise OSError(f"SavedModel file does not exist at: {path}/saved_model.pb")
+
+    repository = ModelRepository(base, "m", loader=loader)
+    repository._refresh_logged()  # the base path is missing: the scan fails
+    assert base not in _not_found(lambda: repository.get("m"))
+    _fake_version(base, "1")
+    os.makedirs(os.path.join(base, "2"))  # no saved_model.pb
+    repository.refresh()
+    answers = [
+        _not_found(lambda: repository.get("m")),
+        _not_found(lambda: repository.get("m", "1")),
+        _not_found(lambda: repository.get("m", "2")),
+        _not_found(lambda: repository.get("m", "9")),
+        str(repository.status("m")),
+    ]
+    for answer in answers:
+        assert str(tmp_path) not in answer, answer
+    assert "OSError: SavedModel file does not exist at: <base_path>/1/saved_model.pb" in answers[4]
+    assert "No saved_model.pb in version folder 2" in answers[4]

@@ -496,25 +496,34 @@ def test_local_bad_bodies_answer_400(target):
     target.assert_still_serving()
 
 
-def test_json_response_is_json_with_its_length_and_nan_as_tensorflow_serving_writes_it():
-    """TensorFlow Serving answers a NaN output as the bare `NaN` token (its JSON writer
-    allows it); the body's length is the header's."""
+def test_json_response_is_json_with_its_length_and_never_nan():
+    """The body's length is the header's; NaN or Infinity (not JSON, though TensorFlow
+    Serving's writer emits the bare tokens) turns the answer into a strict-JSON 500."""
     from serving.rest import json_response
 
     started = []
     chunks = json_response(
         lambda status, headers: started.append((status, headers)),
         400,
-        {"x": [float("nan"), 1.5]},
+        {"x": [0.25, 1.5]},
         [("Retry-After", "1")],
     )
-    assert chunks == [b'{"x": [NaN, 1.5]}']
+    assert chunks == [b'{"x": [0.25, 1.5]}']
     assert started == [
         (
             "400 Bad Request",
-            [("Content-Type", "application/json"), ("Content-Length", "17"), ("Retry-After", "1")],
+            [("Content-Type", "application/json"), ("Content-Length", "18"), ("Retry-After", "1")],
         )
     ]
+    started.clear()
+    (data,) = json_response(
+        lambda status, headers: started.append((status, headers)), 200, {"x": [float("inf")]}
+    )
+    assert json.loads(data, parse_constant=pytest.fail) == {
+        "error": "Internal: the answer holds NaN or Infinity"
+    }
+    assert started[0][0] == "500 Internal Server Error"
+    assert ("Content-Length", str(len(data))) in started[0][1]
 
 
 class _StatusRepository:

@@ -326,6 +326,72 @@ def test_server_answers_stream_in_both_formats_and_refuses_bad_states(lstm_serve
     assert status == 200 and len(answer["predictions"]) == 2  # serving_default as before
 
 
+def test_padded_lengths_outside_the_steps_are_refused_naming_the_row_and_the_range(lstm_server):
+    server, _ = lstm_server
+    url = f"{server.url}/v1/models/lstm:predict"
+    sequence = np.zeros((3, T, M)).tolist()
+    for lengths, row, value in (([3, 0, 2], 1, 0), ([-4, 1, 1], 0, -4), ([1, T, T + 1], 2, T + 1)):
+        request = {"signature_name": "padded", "inputs": {"sequence": sequence, "length": lengths}}
+        status, answer = http_call(url, "POST", request)
+        assert (status, answer) == (400, {
+            "error": f"Input 'length' of row {row} is {value}; each row's length must be in "
+                     f"1..{T} (the steps of input 'sequence')"
+        })  # fmt: skip
+    rows = [{"sequence": sequence[0], "length": length} for length in (T, 0)]
+    status, answer = http_call(url, "POST", {"signature_name": "padded", "instances": rows})
+    assert status == 400 and "Input 'length' of row 1 is 0" in answer["error"]
+
+
+def test_a_prediction_out_of_float32_range_is_a_400_in_strict_json():
+    """A huge but finite state (3e38) makes the classification head's logits infinite."""
+    _, signatures, path = _exported("antisymmetric")
+    server = ThreadServer(os.path.dirname(path), "antisymmetric")
+    try:
+        url = f"{server.url}/v1/models/antisymmetric:predict"
+        (state,) = (name for name in signatures["stream"].structured_input_signature[1]
+                    if name.startswith("state_"))  # fmt: skip
+        huge = np.full((1, UNITS), 3e38).tolist()
+        inputs = {"sequence": np.ones((1, 2, M)).tolist(), state: huge}
+        status, raw = http_call(url, "POST", {"signature_name": "stream", "inputs": inputs})
+        assert status == 400 and isinstance(raw, dict), raw
+        json.dumps(raw, allow_nan=False)  # strict JSON: no NaN or Infinity anywhere in it
+        assert re.fullmatch(
+            r"Output '\w+' of signature 'stream' holds NaN or Infinity \(row 0\), which "
+            r"JSON cannot carry: the inputs \(a state, say\) drive the model out of float32 "
+            r"range",
+            raw["error"],
+        ), raw
+        status, raw = http_call(url, "POST", {"signature_name": "stream", "inputs": {
+            **inputs, state: np.zeros((1, UNITS)).tolist()}})  # fmt: skip
+        assert status == 200, raw  # still serving
+    finally:
+        server.stop()
+
+
+def test_every_answer_of_a_version_names_it_in_a_header(lstm_server):
+    import http.client
+
+    server, _ = lstm_server
+    host, port = server.url.removeprefix("http://").split(":")
+
+    def version_header(method, path, body=None):
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            connection.request(method, path, body=body and json.dumps(body))
+            response = connection.getresponse()
+            response.read()
+            return response.status, response.getheader("X-Model-Version")
+        finally:
+            connection.close()
+
+    whole = {"instances": np.zeros((1, T, M)).tolist()}
+    assert version_header("POST", "/v1/models/lstm:predict", whole) == (200, "1")
+    assert version_header("POST", "/v1/models/lstm/versions/1:predict", whole) == (200, "1")
+    assert version_header("GET", "/v1/models/lstm/metadata") == (200, "1")
+    assert version_header("GET", "/v1/models/lstm") == (200, None)  # status: every version
+    assert version_header("POST", "/v1/models/lstm/versions/2:predict", whole) == (404, None)
+
+
 def _rows(columns):
     """Columnar inputs as instances (one object per example)."""
     size = len(columns["sequence"])
