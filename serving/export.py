@@ -102,7 +102,15 @@ def _keras() -> ModuleType:
 
 def _input_spec(model: keras.Model, variable_length: bool) -> tf.TensorSpec:
     """The `(batch, T, m)` float32 spec of the model's single input."""
-    shape = tuple(model.inputs[0].shape) if getattr(model, "inputs", None) else None
+    inputs = getattr(model, "inputs", None) or []
+    if len(inputs) > 1:
+        names = ", ".join(repr(getattr(each, "name", "?")) for each in inputs)
+        raise invalid(
+            "model",
+            "a model with one input of shape (batch, T, m), which the export serves as `sequence`",
+            Literal(f"{len(inputs)} inputs ({names})"),
+        )
+    shape = tuple(inputs[0].shape) if inputs else None
     if shape is None or len(shape) != 3 or shape[2] is None:
         raise invalid(
             "model",

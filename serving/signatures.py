@@ -104,6 +104,11 @@ def _describe(layer: Any) -> str:
 def _chain(model: keras.Model) -> list[Any]:
     """The model's layers, when each one takes the previous one's output (else raises)."""
     keras = _keras()
+    if not isinstance(model, keras.Model):
+        raise StreamPlanError(
+            f"a {type(model).__module__.split('.')[0]} model is not a Keras 3 model: the "
+            f"signatures walk Keras 3 layers (see docs/legacy.md)"
+        )
     layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
     if not layers:
         raise StreamPlanError("the model has no layers")

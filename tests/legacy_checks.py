@@ -421,7 +421,15 @@ def check_exports_for_serving():
     model = classifier(True, True)
     random_weights(model)
     logits = model.predict(x, verbose=0)
-    export_model(model, f"{work}/export_model", 1)
+    notes = []
+    export_model(model, f"{work}/export_model", 1, notes=notes)
+    # The streaming signatures walk Keras 3 layers: the note says so, not that a layer
+    # would not treat each step alone.
+    reason = "a tf_keras model is not a Keras 3 model: the signatures walk Keras 3 layers"
+    assert notes == [
+        f"no `stream` signature: {reason} (see docs/legacy.md)",
+        f"no `padded` signature: {reason} (see docs/legacy.md)",
+    ], notes
     tf.saved_model.save(model, f"{work}/saved_model/1")
     _save("served", {"x": x, "logits": logits})
 

@@ -91,6 +91,9 @@ SCHEDULE_BOUNDS = [
      "comma-separated steps with --lr-schedule step"),
     ({"lr_schedule": "cosine"}, "lr_boundaries", (None,), ("5",), "none unless --lr-schedule step"),
     ({}, "lr_decay_steps", (None,), (9,), "none unless --lr-schedule cosine"),
+    ({}, "lr_decay_factor", (0.1,), (0.5, 0.0999), "0.1 (the default) unless --lr-schedule step"),
+    ({"lr_schedule": "cosine"}, "lr_decay_factor", (0.1,), (0.2,),
+     "0.1 (the default) unless --lr-schedule step"),
 ]  # fmt: skip
 
 

@@ -260,6 +260,12 @@ def test_more_steps_do_not_stretch_a_cosine_and_a_new_peak_applies_on_resume(tmp
          "argument `--lr-boundaries`, expected none unless --lr-schedule step, got '100'."),
         (["--lr-floor", "0.05"],
          "argument `--lr-floor`, expected 0 unless --lr-schedule cosine, got 0.05."),
+        (["--lr-decay-factor", "0.5"],
+         "argument `--lr-decay-factor`, expected 0.1 (the default) unless --lr-schedule step, "
+         "got 0.5."),
+        (["--lr-schedule", "cosine", "--lr-decay-factor", "0.2"],
+         "argument `--lr-decay-factor`, expected 0.1 (the default) unless --lr-schedule step, "
+         "got 0.2."),
         (["--lr-schedule", "cosine", "--lr-floor", "1.5"], "argument `--lr-floor`"),
         (["--lr-schedule", "cosine", "--warmup-steps", "10", "--lr-decay-steps", "10"],
          "argument `--lr-decay-steps`, expected an integer above --warmup-steps (10), got 10."),

@@ -55,6 +55,23 @@ def test_rejects_models_without_sequence_input():
         build_archive(model)
 
 
+def test_a_model_with_two_inputs_is_refused_with_one_line_and_nothing_written(capsys):
+    from keras_antisym import AntisymmetricRNN
+
+    first, second = keras.Input((STEPS, FEATURES), name="a"), keras.Input((STEPS, 2), name="b")
+    joined = keras.layers.Concatenate()([first, second])
+    head = keras.layers.Dense(3, name="classification_head")(AntisymmetricRNN(4)(joined))
+    path, base = work_dir("two-inputs.keras"), work_dir("two-inputs")
+    keras.Model([first, second], head).save(path)
+    status, lines = _cli(["--model", path, "--export-base", base, "--version", "1"], capsys)
+    assert (status, lines) == (2, [
+        "python -m serving.export: error: Received an invalid value for argument `model`, "
+        "expected a model with one input of shape (batch, T, m), which the export serves as "
+        "`sequence`, got 2 inputs ('a', 'b')."
+    ])  # fmt: skip
+    assert not os.path.exists(base) or os.listdir(base) == []
+
+
 def test_cli_writes_a_version_and_refuses_to_overwrite():
     exported("gated")
     keras_path, base = work_dir("gated.keras"), work_dir("cli-export")

@@ -27,6 +27,8 @@ MODEL_NAMES = ("antisymmetric", "gated", "ablation", "lstm")
 DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 # The learning-rate schedules (`--lr-schedule`; built by `training.schedules`).
 LR_SCHEDULES = ("constant", "cosine", "step")
+#: `--lr-decay-factor` unless given: only the step schedule reads it.
+DEFAULT_LR_DECAY_FACTOR = 0.1
 
 # The identity settings a resumed run may change when asked (`--change-on-resume`): they
 # shape no variable, so the checkpoint still fits. Under a schedule a new learning rate is
@@ -119,8 +121,9 @@ class RunConfig:
         "--lr-decay-factor", group="optimizer", identity=True, metavar="S1,S2,...",
     )  # fmt: skip
     lr_decay_factor: float = _option(
-        0.1, "step: the factor at each boundary", group="optimizer", identity=True, metavar="F"
-    )
+        DEFAULT_LR_DECAY_FACTOR, "step: the factor at each boundary", group="optimizer",
+        identity=True, metavar="F",
+    )  # fmt: skip
     # distribution
     strategy: str = _option("auto", group="distribution")
     tpu: str | None = _option(None, "TPU name or address for --strategy tpu", group="distribution")
@@ -301,6 +304,9 @@ class RunConfig:
                   self.lr_decay_steps)  # fmt: skip
         check(math.isfinite(self.lr_decay_factor) and 0 < self.lr_decay_factor < 1,
               "--lr-decay-factor", "a float in (0, 1)", self.lr_decay_factor)  # fmt: skip
+        check(step or self.lr_decay_factor == DEFAULT_LR_DECAY_FACTOR, "--lr-decay-factor",
+              f"{DEFAULT_LR_DECAY_FACTOR} (the default) unless --lr-schedule step",
+              self.lr_decay_factor)  # fmt: skip
         check(step or self.lr_boundaries is None, "--lr-boundaries",
               "none unless --lr-schedule step", self.lr_boundaries)  # fmt: skip
         check(not step or self.lr_boundaries, "--lr-boundaries",
