@@ -6,18 +6,25 @@ r"""A small client and CLI for TensorFlow Serving's REST API (and `serving.serve
         --instances-file batch.json [--columnar] [--version 2]
     python -m serving.client --model antisym stream --sequence-file x.npy --chunk 28
 
-Prints the JSON response; `stream` sends a `.npy` sequence (`(T, m)`, or
-`(batch, T, m)`) to the `stream` signature `--chunk` steps at a time, carrying
-the recurrent states from answer to request, and prints one JSON line per chunk.
-Errors are one line on stderr: status 2 for invalid arguments (or an unreadable
-`--instances-file` or `--sequence-file`), 1 when the server answers with an
-error or does not answer.
+Prints the JSON response. `--instances-file` holds a TensorFlow Serving request
+body as curl would send it (`{"instances": [...]}` or `{"inputs": ...}`, with
+an optional `signature_name`), or a bare JSON list of instances (sent as
+`instances`, or as `inputs` with `--columnar`). `stream` sends a numeric `.npy`
+sequence (`(T, m)`, or `(batch, T, m)`) to the `stream` signature `--chunk`
+steps at a time, carrying the recurrent states from answer to request, and
+prints one JSON line per chunk. Errors are one line on stderr: status 2 for
+invalid arguments (or an unreadable `--instances-file` or `--sequence-file`),
+1 when the server answers with an error or does not answer. Output piped into
+a reader that stops early (`| head`) ends the command quietly, with status 141
+(128 + SIGPIPE) as Unix tools end.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 import urllib.error
@@ -294,7 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS)
     parser.add_argument("--retries", type=int, default=3)
     parser.add_argument("command", choices=["status", "metadata", "predict", "stream"])
-    parser.add_argument("--instances-file", help="JSON list of instances (predict)")
+    parser.add_argument(
+        "--instances-file",
+        help='a request body ({"instances": ...} or {"inputs": ...}) or a JSON list (predict)',
+    )
     parser.add_argument("--columnar", action="store_true", help="send them as `inputs`")
     parser.add_argument("--signature-name")
     parser.add_argument("--sequence-file", help=".npy sequence, (T, m) or (batch, T, m) (stream)")
@@ -305,7 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"steps per request (default {DEFAULT_CHUNK})",
     )
     args = parser.parse_args(argv)
-    return run(parser.prog, lambda: _call(args), {ServingError: EXIT_FAILURE})
+    try:
+        return run(parser.prog, lambda: _call(args), {ServingError: EXIT_FAILURE})
+    except BrokenPipeError:  # the reader is gone: nothing left to say, and no one to say it to
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit would fail again
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
 
 
 def _call(args: argparse.Namespace) -> None:
@@ -319,10 +335,11 @@ def _call(args: argparse.Namespace) -> None:
     elif args.command == "metadata":
         result = client.metadata(args.version)
     else:
-        batch = _read_batch(args.instances_file)
-        key = "inputs" if args.columnar else "instances"
+        key, batch, signature_name = _read_request(args.instances_file, args.columnar)
         result = client.predict(
-            **{key: batch}, version=args.version, signature_name=args.signature_name
+            **{key: batch},
+            version=args.version,
+            signature_name=args.signature_name or signature_name,
         )
     json.dump(result, sys.stdout, indent=2)
     print()
@@ -353,6 +370,20 @@ def _read_sequence(path: str | None) -> Any:
         raise invalid(
             "--sequence-file", "a readable .npy file", Literal(f"{path!r} ({error})")
         ) from None
+    if not isinstance(sequence, np.ndarray):  # an .npz archive: several named arrays
+        names = ", ".join(sequence.files)
+        sequence.close()
+        raise invalid(
+            "--sequence-file",
+            "a .npy file holding one array (np.save)",
+            Literal(f"{path!r}, an .npz archive of {names or 'no arrays'}"),
+        )
+    if sequence.dtype.kind not in "biuf":
+        raise invalid(
+            "--sequence-file",
+            "a .npy file of numbers",
+            Literal(f"{path!r} of dtype {sequence.dtype}"),
+        )
     if sequence.ndim not in (2, 3) or 0 in sequence.shape:
         raise invalid(
             "--sequence-file",
@@ -362,17 +393,47 @@ def _read_sequence(path: str | None) -> Any:
     return sequence.astype("float32")
 
 
-def _read_batch(path: str | None) -> Any:
-    """The decoded `--instances-file`; a missing, unreadable or non-JSON file is a usage error."""
+def _read_request(path: str | None, columnar: bool) -> tuple[str, Any, str | None]:
+    """`(key, batch, signature_name)` from `--instances-file`, or a one-line usage error.
+
+    The file is a TensorFlow Serving request body (`{"instances": ...}` or
+    `{"inputs": ...}`, maybe with `signature_name`) or a bare JSON list, sent
+    as `inputs` when `columnar`, else as `instances`.
+    """
     if not path:
         raise invalid("--instances-file", "a JSON file for `predict`", Literal("none"))
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            body = json.load(handle)
     except (OSError, ValueError) as error:
         raise invalid(
             "--instances-file", "a readable JSON file", Literal(f"{path!r} ({error})")
         ) from None
+    if isinstance(body, list):
+        return ("inputs" if columnar else "instances"), body, None
+    keys = [key for key in ("instances", "inputs") if isinstance(body, dict) and key in body]
+    signature = body.get("signature_name") if isinstance(body, dict) else None
+    if len(keys) != 1 or not isinstance(signature, str | None):
+        raise invalid(
+            "--instances-file",
+            'a JSON list of instances or a request body {"instances": [...]} or '
+            '{"inputs": ...} (with an optional string "signature_name")',
+            Literal(f"{path!r} holding {_describe_json(body)}"),
+        )
+    (key,) = keys
+    if columnar and key == "instances":
+        raise invalid(
+            "--columnar", 'no flag: the file\'s body names its format ("instances")', Literal(path)
+        )
+    return key, body[key], signature
+
+
+def _describe_json(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object with keys " + (", ".join(sorted(map(repr, value))[:6]) or "none")
+    return {str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 import errno
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -10,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from serving.client import ServingClient, ServingError
+from tests.serving_helpers import REPO_ROOT
 
 
 class _Scripted(BaseHTTPRequestHandler):
@@ -184,6 +188,53 @@ def test_cli_predict_sends_the_version_and_signature_and_prints_indented_json(
     assert json.loads(stub.bodies[-1]) == {"instances": [[1, 2]], "signature_name": "padded"}
 
 
+@pytest.mark.parametrize(
+    "body, sent",
+    [
+        ({"instances": [[1, 2]]}, {"instances": [[1, 2]]}),
+        ({"inputs": {"x": [[1]]}, "signature_name": "stream"},
+         {"inputs": {"x": [[1]]}, "signature_name": "stream"}),
+        ([[3]], {"instances": [[3]]}),
+    ],
+)  # fmt: skip
+def test_cli_predict_sends_a_tensorflow_serving_request_body_as_written(
+    stub, tmp_path, capsys, body, sent
+):
+    """The quick start's own request.json (curl's body) works with `--instances-file`."""
+    from serving.client import main
+
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(body))
+    stub.script = [(200, {"predictions": [[0.5]]}, 0)]
+    argv = ["--url", _url(stub), "--model", "m", "predict", "--instances-file", str(request)]
+    assert main(argv) == 0
+    assert json.loads(stub.bodies[-1]) == sent
+    assert json.loads(capsys.readouterr().out) == {"predictions": [[0.5]]}
+
+
+def test_cli_output_into_a_closed_pipe_ends_quietly_with_sigpipe_s_status(stub, tmp_path):
+    """`python -m serving.client ... | head -1`: no BrokenPipeError traceback."""
+    import numpy as np
+
+    path = tmp_path / "x.npy"
+    np.save(path, np.zeros((400, 1), "float32"))
+    dims = {"dim": [{"size": "-1"}, {"size": "2"}]}
+    metadata = {"model_spec": {"version": "1"}, "metadata": {"signature_def": {"signature_def": {
+        "stream": {"inputs": {"sequence": {}, "state": {"tensor_shape": dims}}}}}}}  # fmt: skip
+    answer = {"outputs": {"p": [["x" * 2000]], "state": [[0, 0]]}}
+    stub.script = [(200, metadata, 0)] + [(200, answer, 0)] * 400
+    command = [sys.executable, "-m", "serving.client", "--url", _url(stub), "--model", "m",
+               "stream", "--sequence-file", str(path), "--chunk", "1"]  # fmt: skip
+    client = subprocess.Popen(
+        command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    client.stdout.readline()  # one line read, then the reader goes away as `head -1` does
+    client.stdout.close()
+    _, err = client.communicate(timeout=60)
+    assert err.decode() == ""
+    assert client.returncode == 128 + signal.SIGPIPE
+
+
 def test_cli_streams_a_sequence_file_and_flushes_each_answer(stub, tmp_path, monkeypatch):
     import numpy as np
 
@@ -223,6 +274,18 @@ def test_cli_streams_a_sequence_file_and_flushes_each_answer(stub, tmp_path, mon
          "`--sequence-file`, expected a non-empty array of shape (T, m) or (batch, T, m), got "
          "'{flat}' of shape (3,)."),
         (["--retries", "1.5", "status"], "argument --retries: invalid int value: '1.5'"),
+        (["stream", "--sequence-file", "{npz}"], "Received an invalid value for argument "
+         "`--sequence-file`, expected a .npy file holding one array (np.save), got '{npz}', an "
+         ".npz archive of x, y."),
+        (["stream", "--sequence-file", "{words}"], "Received an invalid value for argument "
+         "`--sequence-file`, expected a .npy file of numbers, got '{words}' of dtype <U3."),
+        (["predict", "--instances-file", "{other}"], "Received an invalid value for argument "
+         "`--instances-file`, expected a JSON list of instances or a request body "
+         '{{"instances": [...]}} or {{"inputs": ...}} (with an optional string '
+         "\"signature_name\"), got '{other}' holding an object with keys 'instance'."),
+        (["predict", "--instances-file", "{rows}", "--columnar"], "Received an invalid value for "
+         "argument `--columnar`, expected no flag: the file's body names its format "
+         "(\"instances\"), got {rows}."),
     ],
 )  # fmt: skip
 def test_cli_usage_errors_are_the_whole_message(args, message, tmp_path, capsys):
@@ -230,17 +293,23 @@ def test_cli_usage_errors_are_the_whole_message(args, message, tmp_path, capsys)
 
     from serving.client import main
 
-    flat = str(tmp_path / "flat.npy")
+    files = {name: str(tmp_path / name) for name in ("flat", "npz", "words", "other", "rows")}
+    files = {name: path + (".npz" if name == "npz" else ".npy") for name, path in files.items()}
+    files["other"], files["rows"] = str(tmp_path / "other.json"), str(tmp_path / "rows.json")
+    flat = files["flat"]
     np.save(flat, np.zeros(3, "float32"))
-    args = [arg.format(flat=flat) for arg in args]
+    np.savez(files["npz"], x=np.zeros((2, 1)), y=np.ones(2))
+    np.save(files["words"], np.array(["abc", "de"]))
+    (tmp_path / "other.json").write_text('{"instance": [[1]]}')
+    (tmp_path / "rows.json").write_text('{"instances": [[1]]}')
+    message = message.format(**files)
+    args = [arg.format(**files) for arg in args]
     try:
         status = main(["--model", "m", *args])
     except SystemExit as stopped:  # argparse's own errors exit from parse_args
         status = stopped.code
     assert status == 2
-    assert capsys.readouterr().err == (
-        f"python -m serving.client: error: {message.format(flat=flat)}\n"
-    )
+    assert capsys.readouterr().err == f"python -m serving.client: error: {message}\n"
 
 
 def test_cli_needs_a_model_and_documents_its_flags(capsys):
@@ -253,7 +322,10 @@ def test_cli_needs_a_model_and_documents_its_flags(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--instances-file INSTANCES_FILE JSON list of instances (predict)" in help_text
+    assert (
+        '--instances-file INSTANCES_FILE a request body ({"instances": ...} or {"inputs": ...}) '
+        "or a JSON list (predict)"
+    ) in help_text
     assert "--chunk CHUNK steps per request (default 28)" in help_text
 
 
