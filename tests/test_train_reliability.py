@@ -408,3 +408,74 @@ def test_a_damaged_tfds_folder_is_a_one_line_error(tmp_path, capsys, damage):
     assert train.main(argv) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "TFDS data set 'mnist' in" in err[0] and "cannot be read" in err[0]
+
+
+def _mount_tmpfs(folder, size):
+    """A filesystem of `size` at `folder` (root on Linux); False where it cannot be made."""
+    folder.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+def _fill(folder):
+    """Writes one file into `folder` until its filesystem is full."""
+    with open(folder / "filler", "wb") as handle:
+        with contextlib.suppress(OSError):
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_full_disk_at_a_checkpoint_is_one_line_keeps_the_last_and_the_rerun_resumes(
+    tmp_path, backend
+):
+    """A real full filesystem (a small tmpfs), filled after the first checkpoint."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "8m"):
+        pytest.skip("cannot mount a tmpfs here (needs root on Linux)")
+    try:
+        out = disk / "run"
+        argv = [*TINY, "--steps", "100000", "--checkpoint-every", "20", "--log-every", "20",
+                "--output-dir", str(out)]  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "training.train", *argv], cwd=ROOT, env=_env(backend),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            states = [out / "checkpoints" / name for name in ("checkpoint", "checkpoint.json")]
+            deadline = time.monotonic() + 120
+            while not any(state.exists() for state in states):  # the first one is complete
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.05)
+            _fill(disk)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode == 1, err[-2000:]
+        (line,) = err.strip().splitlines()
+        assert re.fullmatch(
+            rf"python -m training\.train: error: cannot write checkpoint "
+            rf"{re.escape(str(out / 'checkpoints'))}/ckpt-\d+(\.npz)? \(No space left on "
+            rf"device\); the last complete checkpoint is kept: free space and run the same "
+            rf"command to resume",
+            line,
+        ), line
+        failed = int(re.search(r"ckpt-(\d+)", line)[1])
+        names = sorted(os.listdir(out / "checkpoints"))
+        assert not [name for name in names if "temp" in name or "partial" in name], names
+        (disk / "filler").unlink()
+        rerun = subprocess.run(
+            [sys.executable, "-m", "training.train", *argv[:-6], "--steps", str(failed + 5),
+             "--checkpoint-every", "100", "--output-dir", str(out)],
+            cwd=ROOT, env=_env(backend), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        kept = failed - 20  # the checkpoint before the one the full disk refused
+        resumed = rf"^resumed from \S+ckpt-{kept}(\.npz)? at step {kept}$"
+        assert re.search(resumed, rerun.stdout, re.M), rerun.stdout[-2000:]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

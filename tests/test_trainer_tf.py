@@ -424,3 +424,36 @@ def test_a_restore_brings_back_every_model_variable_the_non_trainable_ones_too(t
     for a, b in zip(fresh.model.variables, trained.model.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
     assert np.abs(fresh.model.layers[1].moving_mean.numpy()).max() > 0  # moved by the step
+
+
+def test_a_tensorflow_checkpoint_that_cannot_be_written_leaves_no_temporary_folder(
+    tmp_path, monkeypatch
+):
+    """Anywhere: TensorFlow's own write fails after it made its `_temp` folder."""
+    from training.errors import CheckpointWriteError
+
+    real_write = tf.train.Checkpoint.write
+
+    def full(self, prefix, *args, **kwargs):
+        if not prefix.endswith("-2"):
+            return real_write(self, prefix, *args, **kwargs)
+        os.makedirs(f"{prefix}_temp")
+        with open(f"{prefix}_temp/part-00000-of-00001.data-00000-of-00001.tempstate1", "w"):
+            pass
+        raise tf.errors.ResourceExhaustedError(
+            None, None, "{{function_node __wrapped__SaveV2}} /x/ckpt-2_temp/part.data; No space "
+            "left on device [Op:SaveV2]",
+        )  # fmt: skip
+
+    monkeypatch.setattr(tf.train.Checkpoint, "write", full)
+    trainer = _trainer(str(tmp_path / "ckpt"))
+    trainer.save(1)
+    with pytest.raises(CheckpointWriteError) as failed:
+        trainer.save(2)
+    assert str(failed.value) == (
+        f"cannot write checkpoint {tmp_path / 'ckpt'}/ckpt-2 (No space left on device); the last "
+        f"complete checkpoint is kept: free space and run the same command to resume"
+    )
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [
+        "checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"
+    ]  # fmt: skip

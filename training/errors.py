@@ -37,6 +37,10 @@ class ProcessLostError(RuntimeError):
     """A process of a multi-process run stopped (killed, crashed or unreachable)."""
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, no permission); the last one is kept."""
+
+
 class RunLockedError(RuntimeError):
     """Another process is training in the same output folder."""
 

@@ -27,6 +27,7 @@ from training.distribution import (
     lost_processes_error,
     process_rows,
 )
+from training.errors import CheckpointWriteError
 from training.objectives import per_example_correct, per_example_loss
 from training.tasks import TrainingBatches
 
@@ -121,9 +122,16 @@ class KerasTrainer:
             for index, variable in enumerate(variables)
         }
         name = f"ckpt-{step}.npz"
-        with atomic_path(os.path.join(self.checkpoint_dir, name)) as partial:
-            with open(partial, "wb") as handle:
-                np.savez(handle, **arrays)
+        try:
+            with atomic_path(os.path.join(self.checkpoint_dir, name)) as partial:
+                with open(partial, "wb") as handle:
+                    np.savez(handle, **arrays)
+        except OSError as error:  # the partial file is gone; the last checkpoint stays
+            raise CheckpointWriteError(
+                f"cannot write checkpoint {os.path.join(self.checkpoint_dir, name)} "
+                f"({error.strerror or error}); the last complete checkpoint is kept: free space "
+                f"and run the same command to resume"
+            ) from None
         index = self._index()
         kept = [n for n in index.get("all", []) if n != name] + [name]
         write_atomically(

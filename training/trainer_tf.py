@@ -24,6 +24,7 @@ import tensorflow as tf
 from apputil.files import fsync_directory, fsync_file, remove_partials, write_atomically
 from training import distribution
 from training.config import check_batch_size
+from training.errors import CheckpointWriteError
 from training.objectives import per_example_correct, per_example_loss
 from training.tasks import TrainingBatches
 
@@ -138,8 +139,17 @@ class TFTrainer:
             return
         directory = self._save_dir
         os.makedirs(directory, exist_ok=True)
-        path = self.checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
-        _fsync_checkpoint(path)
+        prefix = os.path.join(directory, f"ckpt-{step}")
+        try:
+            path = self.checkpoint.write(prefix)
+            _fsync_checkpoint(path)
+        except (tf.errors.OpError, OSError) as error:  # TensorFlow's I/O errors are no OSError
+            _remove_partial(prefix)
+            raise CheckpointWriteError(
+                f"cannot write checkpoint {prefix} ({_reason(error)}); "
+                f"the last complete checkpoint is kept: free space and run the same command "
+                f"to resume"
+            ) from None
         # Older ones stay up to KEEP; newer ones are those restore skipped as unreadable.
         older = [p for p in checkpoint_paths(directory) if _step(p) < step]
         kept = older[-(KEEP - 1) :] + [path]
@@ -257,6 +267,22 @@ def _fsync_checkpoint(path):
     for name in _checkpoint_files(path):
         fsync_file(name)
     fsync_directory(os.path.dirname(path) or ".")
+
+
+def _reason(error):
+    """The cause in a TensorFlow I/O error: `No space left on device`, not the op and file."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(getattr(error, "message", None) or error).strip()
+    text = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\]", "", (text.splitlines() or [""])[0])
+    return text.rsplit("; ", 1)[-1].strip() or type(error).__name__
+
+
+def _remove_partial(prefix):
+    """Deletes what a failed write of the checkpoint `prefix` left: its files, its `_temp`."""
+    shutil.rmtree(f"{prefix}_temp", ignore_errors=True)
+    with contextlib.suppress(OSError):
+        _remove_checkpoint(prefix)
 
 
 def _remove_checkpoint(path):
