@@ -4,6 +4,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -351,6 +352,44 @@ def test_chief_and_two_workers_run_every_trial_once(tmp_path):
     best = json.loads((directory / "p" / "best.json").read_text())
     assert best["completed_trials"] == trials
     assert best["score"] == pytest.approx(max(t["score"] for t in found.values()))
+
+
+@pytest.mark.parametrize(
+    "number, wait_for, seconds",
+    [(signal.SIGTERM, "[tuner0] trial 0 ", 4.0), (signal.SIGINT, "trials run on ", 0.0)],
+)
+def test_a_signal_stops_the_search_with_one_line_and_the_shell_s_status(
+    tmp_path, number, wait_for, seconds
+):
+    """In a trial (its loop finishes the step in progress) or anywhere else in the search."""
+    directory = tmp_path / "search"
+    argv = [*TINY, "--model", "antisymmetric", "--tuner", "random", "--max-trials", "2"]
+    argv += ["--steps-per-trial", "1000000", "--directory", str(directory), "--project-name", "p"]
+    log = tmp_path / "tune.log"
+    search = _start(argv, log)
+    try:
+        deadline = time.monotonic() + 90
+        while wait_for not in log.read_text():
+            assert search.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        time.sleep(seconds)
+        search.send_signal(number)
+        search.wait(timeout=60)
+    finally:
+        _stop([search])
+    text = log.read_text()
+    assert search.returncode == 128 + number, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    (line,) = [line for line in text.splitlines() if ": error: " in line]
+    name = signal.Signals(number).name
+    assert re.fullmatch(
+        rf"python -m training\.tune: error: stopped by {name} (in trial 0 at step \d+|outside "
+        rf"a trial); run the same command to continue the search \(its finished trials are "
+        rf"kept\)",
+        line,
+    ), line
+    if number == signal.SIGTERM:  # 4 s into a trial of a million steps: inside its loop
+        assert " in trial 0 at step " in line, line
 
 
 def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):

@@ -56,6 +56,22 @@ class Interrupted(Exception):
         )
 
 
+class SearchInterrupted(BaseException):  # noqa: N818  (a request to stop, as KeyboardInterrupt)
+    """SIGTERM or SIGINT stopped a search; its finished trials are kept.
+
+    A `BaseException`, as `KeyboardInterrupt` is: keras-tuner records any
+    `Exception` of a trial as a failed trial and goes on with the next one.
+    """
+
+    def __init__(self, signal_number: int, where: str):
+        self.signal_number = signal_number
+        name = signal.Signals(signal_number).name
+        super().__init__(
+            f"stopped by {name} {where}; run the same command to continue the search (its "
+            f"finished trials are kept)"
+        )
+
+
 #: Exception class -> exit status (or a function of the exception); the first match wins.
 EXPECTED: dict[type[BaseException], Status] = {
     UsageError: EXIT_USAGE,
@@ -66,6 +82,7 @@ EXPECTED: dict[type[BaseException], Status] = {
     RunLockedError: EXIT_USAGE,
     # Stopped by a signal: 128 + its number, as a shell reports a process killed by it.
     Interrupted: lambda error: 128 + error.signal_number,
+    SearchInterrupted: lambda error: 128 + error.signal_number,
     ProcessLostError: EXIT_FAILURE,
     OSError: EXIT_FAILURE,
 }

@@ -22,7 +22,7 @@ from apputil.errors import invalid, shown
 from apputil.files import write_atomically
 from training import distribution, tasks
 from training.config import RunConfig, check_batch_size
-from training.errors import SearchError
+from training.errors import Interrupted, SearchError, SearchInterrupted
 from training.experiment import train_and_evaluate
 from training.hypermodels import RNNHyperModel
 from training.space import MODEL_HYPERPARAMETERS, OBJECTIVE, flag_name
@@ -42,7 +42,12 @@ def _tuner_classes():
         def run_trial(self, trial, *args, **kwargs):
             values = _describe(trial.hyperparameters.values)
             self.hypermodel.log(f"[{self.tuner_id}] trial {trial.trial_id} {values}")
-            results = super().run_trial(trial, *args, **kwargs)  # one per execution
+            try:
+                results = super().run_trial(trial, *args, **kwargs)  # one per execution
+            except Interrupted as stopped:  # the trial's loop finished its step in progress
+                raise SearchInterrupted(
+                    stopped.signal_number, f"in trial {trial.trial_id} at step {stopped.step}"
+                ) from None
             score = sum(result[OBJECTIVE] for result in results) / len(results)
             self.hypermodel.log(
                 f"[{self.tuner_id}] trial {trial.trial_id} done {OBJECTIVE} {score:.4f}"

@@ -23,12 +23,12 @@ import dataclasses
 import os
 import sys
 
-from apputil import cli, quiet
+from apputil import cli, quiet, signals
 from apputil.cli import OneLineParser
 from apputil.errors import check, invalid
 from training import options
 from training.config import RunConfig, check_types, flag, identity_fields
-from training.errors import EXPECTED
+from training.errors import EXPECTED, SearchInterrupted
 from training.space import PAPER_GRID, SearchSpace, flag_name
 
 TUNERS = ("random", "bayesian", "hyperband", "grid")
@@ -180,13 +180,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def body():
         config = SearchConfig.from_namespace(args).validate()
-        quiet.import_keras()
-        # Keras, keras-tuner and TensorFlow load only now: `--help` and usage errors answer
-        # without them.
-        from training import distribution, search
+        # From here a signal ends the search with one line (a trial's training loop
+        # finishes its step in progress first); keras-tuner keeps the finished trials.
+        with signals.raising(lambda number: SearchInterrupted(number, "outside a trial")):
+            quiet.import_keras()
+            # Keras, keras-tuner and TensorFlow load only now: `--help` and usage errors
+            # answer without them.
+            from training import distribution, search
 
-        distribution.split_cpu(config.run.cpu_devices)
-        search.run(config)
+            distribution.split_cpu(config.run.cpu_devices)
+            search.run(config)
 
     return cli.run(parser.prog, body, EXPECTED)
 
