@@ -7,7 +7,7 @@ One subprocess per backend (`KERAS_BACKEND`), each on the same card in the
 same run, each writing `gpu-kernel-<backend>.json` after every section:
 
 1. numerics: the fused layers with `fused_kernel=True` against `False` (in
-   full float32) and against the float64 NumPy reference (`tests/reference.py`),
+   full float32) and against the float64 NumPy reference (`benchmarks/reference.py`),
    outputs and weight gradients, for each kernel precision (`float32`,
    `tf32x3`, `tf32`);
 2. training step (`train_on_batch`, interleaved, repeated, medians) at B128
@@ -31,7 +31,7 @@ import sys
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, reference
 from benchmarks.common import (
     environment,
     interleaved,
@@ -41,8 +41,8 @@ from benchmarks.common import (
     table,
     write_text,
 )
+from benchmarks.gradients import outputs_and_grads
 from benchmarks.run import floor_time, make_layer, make_model, random_batch
-from tests import reference
 
 PRECISIONS = ("float32", "tf32x3", "tf32")
 FULL = {"shape": (128, 784, 1, 128), "long": 1568, "numerics": (32, 200), "repeats": 10}
@@ -74,16 +74,14 @@ def _relative(a, b):
 
 
 def _layer_and_grads(name, units, fused, x, weights):
-    """Outputs of a layer and the gradients of their weighted sum (tests.test_kernels)."""
+    """Outputs of a layer and the gradients of their weighted sum (`benchmarks.gradients`)."""
     from keras import ops
-
-    from tests.test_kernels import _outputs_and_grads  # imports pytest: a test-only dependency
 
     options = {"epsilon": 0.1, "gamma": 0.01, "return_sequences": True, "fused_kernel": fused}
     layer = make_layer(name, units, **options)
     layer.build(x.shape)
     layer.set_weights(weights)
-    outputs, grads = _outputs_and_grads(layer, x, {})
+    outputs, grads = outputs_and_grads(layer, x, {})
     return ops.convert_to_numpy(outputs), [ops.convert_to_numpy(g) for g in grads]
 
 

@@ -93,7 +93,7 @@ def check_against_reference(kind, gated, x, go_backwards, unroll, mask=None):
 
     Inputs of at least 8 features take the fused layers' hoisted path.
     """
-    from tests import reference
+    from benchmarks import reference
 
     args = dict(epsilon=0.3, gamma=0.05)
     layer = make_layer(

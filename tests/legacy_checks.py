@@ -106,7 +106,7 @@ def check_against_reference():
     """Both cells, the ablation, masks, initial states, go_backwards, no bias, unroll."""
     import tensorflow as tf
 
-    from tests import reference
+    from benchmarks import reference
 
     x = sequences()
     h0 = np.random.RandomState(7).standard_normal((3, UNITS)).astype("float32")
@@ -165,7 +165,7 @@ def check_against_reference():
 def check_masking_layer_and_bidirectional():
     import tensorflow as tf
 
-    from tests import reference
+    from benchmarks import reference
 
     x = sequences()
     x[0, 6:] = 0.0
@@ -190,7 +190,7 @@ def check_masking_layer_and_bidirectional():
 def check_stateful():
     import tensorflow as tf
 
-    from tests import reference
+    from benchmarks import reference
 
     x = sequences()
     layer = tf.keras.layers.RNN(cell_class(False)(UNITS, **ARGS), stateful=True)

@@ -34,6 +34,19 @@ def test_import_graph_finds_a_planted_cycle():
     assert import_graph.cycles(edges) == [["a", "b", "c"]]
 
 
+def test_nothing_outside_the_test_suite_imports_it():
+    """The library and the application (benchmarks too) run without the tests checked out."""
+    packages = ("keras_antisym", "apputil", "training", "serving", "benchmarks", "tests")
+    edges, _ = import_graph.scan(packages)
+    into_tests = {
+        module: sorted(target for target in targets if target.split(".")[0] == "tests")
+        for module, targets in edges.items()
+        if module.split(".")[0] != "tests"
+    }
+    assert {module: found for module, found in into_tests.items() if found} == {}
+    assert "tests.helpers" in edges["tests.test_serving_export"]  # imports of tests are seen
+
+
 LIGHT_MODULES = (
     "apputil", "apputil.cli", "apputil.errors", "apputil.files", "apputil.quiet",
     "training", "training.config", "training.options", "training.errors", "training.space",

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import reference
+from benchmarks import reference
 from tests.backend_probe import CASES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def test_backend_matches_numpy_reference(backend, probe_inputs, tmp_path):
 
 def _check_stateful_carry(out, kind):
     """Stateful chunks equal the NumPy reference on the whole sequence; reset starts over."""
-    from tests import reference
+    from benchmarks import reference
 
     x = np.random.RandomState(11).standard_normal((2, 8, 3)).astype("float32")
     flat = out[f"{kind}_stateful_weights"]

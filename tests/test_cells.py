@@ -1,7 +1,7 @@
 """keras_antisym/cells.py: the paper's equations, through `keras.layers.RNN` and the fused layers.
 
 The recurrence of both cells is checked against the NumPy reference
-(tests/reference.py) through `keras.layers.RNN(cell)` and, since the fused
+(benchmarks/reference.py) through `keras.layers.RNN(cell)` and, since the fused
 layers must compute exactly the same, through them too.
 """
 
@@ -9,13 +9,13 @@ import keras
 import numpy as np
 import pytest
 
+from benchmarks import reference
 from keras_antisym import (
     AntisymmetricCell,
     AntisymmetricRNN,
     GatedAntisymmetricCell,
     GatedAntisymmetricRNN,
 )
-from tests import reference
 from tests.conftest import (
     LAYER_KINDS,
     check_against_reference,

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import keras_antisym
+from benchmarks import reference
 from keras_antisym import (
     StabilityDiagnostics,
     diagnostics,
@@ -30,7 +31,6 @@ from keras_antisym import (
     step_jacobian,
     transition_eigenvalues,
 )
-from tests import reference
 from tests.conftest import make_layer, random_weights
 
 ROOT = Path(__file__).resolve().parents[1]

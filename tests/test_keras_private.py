@@ -16,8 +16,8 @@ import keras
 import numpy as np
 import pytest
 
+from benchmarks import reference
 from keras_antisym import AntisymmetricCell, AntisymmetricRNN, _keras_private
-from tests import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import reference
+from benchmarks import reference
+from benchmarks.gradients import outputs_and_grads
 
 ROOT = Path(__file__).resolve().parents[1]
 EPSILON, GAMMA = 0.3, 0.05
@@ -610,41 +611,6 @@ def test_layers_fused_kernel_matches_the_loop(backend, tmp_path):
         assert error <= LAYER_ATOL + LAYER_RTOL * scale
 
 
-def _loss(outputs):
-    from keras import ops
-
-    total = 0.0
-    for o in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
-        size = int(np.prod(o.shape))
-        total = total + ops.sum(
-            o * ops.reshape(ops.cos(ops.arange(size, dtype="float32")), o.shape)
-        )
-    return total
-
-
-def _outputs_and_grads(layer, x, call_args):
-    """The layer's outputs on `x` and the gradients of `_loss` w.r.t. its weights."""
-    import keras
-
-    if keras.backend.backend() == "torch":
-        import torch
-
-        outputs = layer(x, **call_args)
-        grads = torch.autograd.grad(_loss(outputs), [v.value for v in layer.trainable_variables])
-        return outputs, grads
-    import jax
-
-    trainable = [v.value for v in layer.trainable_variables]
-    fixed = [v.value for v in layer.non_trainable_variables]
-
-    def loss(trainable):
-        outputs, _ = layer.stateless_call(trainable, fixed, x, **call_args)
-        return _loss(outputs), outputs
-
-    grads, outputs = jax.grad(loss, has_aux=True)(trainable)
-    return outputs, grads
-
-
 def _compare(layer_args, call_args, gated, x, counter, calls=1, fused="kernel"):
     """Max abs errors (and scales) of fused_kernel=True (or `fused`) against False."""
     from keras import ops
@@ -666,7 +632,7 @@ def _compare(layer_args, call_args, gated, x, counter, calls=1, fused="kernel"):
         layer.set_weights([0.5 * rng.standard_normal(w.shape) for w in layer.get_weights()])
         before = counter[0]
         for _ in range(calls):
-            outputs, grads = _outputs_and_grads(layer, x, call_args)
+            outputs, grads = outputs_and_grads(layer, x, call_args)
         assert value or counter[0] == before, "fused_kernel=False called the kernel"
         flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         results.append([ops.convert_to_numpy(a) for a in list(flat) + list(grads)])

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from benchmarks import reference
 from keras_antisym import (
     AntisymmetricCell,
     AntisymmetricRNN,
     GatedAntisymmetricCell,
     GatedAntisymmetricRNN,
 )
-from tests import reference
 from tests.conftest import (
     LAYER_KINDS,
     check_against_reference,

@@ -3,7 +3,7 @@
 Under `mixed_bfloat16` the increments `ε·f` (|ε·f| ≤ ε = 0.01) are below
 bfloat16's spacing near 1 (2⁻⁷); a bfloat16 state rounds them away and drifts
 from the float32 dynamics by several percent after 1000 steps. These tests
-hold the layers and cells to the float64 NumPy reference (`tests.reference`)
+hold the layers and cells to the float64 NumPy reference (`benchmarks.reference`)
 at T=1000 under every policy.
 """
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+from benchmarks import reference
 from keras_antisym import (
     AntisymmetricCell,
     AntisymmetricRNN,
@@ -21,7 +22,6 @@ from keras_antisym import (
     GatedAntisymmetricRNN,
     stability,
 )
-from tests import reference
 
 UNITS, FEATURES, BATCH, STEPS = 8, 3, 2, 1000
 EPSILON, GAMMA = 0.01, 0.01

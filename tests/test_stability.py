@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 from keras import ops
 
+from benchmarks import reference
 from keras_antisym import (
     AntisymmetricCell,
     AntisymmetricRNN,
@@ -22,7 +23,6 @@ from keras_antisym import (
     transition_eigenvalues,
     transition_matrix,
 )
-from tests import reference
 from tests.conftest import make_layer, random_weights
 
 

@@ -14,7 +14,7 @@ import pytest
 import tensorflow_datasets as tfds
 import yaml
 
-from tests import reference
+from benchmarks import reference
 from training import experiment, train
 from training.config import RunConfig
 from training.models import build_model

@@ -1,4 +1,6 @@
-"""Independent NumPy implementation of the paper's equations, step by step.
+"""Independent NumPy implementation of the paper's equations, step by step (float64).
+
+The reference the test suite and `benchmarks.gpu_kernel_check` hold the layers to.
 
 Column-vector convention of the paper (`M h`), one sample at a time, float64:
 nothing here is shared with the library's row-major batched code.
