@@ -107,20 +107,19 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
             diffusion still applied (`U - γI`).
 
     Call arguments:
-        sequence: A 2D tensor of shape `(batch, input_dim)`, one time step.
-        states: A list with one tensor of shape `(batch, units)`, `h_{t-1}`.
-        training: Python boolean, whether dropout is applied.
+        - `sequence`: A 2D tensor of shape `(batch, input_dim)`, one time step.
+        - `states`: A list with one tensor of shape `(batch, units)`, `h_{t-1}`.
+        - `training`: Python boolean, whether dropout is applied.
 
     Returns:
         `(h_t, [h_t])`.
 
-    Example:
-
-    >>> import numpy as np, keras
-    >>> from keras_antisym import AntisymmetricCell
-    >>> layer = keras.layers.RNN(AntisymmetricCell(32, epsilon=0.1, gamma=0.01))
-    >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
-    (4, 32)
+    Examples:
+        >>> import numpy as np, keras
+        >>> from keras_antisym import AntisymmetricCell
+        >>> layer = keras.layers.RNN(AntisymmetricCell(32, epsilon=0.1, gamma=0.01))
+        >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
+        (4, 32)
     """
 
     #: Number of `units`-wide blocks in the input projection.
@@ -431,17 +430,16 @@ class GatedAntisymmetricCell(AntisymmetricCell):
     (`recurrent_activation` follows `activation`).
 
     Call arguments:
-        sequence: A 2D tensor of shape `(batch, input_dim)`, one time step.
-        states: A list with one tensor of shape `(batch, units)`, `h_{t-1}`.
-        training: Python boolean, whether dropout is applied.
+        - `sequence`: A 2D tensor of shape `(batch, input_dim)`, one time step.
+        - `states`: A list with one tensor of shape `(batch, units)`, `h_{t-1}`.
+        - `training`: Python boolean, whether dropout is applied.
 
-    Example:
-
-    >>> import numpy as np, keras
-    >>> from keras_antisym import GatedAntisymmetricCell
-    >>> layer = keras.layers.RNN(GatedAntisymmetricCell(32), return_sequences=True)
-    >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
-    (4, 100, 32)
+    Examples:
+        >>> import numpy as np, keras
+        >>> from keras_antisym import GatedAntisymmetricCell
+        >>> layer = keras.layers.RNN(GatedAntisymmetricCell(32), return_sequences=True)
+        >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
+        (4, 100, 32)
     """
 
     num_blocks: int = 2

@@ -147,22 +147,21 @@ class StabilityDiagnostics(keras.callbacks.Callback):
             loss the model was compiled with (a custom training loop that
             does not compile passes its own).
 
-    Example:
-
-    >>> import numpy as np, keras
-    >>> from keras_antisym import AntisymmetricRNN, StabilityDiagnostics
-    >>> x = np.random.RandomState(0).randn(32, 20, 3).astype("float32")
-    >>> y = (x[:, 0, 0] > 0).astype("int32")
-    >>> model = keras.Sequential([
-    ...     keras.Input((20, 3)),
-    ...     AntisymmetricRNN(8, epsilon=0.1, gamma=0.01, name="arnn"),
-    ...     keras.layers.Dense(2),
-    ... ])
-    >>> model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    >>> diag = StabilityDiagnostics(every_n_steps=2, probe_data=(x[:4], y[:4]))
-    >>> history = model.fit(x, y, batch_size=8, epochs=1, callbacks=[diag], verbose=0)
-    >>> "stability/arnn/euler_margin" in history.history
-    True
+    Examples:
+        >>> import numpy as np, keras
+        >>> from keras_antisym import AntisymmetricRNN, StabilityDiagnostics
+        >>> x = np.random.RandomState(0).randn(32, 20, 3).astype("float32")
+        >>> y = (x[:, 0, 0] > 0).astype("int32")
+        >>> model = keras.Sequential([
+        ...     keras.Input((20, 3)),
+        ...     AntisymmetricRNN(8, epsilon=0.1, gamma=0.01, name="arnn"),
+        ...     keras.layers.Dense(2),
+        ... ])
+        >>> model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        >>> diag = StabilityDiagnostics(every_n_steps=2, probe_data=(x[:4], y[:4]))
+        >>> history = model.fit(x, y, batch_size=8, epochs=1, callbacks=[diag], verbose=0)
+        >>> "stability/arnn/euler_margin" in history.history
+        True
     """
 
     def __init__(

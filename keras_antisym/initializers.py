@@ -31,10 +31,9 @@ class FanInNormal(keras.initializers.RandomNormal):
         sigma: Non-negative float, the scale `sigma` (the paper's `sigma_w`).
         seed: Optional integer or `keras.random.SeedGenerator`.
 
-    Example:
-
-    >>> init = FanInNormal(sigma=4.0, seed=0)
-    >>> w = init((128, 128))  # entries drawn from N(0, 16 / 128)
+    Examples:
+        >>> init = FanInNormal(sigma=4.0, seed=0)
+        >>> w = init((128, 128))  # entries drawn from N(0, 16 / 128)
     """
 
     def __init__(self, sigma: float = 1.0, seed: int | None = None) -> None:

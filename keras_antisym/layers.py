@@ -145,23 +145,22 @@ class AntisymmetricRNN(keras.layers.RNN):
     of the layer, as in `keras.layers.GRU`.
 
     Call arguments:
-        sequences: A 3D tensor `(batch, timesteps, features)`.
-        initial_state: Optional list with one `(batch, units)` tensor.
-        mask: Optional boolean `(batch, timesteps)`; `True` marks the steps
+        - `sequences`: A 3D tensor `(batch, timesteps, features)`.
+        - `initial_state`: Optional list with one `(batch, units)` tensor.
+        - `mask`: Optional boolean `(batch, timesteps)`; `True` marks the steps
             to process.
-        training: Python boolean, whether dropout is applied.
+        - `training`: Python boolean, whether dropout is applied.
 
-    Example:
-
-    >>> import numpy as np, keras
-    >>> from keras_antisym import AntisymmetricRNN
-    >>> model = keras.Sequential([
-    ...     keras.Input((784, 1)),
-    ...     AntisymmetricRNN(128, epsilon=0.01, gamma=0.01),
-    ...     keras.layers.Dense(10),
-    ... ])
-    >>> model.count_params()
-    9674
+    Examples:
+        >>> import numpy as np, keras
+        >>> from keras_antisym import AntisymmetricRNN
+        >>> model = keras.Sequential([
+        ...     keras.Input((784, 1)),
+        ...     AntisymmetricRNN(128, epsilon=0.01, gamma=0.01),
+        ...     keras.layers.Dense(10),
+        ... ])
+        >>> model.count_params()
+        9674
     """
 
     cell_class: type[AntisymmetricCell] = AntisymmetricCell
@@ -477,17 +476,16 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
     Every other argument is as in `AntisymmetricRNN`, in the same order
     (`recurrent_activation` follows `activation`).
 
-    Example:
-
-    >>> import numpy as np, keras
-    >>> from keras_antisym import GatedAntisymmetricRNN
-    >>> model = keras.Sequential([
-    ...     keras.Input((1024, 3)),
-    ...     GatedAntisymmetricRNN(256, epsilon=0.1, gamma=0.01),
-    ...     keras.layers.Dense(10),
-    ... ])
-    >>> model.count_params()
-    37258
+    Examples:
+        >>> import numpy as np, keras
+        >>> from keras_antisym import GatedAntisymmetricRNN
+        >>> model = keras.Sequential([
+        ...     keras.Input((1024, 3)),
+        ...     GatedAntisymmetricRNN(256, epsilon=0.1, gamma=0.01),
+        ...     keras.layers.Dense(10),
+        ... ])
+        >>> model.count_params()
+        37258
     """
 
     cell_class: type[AntisymmetricCell] = GatedAntisymmetricCell

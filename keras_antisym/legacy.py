@@ -16,14 +16,13 @@ this class before each sequence, giving one mask per sequence, as Keras' own
 `SimpleRNNCell`) and `BaseRandomLayer` (Keras 2's seeded dropout), both present
 in tf_keras 2.16 to 2.21.
 
-Example:
-
->>> import os; os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
->>> import numpy as np, tensorflow as tf
->>> from keras_antisym.legacy import AntisymmetricCell
->>> layer = tf.keras.layers.RNN(AntisymmetricCell(8, epsilon=0.1), return_sequences=True)
->>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
-(2, 5, 8)
+Examples:
+    >>> import os; os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
+    >>> import numpy as np, tensorflow as tf
+    >>> from keras_antisym.legacy import AntisymmetricCell
+    >>> layer = tf.keras.layers.RNN(AntisymmetricCell(8, epsilon=0.1), return_sequences=True)
+    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
+    (2, 5, 8)
 """
 
 import types
@@ -63,10 +62,9 @@ class FanInNormal(tf_keras.initializers.RandomNormal):
         sigma: Non-negative float, the scale `sigma` (the paper's `sigma_w`).
         seed: Optional integer.
 
-    Example:
-
-    >>> init = FanInNormal(sigma=4.0, seed=0)
-    >>> w = init((128, 128))  # entries drawn from N(0, 16 / 128)
+    Examples:
+        >>> init = FanInNormal(sigma=4.0, seed=0)
+        >>> w = init((128, 128))  # entries drawn from N(0, 16 / 128)
     """
 
     def __init__(self, sigma=1.0, seed=None):
@@ -133,18 +131,17 @@ class AntisymmetricCell(DropoutRNNCellMixin, tf_keras.layers.AbstractRNNCell, Ba
             free `(units, units)` matrix `U` in place of `W - Wᵀ` (`U - γI`).
 
     Call arguments:
-        inputs: A 2D tensor `(batch, input_dim)`, one time step.
-        states: A list with one tensor `(batch, units)`, `h_{t-1}`.
-        training: Python boolean, whether dropout is applied.
+        - `inputs`: A 2D tensor `(batch, input_dim)`, one time step.
+        - `states`: A list with one tensor `(batch, units)`, `h_{t-1}`.
+        - `training`: Python boolean, whether dropout is applied.
 
-    Example:
-
-    >>> import os; os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before importing TensorFlow
-    >>> import numpy as np, tensorflow as tf
-    >>> from keras_antisym.legacy import AntisymmetricCell
-    >>> layer = tf.keras.layers.RNN(AntisymmetricCell(32, epsilon=0.1, gamma=0.01))
-    >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
-    (4, 32)
+    Examples:
+        >>> import os; os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before importing TensorFlow
+        >>> import numpy as np, tensorflow as tf
+        >>> from keras_antisym.legacy import AntisymmetricCell
+        >>> layer = tf.keras.layers.RNN(AntisymmetricCell(32, epsilon=0.1, gamma=0.01))
+        >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
+        (4, 32)
     """
 
     #: Number of `units`-wide blocks in the input projection.
@@ -323,14 +320,13 @@ class GatedAntisymmetricCell(AntisymmetricCell):
         bias_constraint, dropout, recurrent_dropout, seed, antisymmetric:
             As in `AntisymmetricCell`.
 
-    Example:
-
-    >>> import os; os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before importing TensorFlow
-    >>> import numpy as np, tensorflow as tf
-    >>> from keras_antisym.legacy import GatedAntisymmetricCell
-    >>> layer = tf.keras.layers.RNN(GatedAntisymmetricCell(32), return_sequences=True)
-    >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
-    (4, 100, 32)
+    Examples:
+        >>> import os; os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before importing TensorFlow
+        >>> import numpy as np, tensorflow as tf
+        >>> from keras_antisym.legacy import GatedAntisymmetricCell
+        >>> layer = tf.keras.layers.RNN(GatedAntisymmetricCell(32), return_sequences=True)
+        >>> tuple(layer(np.zeros((4, 100, 3), "float32")).shape)
+        (4, 100, 32)
     """
 
     num_blocks = 2

@@ -85,15 +85,14 @@ def transition_matrix(layer: Any) -> FloatArray:
     Returns:
         A float64 NumPy array of shape `(units, units)`.
 
-    Example:
-
-    >>> import numpy as np
-    >>> from keras_antisym import AntisymmetricRNN, stability
-    >>> layer = AntisymmetricRNN(8, gamma=0.1)
-    >>> _ = layer(np.zeros((1, 5, 3), "float32"))
-    >>> m = stability.transition_matrix(layer)
-    >>> bool(np.allclose(m + m.T, -0.2 * np.eye(8), atol=1e-6))
-    True
+    Examples:
+        >>> import numpy as np
+        >>> from keras_antisym import AntisymmetricRNN, stability
+        >>> layer = AntisymmetricRNN(8, gamma=0.1)
+        >>> _ = layer(np.zeros((1, 5, 3), "float32"))
+        >>> m = stability.transition_matrix(layer)
+        >>> bool(np.allclose(m + m.T, -0.2 * np.eye(8), atol=1e-6))
+        True
     """
     cell = get_antisymmetric_cell(layer)
     return ops.convert_to_numpy(cell.transition_matrix()).astype("float64")
@@ -108,15 +107,14 @@ def transition_eigenvalues(layer: Any) -> npt.NDArray[np.inexact[Any]]:
     Returns:
         A complex128 NumPy array of shape `(units,)`, sorted by imaginary part.
 
-    Example:
-
-    >>> import numpy as np
-    >>> from keras_antisym import AntisymmetricCell, stability
-    >>> cell = AntisymmetricCell(4, gamma=0.5)
-    >>> cell.build((None, 2))
-    >>> eig = stability.transition_eigenvalues(cell)
-    >>> bool(np.allclose(eig.real, -0.5, atol=1e-5))
-    True
+    Examples:
+        >>> import numpy as np
+        >>> from keras_antisym import AntisymmetricCell, stability
+        >>> cell = AntisymmetricCell(4, gamma=0.5)
+        >>> cell.build((None, 2))
+        >>> eig = stability.transition_eigenvalues(cell)
+        >>> bool(np.allclose(eig.real, -0.5, atol=1e-5))
+        True
     """
     eig = np.linalg.eigvals(transition_matrix(layer))
     return eig[np.lexsort((eig.real, eig.imag))]
@@ -166,15 +164,14 @@ def ode_jacobian(layer: Any, state: TensorLike, inputs: TensorLike) -> FloatArra
         A float64 NumPy array `(units, units)`, or `(batch, units, units)`
         when `state` is batched.
 
-    Example:
-
-    >>> import numpy as np
-    >>> from keras_antisym import AntisymmetricCell, stability
-    >>> cell = AntisymmetricCell(3, gamma=0.0)
-    >>> cell.build((None, 2))
-    >>> j = stability.ode_jacobian(cell, np.zeros(3), np.zeros(2))
-    >>> bool(np.allclose(j, -j.T, atol=1e-6))  # zero bias: J_f = M
-    True
+    Examples:
+        >>> import numpy as np
+        >>> from keras_antisym import AntisymmetricCell, stability
+        >>> cell = AntisymmetricCell(3, gamma=0.0)
+        >>> cell.build((None, 2))
+        >>> j = stability.ode_jacobian(cell, np.zeros(3), np.zeros(2))
+        >>> bool(np.allclose(j, -j.T, atol=1e-6))  # zero bias: J_f = M
+        True
     """
     cell, d, squeeze = _step_factors(layer, state, inputs)
     jac = d[:, :, None] * transition_matrix(cell)[None]
@@ -192,15 +189,14 @@ def step_jacobian(layer: Any, state: TensorLike, inputs: TensorLike) -> FloatArr
     Returns:
         A float64 NumPy array `(units, units)` (or `(batch, units, units)`).
 
-    Example:
-
-    >>> import numpy as np
-    >>> from keras_antisym import AntisymmetricCell, stability
-    >>> cell = AntisymmetricCell(3, epsilon=0.1, gamma=0.2)
-    >>> cell.build((None, 2))
-    >>> j = stability.step_jacobian(cell, np.zeros(3), np.zeros(2))
-    >>> bool(np.allclose(np.diag(j), 1 - 0.1 * 0.2, atol=1e-6))
-    True
+    Examples:
+        >>> import numpy as np
+        >>> from keras_antisym import AntisymmetricCell, stability
+        >>> cell = AntisymmetricCell(3, epsilon=0.1, gamma=0.2)
+        >>> cell.build((None, 2))
+        >>> j = stability.step_jacobian(cell, np.zeros(3), np.zeros(2))
+        >>> bool(np.allclose(np.diag(j), 1 - 0.1 * 0.2, atol=1e-6))
+        True
     """
     cell = get_antisymmetric_cell(layer)
     jac = ode_jacobian(cell, state, inputs)
@@ -223,14 +219,13 @@ def stability_margin(layer: Any, state: TensorLike, inputs: TensorLike) -> float
     Returns:
         A Python float, or a NumPy array `(batch,)` for batched states.
 
-    Example:
-
-    >>> import numpy as np
-    >>> from keras_antisym import AntisymmetricCell, stability
-    >>> cell = AntisymmetricCell(4, epsilon=0.1, gamma=0.0)
-    >>> cell.build((None, 2))
-    >>> bool(stability.stability_margin(cell, np.zeros(4), np.zeros(2)) >= 1.0)
-    True
+    Examples:
+        >>> import numpy as np
+        >>> from keras_antisym import AntisymmetricCell, stability
+        >>> cell = AntisymmetricCell(4, epsilon=0.1, gamma=0.0)
+        >>> cell.build((None, 2))
+        >>> bool(stability.stability_margin(cell, np.zeros(4), np.zeros(2)) >= 1.0)
+        True
     """
     cell = get_antisymmetric_cell(layer)
     jac = ode_jacobian(cell, state, inputs)
@@ -302,15 +297,14 @@ def end_to_end_jacobian(
         A float64 NumPy array `(batch, units, units)` (no batch axis when
         `sequences` has none), and `h_T` when `return_final_state`.
 
-    Example:
-
-    >>> import numpy as np
-    >>> from keras_antisym import AntisymmetricRNN, stability
-    >>> layer = AntisymmetricRNN(16, epsilon=0.1, gamma=0.01)
-    >>> x = np.random.RandomState(0).randn(2, 50, 3).astype("float32")
-    >>> _ = layer(x)
-    >>> stability.end_to_end_jacobian(layer, x).shape
-    (2, 16, 16)
+    Examples:
+        >>> import numpy as np
+        >>> from keras_antisym import AntisymmetricRNN, stability
+        >>> layer = AntisymmetricRNN(16, epsilon=0.1, gamma=0.01)
+        >>> x = np.random.RandomState(0).randn(2, 50, 3).astype("float32")
+        >>> _ = layer(x)
+        >>> stability.end_to_end_jacobian(layer, x).shape
+        (2, 16, 16)
     """
     cell = get_antisymmetric_cell(layer)
     x, h, squeeze = _sequences_and_state(cell, sequences, initial_state)
@@ -365,13 +359,12 @@ def eigenvalue_magnitude_stats(matrices: TensorLike) -> dict[str, Any]:
         the batch (as in Figure 2); `sv_max`, `sv_min` (pooled) and
         `singular_values`, a NumPy array `(batch, units)` in descending order.
 
-    Example:
-
-    >>> import numpy as np
-    >>> from keras_antisym import stability
-    >>> stats = stability.eigenvalue_magnitude_stats(np.diag([2.0, 0.5]))
-    >>> stats["eig_abs_mean"], stats["sv_max"]
-    (1.25, 2.0)
+    Examples:
+        >>> import numpy as np
+        >>> from keras_antisym import stability
+        >>> stats = stability.eigenvalue_magnitude_stats(np.diag([2.0, 0.5]))
+        >>> stats["eig_abs_mean"], stats["sv_max"]
+        (1.25, 2.0)
     """
     mats = np.asarray(matrices, dtype="float64")
     if mats.ndim == 2:
@@ -407,15 +400,14 @@ def end_to_end_jacobian_stats(
     Returns:
         The dict of `eigenvalue_magnitude_stats`.
 
-    Example:
-
-    >>> import numpy as np
-    >>> from keras_antisym import AntisymmetricRNN, stability
-    >>> layer = AntisymmetricRNN(16, epsilon=0.01, gamma=0.001)
-    >>> x = np.random.RandomState(0).randn(2, 100, 3).astype("float32")
-    >>> _ = layer(x)
-    >>> stats = stability.end_to_end_jacobian_stats(layer, x)
-    >>> 0.9 < stats["eig_abs_mean"] < 1.1
-    True
+    Examples:
+        >>> import numpy as np
+        >>> from keras_antisym import AntisymmetricRNN, stability
+        >>> layer = AntisymmetricRNN(16, epsilon=0.01, gamma=0.001)
+        >>> x = np.random.RandomState(0).randn(2, 100, 3).astype("float32")
+        >>> _ = layer(x)
+        >>> stats = stability.end_to_end_jacobian_stats(layer, x)
+        >>> 0.9 < stats["eig_abs_mean"] < 1.1
+        True
     """
     return eigenvalue_magnitude_stats(end_to_end_jacobian(layer, sequences, initial_state))

@@ -20,3 +20,29 @@ def test_docstring_examples(name):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0, f"{name} has no examples"
     assert result.failed == 0
+
+
+def test_the_built_reference_shows_examples_as_code_and_call_arguments_as_lists(tmp_path):
+    """The API page as a reader sees it: every docstring example is a highlighted code
+    block (not a run-on paragraph or a quote), every "Call arguments" section a list."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", str(tmp_path)],
+        cwd=root, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    page = (tmp_path / "api" / "index.html").read_text()
+    blocks = re.findall(r"<pre\b.*?</pre>", page, re.S)
+    outside = re.sub(r"<pre\b.*?</pre>", "", page, flags=re.S)
+    assert "&gt;&gt;&gt;" not in outside  # no prompt left in prose or a quote
+    examples = [block for block in blocks if "&gt;&gt;&gt;" in block]
+    documented = len(re.findall(r"^::: ", (root / "docs" / "api.md").read_text(), re.M))
+    assert len(examples) == documented, (len(examples), documented)  # one per object
+    assert all('class="gp"' in block for block in examples)  # highlighted when built
+    sections = re.findall(r'<details class="call-arguments".*?</details>', page, re.S)
+    assert len(sections) >= 3  # the layer and the two cells
+    assert all("<ul>" in section and "<li><code>" in section for section in sections)
