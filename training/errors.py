@@ -40,6 +40,12 @@ class ProcessLostError(RuntimeError):
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (a full disk, no permission); the last one is kept."""
 
+    def __init__(self, path: str, reason: str):
+        super().__init__(
+            f"cannot write checkpoint {path} ({reason}); the last complete checkpoint is kept: "
+            f"free space and run the same command to resume"
+        )
+
 
 class RunLockedError(RuntimeError):
     """Another process is training in the same output folder."""

@@ -127,11 +127,8 @@ class KerasTrainer:
                 with open(partial, "wb") as handle:
                     np.savez(handle, **arrays)
         except OSError as error:  # the partial file is gone; the last checkpoint stays
-            raise CheckpointWriteError(
-                f"cannot write checkpoint {os.path.join(self.checkpoint_dir, name)} "
-                f"({error.strerror or error}); the last complete checkpoint is kept: free space "
-                f"and run the same command to resume"
-            ) from None
+            path = os.path.join(self.checkpoint_dir, name)
+            raise CheckpointWriteError(path, error.strerror or str(error)) from None
         index = self._index()
         kept = [n for n in index.get("all", []) if n != name] + [name]
         write_atomically(

@@ -145,11 +145,7 @@ class TFTrainer:
             _fsync_checkpoint(path)
         except (tf.errors.OpError, OSError) as error:  # TensorFlow's I/O errors are no OSError
             _remove_partial(prefix)
-            raise CheckpointWriteError(
-                f"cannot write checkpoint {prefix} ({_reason(error)}); "
-                f"the last complete checkpoint is kept: free space and run the same command "
-                f"to resume"
-            ) from None
+            raise CheckpointWriteError(prefix, _reason(error)) from None
         # Older ones stay up to KEEP; newer ones are those restore skipped as unreadable.
         older = [p for p in checkpoint_paths(directory) if _step(p) < step]
         kept = older[-(KEEP - 1) :] + [path]
