@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from apputil.errors import UsageError
 
@@ -27,7 +27,7 @@ Status = int | Callable[[Any], int]
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (`PROG: error: MESSAGE`, status 2)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
@@ -48,7 +48,7 @@ def run(
     exception that return one (the first matching class in order wins).
     Returns `body`'s integer result, or 0.
     """
-    classes = {UsageError: EXIT_USAGE, **(expected or {})}
+    classes: dict[type[BaseException], Status] = {UsageError: EXIT_USAGE, **(expected or {})}
     try:
         result = body()
     except tuple(classes) as error:

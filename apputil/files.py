@@ -42,7 +42,7 @@ def fsync_file(path: str | os.PathLike) -> None:
         os.fsync(handle.fileno())
 
 
-def fsync_tree(root: str | os.PathLike) -> None:
+def fsync_tree(root: str) -> None:
     """Flushes every file and folder under `root`, and `root` itself."""
     for folder, _, names in os.walk(root, topdown=False):
         for name in names:

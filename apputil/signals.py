@@ -11,7 +11,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextlib.contextmanager
-def raising(make: Callable[[int], BaseException], numbers=STOP_SIGNALS) -> Iterator[None]:
+def raising(
+    make: Callable[[int], BaseException], numbers: tuple[int, ...] = STOP_SIGNALS
+) -> Iterator[None]:
     """Within the block, each signal of `numbers` raises `make(number)` in the main thread.
 
     Off the main thread (where Python cannot install handlers) it does

@@ -30,10 +30,13 @@ replaces the committed results.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from apputil.cli import EXIT_FAILURE
 from apputil.errors import invalid
@@ -95,7 +98,7 @@ def bench_inference(config, results):
         x, _ = random_batch(batch, steps, features)
         models = {n: make_model(n, steps, features, units, jit_compile()) for n in LAYERS}
         times = interleaved(
-            {n: (lambda m=m, x=x: m.predict_on_batch(x)) for n, m in models.items()},
+            {n: functools.partial(m.predict_on_batch, x) for n, m in models.items()},
             config["repeats"],
             config["warmup"],
         )
@@ -258,14 +261,14 @@ def run_child_sections(config, output):
     import keras
 
     path = os.path.join(output, f"accelerator-{keras.backend.backend()}.json")
-    sections = (
+    benches: tuple[tuple[str, Callable[[Any, Any], Any], Any], ...] = (
         ("training", bench_training, []),
         ("hoist", bench_hoist, {}),
         ("inference", bench_inference, []),
         ("memory", bench_memory, {}),
         ("kernel", bench_kernel, {}),
     )
-    sections = [(key, lambda part, b=bench: b(config, part), part) for key, bench, part in sections]
+    sections = [(key, functools.partial(bench, config), part) for key, bench, part in benches]
     return run_sections(path, {"environment": environment(), "config": config}, sections)
 
 

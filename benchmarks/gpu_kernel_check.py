@@ -24,10 +24,13 @@ needed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -287,8 +290,8 @@ def run_child_sections(config, output, names=tuple(SECTIONS)):
     import keras
 
     path = os.path.join(output, f"gpu-kernel-{keras.backend.backend()}.json")
-    sections = [
-        (key, lambda part, b=bench: b(config, part), {})
+    sections: list[tuple[str, Callable[[Any], Any], Any]] = [
+        (key, functools.partial(bench, config), {})
         for key, bench in SECTIONS.items()
         if key in names
     ]

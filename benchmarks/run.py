@@ -24,17 +24,20 @@ module in a parent process that runs each backend in its own child.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from benchmarks import common
 from benchmarks.common import (
+    ChildError,
     environment,
     interleaved,
     last_json,
@@ -43,6 +46,7 @@ from benchmarks.common import (
     write_json,
     write_text,
 )
+from training.run.rundir import RunDir
 
 LAYERS = (
     "AntisymmetricRNN",
@@ -162,7 +166,7 @@ def training_entry(config, shape, jit_compile=False, layers=LAYERS, sync=False):
     x, y = random_batch(batch, steps, features)
     models = {name: make_model(name, steps, features, units, jit_compile) for name in layers}
     timings = interleaved(
-        {n: (lambda m=m: m.train_on_batch(x, y)) for n, m in models.items()},
+        {n: functools.partial(m.train_on_batch, x, y) for n, m in models.items()},
         config["repeats"],
         config["warmup"],
         sync,
@@ -401,8 +405,9 @@ def bench_end_to_end(config):
         train += ["--learning-rate", "0.01", "--strategy", "default", "--log-every", "1000"]
         train += ["--checkpoint-every", "100000", "--output-dir", tmp]
         run_child(train, timeout=3600)
-        with open(os.path.join(tmp, "metrics.json")) as handle:
-            metrics = json.load(handle)
+        metrics = RunDir(tmp).read_metrics()
+        if metrics is None:
+            raise ChildError(f"training.train wrote no readable metrics in {tmp}")
     bare_rate = batch / bare["median"]
     return {
         "shape": [batch, steps, features, units],
@@ -509,6 +514,7 @@ def ratios_markdown(values):
 
 
 def markdown(results):
+    rows: list[Sequence[object]]
     lines = [f"Environment: {json.dumps(results['environment'])}", ""]
     lines += training_markdown(results["training"])
     if results.get("hoist"):

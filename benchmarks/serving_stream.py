@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -89,6 +90,7 @@ class _Server:
         self.host, self.port = self.address
 
     def _read(self, found: threading.Event) -> None:
+        assert self.process.stdout is not None  # started with stdout=PIPE
         for line in self.process.stdout:
             self.lines.append(line)
             match = re.match(r"Serving \S+ on http://([^:]+):(\d+)", line)
@@ -255,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     widths = QUICK_FEATURES if args.quick else FULL_FEATURES
     os.makedirs(args.output, exist_ok=True)
     measured = [_measure_width(dict(base_shape, features=width)) for width in widths]
-    results = {"environment": {**common.environment(), "cpu": _cpu_name()}, "widths": measured}
+    results: dict[str, Any] = {
+        "environment": {**common.environment(), "cpu": _cpu_name()}, "widths": measured
+    }
     rows = []
     for each in measured:
         shape, served, graph = each["shape"], each["server"], each["in_process"]

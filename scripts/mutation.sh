@@ -7,7 +7,7 @@
 #   scripts/mutation.sh cells stability  # only these modules' mutants, all re-checked
 #   scripts/mutation.sh --app            # every application module listed in
 #                                        # scripts/mutation-app.cfg (in .mutation-app/)
-#   MUTATION_SAMPLE=40 scripts/mutation.sh --app serving.names training.schedules
+#   MUTATION_SAMPLE=40 scripts/mutation.sh --app serving.names training.run.schedules
 #   MUTMUT_WORKERS=1 scripts/mutation.sh _validation
 #   MUTATION_SAMPLE=30 scripts/mutation.sh  # 30 random mutants per module: a quick estimate
 #   python scripts/mutation_pending.py >pending.txt  # what is left to check

@@ -8,8 +8,9 @@ set -euo pipefail
 python -m pip install --quiet "torch==2.13.0" "triton==3.9.0"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 ruff check .
-# The library's type hints (pyproject.toml configures mypy) and the documentation site.
-mypy keras_antisym
+# Type hints of the library and the application (pyproject.toml configures mypy) and the
+# documentation site.
+mypy
 bash scripts/docs.sh
 # One worker per core (this machine and CI have 2); -v names each test as it ends, and
 # pyproject.toml adds a per-test time limit and the slowest tests at the end. The tests

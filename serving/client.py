@@ -65,7 +65,7 @@ def _check_url(url: object) -> str:
         valid = parts and parts.scheme in ("http", "https") and parts.hostname and parts.port != 0
     except ValueError:  # a port out of range or not a number
         valid = False
-    if not valid:
+    if not valid or not isinstance(url, str):
         raise invalid("url", expected, url)
     return url
 

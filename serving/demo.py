@@ -37,7 +37,8 @@ import numpy as np
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import check
 from serving.client import ServingClient, ServingError
-from training.tasks import get_task
+from training.run.rundir import RunDir
+from training.tasks.catalog import get_task
 
 MODEL_NAME = "antisym"
 
@@ -96,7 +97,7 @@ def _train_and_export(args: argparse.Namespace) -> int:
         train += ["--timesteps", str(args.timesteps)]
     _run([*train, "--output-dir", args.output_dir], "train")
     version = _next_version(args.export_base)
-    model = os.path.join(args.output_dir, "model.keras")
+    model = RunDir(args.output_dir).model
     export = ["-m", "serving.export", "--model", model, "--export-base", args.export_base]
     _run([*export, "--version", str(version)], "export")
     return version

@@ -5,7 +5,7 @@ r"""Export a trained `.keras` model as a versioned SavedModel for TensorFlow Ser
 
 writes `models/antisym/1/saved_model.pb` and `models/antisym/1/variables/`. The
 `serving_default` signature follows the model's head, recorded by training as the
-name of its output layer (`training.models.HEAD_LAYER_NAMES`):
+name of its output layer (`training.tasks.models.HEAD_LAYER_NAMES`):
 
 * classification, `(batch, classes)` logits: `probabilities`, `class_id`, `logits`;
 * regression, `(batch, k)`: `value` (`(batch,)` when k = 1);
@@ -164,7 +164,7 @@ def resolve_head(model: keras.Model, head: str | None = None) -> tuple[str, str]
                 "model",
                 "a model whose output layer is named for its head ("
                 + ", ".join(f"{h}_head" for h in HEADS)
-                + ") as training.models builds it, or --head "
+                + ") as training.tasks.models builds it, or --head "
                 + "|".join(HEADS),
                 Literal(f"output layer {layer!r} with output shape {shape}"),
             )
@@ -308,7 +308,7 @@ def remove_stale_staging(export_base: str | os.PathLike) -> list[str]:
     return removed
 
 
-def _exists_error(version: int, target: str, how: str = "exists") -> VersionExistsError:
+def _exists_error(version: int, target: str, how: str = "exists") -> Exception:
     return invalid("version", "a version not yet exported",
                    Literal(f"{version} (`{target}` {how})"), VersionExistsError)  # fmt: skip
 
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-stream", action="store_true", help="leave out the `stream` signature")
     parser.add_argument("--no-padded", action="store_true", help="leave out the `padded` signature")
     args = parser.parse_args(argv)
-    expected = {
+    expected: dict[type[BaseException], int] = {
         ModelFileError: EXIT_FAILURE,
         VersionExistsError: EXIT_USAGE,
         ExportWriteError: EXIT_FAILURE,

@@ -51,6 +51,9 @@ FIRST_REQUEST_GRACE = 1.0
 class StrictParser(HTTPRequestParser):
     """waitress's parser, refusing framing that two parsers could read differently."""
 
+    error: Any
+    completed: bool
+
     def __init__(self, adj):
         super().__init__(adj)
         self.started = time.monotonic()  # the request timeout counts from the first byte
@@ -262,7 +265,7 @@ class ServerThread:
         **adjustments: Any,
     ):
         self.adj = Adjustments(host=host, port=port, **adjustments)
-        self._map = {}
+        self._map: dict[int, Any] = {}
         self.dispatcher = ThreadedTaskDispatcher()
         self.dispatcher.set_thread_count(self.adj.threads)
         self.server = LocalWSGIServer(
@@ -277,8 +280,6 @@ class ServerThread:
         self._drain_deadline: float | None = None
         self._force = False
         self.dropped = 0  # requests cut off when a drain ran out of time or was forced
-        self.drain_seconds = 10.0  # what `serving.server`'s signal handlers pass to `drain`
-        self.repository: Any = None  # set by `serving.server.make_server`
 
     def queued(self) -> int:
         """Requests waiting for a worker thread."""
@@ -338,7 +339,7 @@ class ServerThread:
         server.socket.close()
         for channel in list(server.active_channels.values()):
             _close_after(channel.requests)
-        left = self._drain_deadline - time.monotonic()
+        left = (self._drain_deadline or time.monotonic()) - time.monotonic()
         log.info(
             "draining: not accepting connections (%d taken from the backlog), answering "
             "the requests in progress within %.1f s",

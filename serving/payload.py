@@ -74,7 +74,8 @@ def check_body_size(body: bytes, max_elements: int, max_rank: int) -> None:
 
 def _leading_shape(value, rank, name):
     """The lengths along the first elements, `rank` levels deep."""
-    shape, node = [], value
+    shape: list[int] = []
+    node = value
     for _ in range(rank):
         if not isinstance(node, list):
             raise _bad(f"Input '{name}' expects a rank-{rank} nested list, got rank {len(shape)}")

@@ -40,7 +40,7 @@ class Servable:
         # Heavy, and needed only here: routing and HTTP run without TensorFlow.
         tf = import_tensorflow()
         from google.protobuf import json_format
-        from tensorflow.core.protobuf import saved_model_pb2
+        from tensorflow.core.protobuf import saved_model_pb2  # type: ignore[import-untyped]
 
         self.version = version
         self._module = tf.saved_model.load(path)  # kept alive: signatures reference it
@@ -169,14 +169,15 @@ class ModelRepository:
         self.name = name
         self.poll_seconds = poll_seconds
         self._loader = loader
-        self._current = None
-        self._failed = {}  # version -> _Failure
-        self._listing = {}  # version -> (error_code, error_message) of folders not loadable
+        self._current: Any = None
+        self._failed: dict[int, Any] = {}  # version -> _Failure
+        # version -> (error_code, error_message) of folders not loadable
+        self._listing: dict[int, tuple[str, str]] = {}
         self._scanned = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = None
-        self._last_error = None
+        self._thread: threading.Thread | None = None
+        self._last_error: str | None = None
 
     def scan(self) -> tuple[dict[int, str], dict[int, tuple[str, str]]]:
         """`({version: folder} loadable, highest first; {version: (code, message)} broken)`.
@@ -264,8 +265,9 @@ class ModelRepository:
     def start(self) -> None:
         """Load the highest version now and keep watching in a daemon thread."""
         self._refresh_logged()
-        self._thread = threading.Thread(target=self._watch, name="version-watcher", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._watch, name="version-watcher", daemon=True)
+        self._thread = thread
+        thread.start()
 
     def stop(self) -> None:
         """Stop watching for new versions."""

@@ -89,12 +89,13 @@ class RestApp:
         # WSGI gives the percent-decoded path as latin-1; model names are UTF-8.
         path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
         extra: list[tuple[str, str]] = []
+        status: HTTPStatus
         try:
             status, (body, version) = HTTPStatus.OK, self._route(method, path, environ)
             if version is not None:
                 extra = [(VERSION_HEADER, str(version))]
         except RestError as error:
-            status, body = error.status, {"error": error.message}
+            status, body = HTTPStatus(error.status), {"error": error.message}
             if status == HTTPStatus.SERVICE_UNAVAILABLE:
                 extra = [("Retry-After", "1")]
         except Exception as error:  # a real fault: answer 500 and keep serving

@@ -25,14 +25,16 @@ or is a version folder itself). Errors at start-up are one line on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
 import resource
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import Literal, invalid
@@ -47,7 +49,7 @@ log = logging.getLogger("serving.server")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # Limits: the CLI flags and make_server's keyword arguments, with default and meaning.
-LIMITS = {
+LIMITS: dict[str, tuple[Any, str]] = {
     "max_body_bytes": (DEFAULT_MAX_BODY_BYTES, "larger request bodies get 413"),
     "max_input_elements": (DEFAULT_MAX_INPUT_ELEMENTS, "more input numbers per request: 400"),
     "max_header_bytes": (64 * 1024, "larger request line + headers get 431"),
@@ -91,6 +93,104 @@ def _connection_limit(wanted: int) -> int:
     return fitted
 
 
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    """Every setting of the local server, checked once (as waitress' `Adjustments`).
+
+    The limits' defaults and meanings are `LIMITS`; the CLI's flags are these
+    fields (`--max-body-bytes` is `max_body_bytes`).
+    """
+
+    model_base_path: str
+    model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8501
+    poll_seconds: float = 1.0
+    max_body_bytes: int = LIMITS["max_body_bytes"][0]
+    max_input_elements: int = LIMITS["max_input_elements"][0]
+    max_header_bytes: int = LIMITS["max_header_bytes"][0]
+    threads: int = LIMITS["threads"][0]
+    connection_limit: int = LIMITS["connection_limit"][0]
+    max_queued_requests: int = LIMITS["max_queued_requests"][0]
+    channel_timeout: float = LIMITS["channel_timeout"][0]
+    header_timeout: float = LIMITS["header_timeout"][0]
+    request_timeout: float = LIMITS["request_timeout"][0]
+    drain_seconds: float = LIMITS["drain_seconds"][0]
+
+    def limits(self) -> dict[str, float]:
+        """The settings of `LIMITS`, by name."""
+        return {name: getattr(self, name) for name in LIMITS}
+
+    def checked(self, argument: Callable[[str], str] = str) -> ServerSettings:
+        """`self`, or a `UsageError` naming the first bad setting as `argument(name)` says
+        (the command line: its flag).
+
+        The model name must be reachable in URLs, the base path must not be a
+        version folder itself, the port must be a TCP port and every other
+        number positive and finite.
+        """
+        check_model_name(self.model_name, argument("model_name"))
+        problem = base_path_problem(self.model_base_path)
+        if problem:
+            raise invalid(argument("model_base_path"), "a folder of numbered version folders",
+                          Literal(problem))  # fmt: skip
+        for name, value in {"poll_seconds": self.poll_seconds, **self.limits()}.items():
+            _check_positive(argument(name), value)
+        if not 0 <= self.port <= 65535:
+            raise invalid(argument("port"), "0 to 65535", self.port)
+        return self
+
+
+class LocalServer(ServerThread):
+    """The local server of checked `ServerSettings`: the version watcher
+    (`serving.repository`), the REST app (`serving.rest`) and the HTTP transport
+    (`serving.httpd`), assembled once. `serve_forever()` serves; `close()` stops
+    watching and closes the socket.
+    """
+
+    def __init__(self, settings: ServerSettings):
+        if not is_loopback(settings.host):
+            log.warning("Binding %s: this server has no authentication, anyone who can reach "
+                        "it can query the model", settings.host)  # fmt: skip
+        self.settings = settings
+        self.repository = ModelRepository(
+            settings.model_base_path, settings.model_name, settings.poll_seconds
+        )
+        # Loads the highest version now; logs a warning when there is none (404s until one
+        # appears).
+        self.repository.start()
+        self.app = RestApp(self.repository, int(settings.max_input_elements), self.overloaded)
+        try:
+            super().__init__(
+                self.app,
+                settings.host,
+                settings.port,
+                settings.request_timeout,
+                settings.header_timeout,
+                threads=int(settings.threads),
+                connection_limit=_connection_limit(int(settings.connection_limit)),
+                channel_timeout=math.ceil(settings.channel_timeout),
+                cleanup_interval=1,  # how often timeouts are checked
+                max_request_header_size=int(settings.max_header_bytes),
+                max_request_body_size=int(settings.max_body_bytes) + 1,  # waitress refuses >= cap
+                ident="keras-antisym-local-serving",
+                expose_tracebacks=False,
+                asyncore_use_poll=True,  # select() fails on descriptors above 1,023
+            )
+        except OSError:  # the address cannot be bound: nothing left running
+            self.repository.stop()
+            raise
+
+    def overloaded(self) -> bool:
+        """Whether more requests wait for a worker than `max_queued_requests` (503)."""
+        return self.queued() > self.settings.max_queued_requests
+
+    def close(self) -> None:
+        """Stops watching for versions and closes the socket."""
+        self.repository.stop()
+        self.server_close()
+
+
 def make_server(
     model_base_path: str,
     model_name: str,
@@ -98,7 +198,7 @@ def make_server(
     port: int = 8501,
     poll_seconds: float = 1.0,
     **limits: float,
-) -> ServerThread:
+) -> LocalServer:
     """Load the highest version and bind a server; call `serve_forever()` on it.
 
     Args:
@@ -110,8 +210,7 @@ def make_server(
         **limits: Overrides of `LIMITS` (see docs/serving.md).
 
     Returns:
-        A `serving.httpd.ServerThread` with a `repository`; `shutdown()` and
-        `server_close()` stop it.
+        A `LocalServer`; `close()` (or `shutdown()` and `close()`) stops it.
 
     Raises:
         apputil.errors.UsageError: a limit or `poll_seconds` is not a positive number,
@@ -121,50 +220,17 @@ def make_server(
     unknown = set(limits) - set(LIMITS)
     if unknown:
         raise TypeError(f"Unknown limits {sorted(unknown)}, expected some of {sorted(LIMITS)}")
-    limits = {**{name: default for name, (default, _) in LIMITS.items()}, **limits}
-    for name, value in {"poll_seconds": poll_seconds, **limits}.items():
-        _check_positive(name, value)
-    check_model_name(model_name)
-    problem = base_path_problem(model_base_path)
-    if problem:
-        raise invalid("model_base_path", "a folder of numbered version folders", Literal(problem))
-    if not 0 <= port <= 65535:
-        raise invalid("port", "0 to 65535", port)
-    if not is_loopback(host):
-        log.warning("Binding %s: this server has no authentication, anyone who can reach it "
-                    "can query the model", host)  # fmt: skip
-    repository = ModelRepository(model_base_path, model_name, poll_seconds)
-    repository.start()  # logs a warning when there is no version (404s until one appears)
-    app = RestApp(repository, int(limits["max_input_elements"]))
-    server = ServerThread(
-        app,
-        host,
-        port,
-        limits["request_timeout"],
-        limits["header_timeout"],
-        threads=int(limits["threads"]),
-        connection_limit=_connection_limit(int(limits["connection_limit"])),
-        channel_timeout=math.ceil(limits["channel_timeout"]),
-        cleanup_interval=1,  # how often timeouts are checked
-        max_request_header_size=int(limits["max_header_bytes"]),
-        max_request_body_size=int(limits["max_body_bytes"]) + 1,  # waitress refuses >= cap
-        ident="keras-antisym-local-serving",
-        expose_tracebacks=False,
-        asyncore_use_poll=True,  # select() fails on descriptors above 1,023
-    )
-    max_queued = limits["max_queued_requests"]
-    app.overloaded = lambda: server.queued() > max_queued
-    server.repository = repository
-    server.drain_seconds = limits["drain_seconds"]
-    return server
+    settings = ServerSettings(model_base_path, model_name, host, port, poll_seconds,
+                              **limits)  # type: ignore[arg-type]  # fmt: skip
+    return LocalServer(settings.checked())
 
 
 @contextmanager
-def _draining_on_signals(server: ServerThread) -> Iterator[None]:
+def _draining_on_signals(server: LocalServer) -> Iterator[None]:
     """SIGTERM and SIGINT drain `server` (a second one stops it at once) while inside."""
 
     def handler(signum, frame):
-        server.drain(server.drain_seconds)  # signal-safe: flags and a pipe write
+        server.drain(server.settings.drain_seconds)  # signal-safe: flags and a pipe write
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -174,7 +240,7 @@ def _draining_on_signals(server: ServerThread) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _serve(server: ServerThread, name: str) -> int:
+def _serve(server: LocalServer, name: str) -> int:
     """Print the URL line, serve until SIGTERM/SIGINT, drain; the exit status."""
     host, port = server.server_address
     try:
@@ -183,8 +249,7 @@ def _serve(server: ServerThread, name: str) -> int:
             print(f"Serving {name} on http://{host}:{port}", flush=True)
             server.serve_forever()
     finally:
-        server.repository.stop()
-        server.server_close()
+        server.close()
     return EXIT_FAILURE if server.dropped else 0
 
 
@@ -224,21 +289,13 @@ def _start(args: argparse.Namespace) -> int:
     )
     if not args.verbose:  # waitress warns on every queued request; the 503s tell overload
         logging.getLogger("waitress.queue").setLevel(logging.ERROR)
-    check_model_name(args.model_name, "--model-name")  # before the slow model load
     if not os.path.isdir(args.model_base_path):
         raise invalid("--model-base-path", "an existing folder", args.model_base_path)
-    problem = base_path_problem(args.model_base_path)
-    if problem:
-        raise invalid("--model-base-path", "a folder of numbered version folders", Literal(problem))
-    limits = {name: getattr(args, name) for name in LIMITS}
-    for name, value in {"poll_seconds": args.poll_seconds, **limits}.items():
-        _check_positive("--" + name.replace("_", "-"), value)
-    if not 0 <= args.port <= 65535:
-        raise invalid("--port", "0 to 65535", args.port)
-    server = make_server(
-        args.model_base_path, args.model_name, args.host, args.port, args.poll_seconds, **limits
-    )
-    return _serve(server, args.model_name)
+    names = {field.name for field in dataclasses.fields(ServerSettings)}
+    settings = ServerSettings(**{name: getattr(args, name) for name in names})
+    # Checked before the slow model load, naming the flags.
+    settings.checked(lambda name: "--" + name.replace("_", "-"))
+    return _serve(LocalServer(settings), args.model_name)
 
 
 if __name__ == "__main__":

@@ -176,7 +176,9 @@ def _names(layer: Any, count: int, taken: set[str]) -> list[str]:
 
 def _plan(model: keras.Model, streaming: bool) -> Plan:
     keras = _keras()
-    steps, taken, on_time_axis = [], set(), True
+    steps: list[Any] = []
+    taken: set[str] = set()
+    on_time_axis = True
     for layer in _chain(model):
         if not on_time_axis:
             steps.append(Step(layer, "head"))  # a function of the last output alone
@@ -257,7 +259,7 @@ def run_plan(
 ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """The model's output for `sequence` and the new states (`states` given: `stream`)."""
     tf = import_tensorflow()
-    x, new_states = sequence, {}
+    x, new_states = sequence, dict[str, Any]()
     for step in plan.steps:
         layer = step.layer
         if step.kind == "per_step" and type(layer).__name__ == "TimeDistributed":

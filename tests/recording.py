@@ -1,4 +1,4 @@
-"""A stand-in for the loop's summary writer (`training.summaries`) that keeps what it is given."""
+"""A stand-in for the loop's summary writer (`training.run.summaries`) keeping what it gets."""
 
 
 class RecordingWriter:

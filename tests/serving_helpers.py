@@ -190,8 +190,7 @@ class ThreadServer:
     def stop(self):
         """Shut the server down and release its port."""
         self.server.shutdown()
-        self.server.repository.stop()
-        self.server.server_close()
+        self.server.close()
         self.thread.join(timeout=10)
 
 

@@ -1,6 +1,5 @@
 """The application's structure: no import cycles, light command-line modules, one config source."""
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -9,9 +8,11 @@ import types
 
 import pytest
 
-from training import experiment, options, tasks, train, tune
-from training.config import RunConfig, identity_fields
+from training import options, train, tune
+from training.config import LaunchConfig, RunConfig, identity_fields, key_of, option_fields
 from training.errors import DataError
+from training.run import experiment
+from training.tasks import catalog as tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -49,8 +50,9 @@ def test_nothing_outside_the_test_suite_imports_it():
 
 LIGHT_MODULES = (
     "apputil", "apputil.cli", "apputil.errors", "apputil.files", "apputil.quiet",
-    "training", "training.config", "training.options", "training.errors", "training.space",
-    "training.tasks", "training.train", "training.tune", "training.data", "training.suite",
+    "training", "training.config", "training.options", "training.errors",
+    "training.search.space", "training.tasks.catalog", "training.train", "training.tune",
+    "training.data", "training.paper.suite",
 )  # fmt: skip
 
 
@@ -92,19 +94,22 @@ def test_every_run_config_field_is_a_flag_with_its_default():
     parser = train.build_parser()
     args = parser.parse_args([])
     assert RunConfig.from_namespace(args) == RunConfig()
-    for field in dataclasses.fields(RunConfig):
-        assert getattr(args, field.name) == field.default, field.name
+    assert LaunchConfig.from_namespace(args) == LaunchConfig()
+    for field in option_fields():
+        assert getattr(args, key_of(field)) == field.default, key_of(field)
     # And a value given on the command line reaches its field, with its type.
     given = parser.parse_args(["--sigma-w", "4", "--jit-compile", "--clipnorm", "0.5"])
     config = RunConfig.from_namespace(given).validate()
-    assert (config.sigma_w, config.jit_compile, config.clipnorm) == (4.0, True, 0.5)
+    assert (config.model.sigma_w, config.loop.jit_compile, config.optimizer.clipnorm) == (
+        4.0, True, 0.5
+    )  # fmt: skip
 
 
 def test_the_tuner_shares_the_run_flags_and_holds_out_validation_data():
     args = tune.build_parser().parse_args([])
     assert args.validation_fraction == 0.1
     for name in ("task", "model", "units", "learning_rate", "batch_size", "eval_batch_size"):
-        assert getattr(args, name) == getattr(RunConfig(), name), name
+        assert getattr(args, name) == RunConfig().to_dict()[name], name
     assert not hasattr(args, "steps")  # trials take --steps-per-trial
 
 
@@ -134,7 +139,7 @@ def test_resume_refuses_each_identity_field_and_allows_the_others(tmp_path):
             "change_on_resume": "learning_rate", "coordinator": "127.0.0.1:1",
             "num_processes": 2, "process_id": 1, "connect_timeout": 5,
             "heartbeat_timeout": 5}  # fmt: skip
-    assert set(free) | set(IDENTITY) == {f.name for f in dataclasses.fields(RunConfig)}
+    assert set(free) | set(IDENTITY) == {key_of(f) for f in option_fields()}
     experiment.check_resumable(str(path), {**record, **free})
 
 
@@ -216,7 +221,7 @@ def test_prepare_downloads_through_tfds_and_says_how_to_do_it_offline(monkeypatc
 def test_download_flag_prepares_the_tasks_data_set_before_training(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(tasks, "_import_tfds", lambda name: _fake_tfds(True, calls))
-    config = RunConfig(task="pixel_mnist", dataset="fashion_mnist", download=True,
+    config = RunConfig.of(task="pixel_mnist", dataset="fashion_mnist", download=True,
                        data_dir=str(tmp_path / "new"))  # fmt: skip
     with pytest.raises(DataError, match="cannot download"):
         experiment.train_and_evaluate(config.validate(), str(tmp_path / "run"), log=lambda _: 0)

@@ -1,5 +1,6 @@
-"""`RunConfig`'s own methods: building from flags, the recorded (resolved) form, the
-schedule's boundaries, the names a resumed run may change, types as YAML gives them."""
+"""`RunConfig`'s own methods: its sections, building from flat keys and flags, the recorded
+(resolved) form, the schedule's boundaries, the names a resumed run may change, types as YAML
+gives them."""
 
 import argparse
 import dataclasses
@@ -8,6 +9,8 @@ import pytest
 
 from training.config import (
     RESUME_CHANGEABLE,
+    LaunchConfig,
+    ModelConfig,
     RunConfig,
     UsageError,
     check_batch_size,
@@ -17,11 +20,30 @@ from training.config import (
 
 
 def test_from_namespace_takes_the_fields_it_knows_then_the_overrides():
-    namespace = argparse.Namespace(units=8, epsilon=0.5, output_dir="runs/x", verbose=True)
+    namespace = argparse.Namespace(
+        units=8, epsilon=0.5, output_dir="runs/x", verbose=True, strategy="mirrored"
+    )
     config = RunConfig.from_namespace(namespace, epsilon=0.25, steps=9)
-    assert (config.units, config.epsilon, config.steps) == (8, 0.25, 9)
-    assert config.replace(units=16) == dataclasses.replace(config, units=16)
+    assert (config.model.units, config.model.epsilon, config.loop.steps) == (8, 0.25, 9)
+    assert config.replace(units=16) == dataclasses.replace(
+        config, model=dataclasses.replace(config.model, units=16)
+    )
     assert config.to_dict() == {**RunConfig().to_dict(), "units": 8, "epsilon": 0.25, "steps": 9}
+    assert "strategy" not in config.to_dict()  # a launch setting: not part of the run
+    assert LaunchConfig.from_namespace(namespace).strategy == "mirrored"
+
+
+def test_sections_hold_their_fields_and_flat_keys_name_them():
+    config = RunConfig.of(task="adding", model="gated", optimizer="sgd", units=4, steps=3)
+    assert (config.task.name, config.model.name, config.optimizer.name) == ("adding", "gated",
+                                                                         "sgd")  # fmt: skip
+    assert config.model == ModelConfig(name="gated", units=4)
+    assert config.loop.steps == 3
+    flat = config.to_dict()
+    assert (flat["task"], flat["model"], flat["optimizer"]) == ("adding", "gated", "sgd")
+    assert RunConfig.of(**flat) == config  # flat keys go both ways
+    with pytest.raises(TypeError, match="RunConfig has no option strategy"):
+        RunConfig.of(strategy="mirrored")
 
 
 @pytest.mark.parametrize(
@@ -32,10 +54,10 @@ def test_from_namespace_takes_the_fields_it_knows_then_the_overrides():
      ({"steps": 40}, None)],
 )  # fmt: skip
 def test_resolved_fixes_only_a_cosine_without_its_length(fields, decay_steps):
-    config = RunConfig(**fields)
+    config = RunConfig.of(**fields)
     resolved = config.resolved()
-    assert resolved.lr_decay_steps == decay_steps
-    assert resolved.replace(lr_decay_steps=config.lr_decay_steps) == config
+    assert resolved.optimizer.lr_decay_steps == decay_steps
+    assert resolved.replace(lr_decay_steps=config.optimizer.lr_decay_steps) == config
 
 
 @pytest.mark.parametrize(
@@ -44,7 +66,7 @@ def test_resolved_fixes_only_a_cosine_without_its_length(fields, decay_steps):
      ({"lr_schedule": "step", "lr_boundaries": "5"}, True)],
 )  # fmt: skip
 def test_has_schedule_when_the_rate_changes_over_the_run(fields, scheduled):
-    assert RunConfig(**fields).has_schedule() is scheduled
+    assert RunConfig.of(**fields).optimizer.has_schedule() is scheduled
 
 
 @pytest.mark.parametrize(
@@ -52,9 +74,9 @@ def test_has_schedule_when_the_rate_changes_over_the_run(fields, scheduled):
     [(0, None, ()), (0, "5", (5,)), (0, "3000,5000", (3000, 5000)), (2, "3, 4,10", (3, 4, 10))],
 )
 def test_boundaries_are_the_steps_given(warmup, text, steps):
-    config = RunConfig(lr_schedule="step" if text else "constant", lr_boundaries=text,
+    config = RunConfig.of(lr_schedule="step" if text else "constant", lr_boundaries=text,
                        warmup_steps=warmup)  # fmt: skip
-    assert config.boundaries() == steps
+    assert config.optimizer.boundaries() == steps
 
 
 @pytest.mark.parametrize(
@@ -62,9 +84,9 @@ def test_boundaries_are_the_steps_given(warmup, text, steps):
     [(0, "5,5"), (0, "5,3"), (0, "0,4"), (4, "4,9"), (0, "a,b"), (0, "5,"), (0, "")],
 )
 def test_boundaries_must_increase_after_the_warm_up(warmup, text):
-    config = RunConfig(lr_schedule="step", lr_boundaries=text, warmup_steps=warmup)
+    config = RunConfig.of(lr_schedule="step", lr_boundaries=text, warmup_steps=warmup)
     with pytest.raises(UsageError) as caught:
-        config.boundaries()
+        config.optimizer.boundaries()
     assert str(caught.value) == (
         "Received an invalid value for argument `--lr-boundaries`, expected increasing step "
         f"numbers after --warmup-steps ({warmup}), comma-separated (e.g. 3000,5000), "
@@ -78,14 +100,14 @@ def test_boundaries_must_increase_after_the_warm_up(warmup, text):
      (" learning-rate , clipnorm,", ("learning_rate", "clipnorm"))],
 )  # fmt: skip
 def test_resume_changes_read_flag_or_field_spelling(text, names):
-    config = RunConfig(change_on_resume=text)
-    assert config.resume_changes() == names
+    config = RunConfig.of(change_on_resume=text)
+    assert config.loop.resume_changes() == names
     assert config.validate() is config
 
 
 def test_a_resume_change_outside_the_changeable_ones_is_refused():
     with pytest.raises(UsageError) as caught:
-        RunConfig(change_on_resume="learning_rate,units").validate()
+        RunConfig.of(change_on_resume="learning_rate,units").validate()
     assert str(caught.value) == (
         "Received an invalid value for argument `--change-on-resume`, expected names among "
         f"{', '.join(RESUME_CHANGEABLE)}, got 'learning_rate,units'."
@@ -102,7 +124,7 @@ def test_a_resume_change_outside_the_changeable_ones_is_refused():
 )  # fmt: skip
 def test_types_as_a_yaml_file_gives_them(field, value, accepted):
     """An int is a float (`epsilon: 1`); a bool is neither an int nor a float."""
-    config = RunConfig(**{field: value})
+    config = RunConfig.of(**{field: value})
     if accepted:
         assert config.validate() is config
         return

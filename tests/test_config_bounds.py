@@ -1,12 +1,13 @@
-"""`RunConfig.validate` at the edge of every numeric range: the last accepted value passes,
-the first refused one fails with the whole message, naming the flag and the range."""
+"""`RunConfig.validate` and `LaunchConfig.validate` at the edge of every numeric range: the
+last accepted value passes, the first refused one fails with the whole message, naming the
+flag and the range."""
 
 import dataclasses
 import math
 
 import pytest
 
-from training.config import RunConfig, UsageError, check_types
+from training.config import LaunchConfig, RunConfig, UsageError, check_types, run_keys
 
 POSITIVE_INTEGER = "a positive integer"
 NON_NEGATIVE_INTEGER = "a non-negative integer"
@@ -38,17 +39,25 @@ def _flag(name):
     return "--" + name.replace("_", "-")
 
 
+def _validated(**fields):
+    """Every setting of the run and the launch of `fields` (flat keys), once both validate."""
+    keys = set(run_keys())
+    run = RunConfig.of(**{k: v for k, v in fields.items() if k in keys})
+    launch = LaunchConfig.from_flat({k: v for k, v in fields.items() if k not in keys})
+    assert run.validate() is run and launch.validate() is launch
+    return {**run.to_dict(), **launch.flat()}
+
+
 def _refusal(**fields):
-    """The message `RunConfig(**fields).validate()` refuses them with."""
+    """The message `_validated(**fields)` refuses them with."""
     with pytest.raises(UsageError) as refused:
-        RunConfig(**fields).validate()
+        _validated(**fields)
     return str(refused.value)
 
 
 def _assert_bounds(around, name, accepted, refused, expected):
     for value in accepted:
-        config = RunConfig(**around, **{name: value})
-        assert config.validate() is config, (name, value)
+        assert _validated(**around, **{name: value})[name] == value, (name, value)
     for value in refused:
         assert _refusal(**around, **{name: value}) == (
             f"Received an invalid value for argument `{_flag(name)}`, "
@@ -62,12 +71,12 @@ def test_each_range_accepts_its_edge_and_refuses_past_it(name):
 
 
 def test_a_process_id_lies_below_the_number_of_processes():
-    assert RunConfig(num_processes=3, process_id=2).validate().process_id == 2
-    assert RunConfig(process_id=7).validate().process_id == 7  # the count comes later
-    assert RunConfig(num_processes=3, process_id=0).validate().process_id == 0  # the first
-    assert RunConfig(process_id=0).validate().process_id == 0
+    assert LaunchConfig(num_processes=3, process_id=2).validate().process_id == 2
+    assert LaunchConfig(process_id=7).validate().process_id == 7  # the count comes later
+    assert LaunchConfig(num_processes=3, process_id=0).validate().process_id == 0  # the first
+    assert LaunchConfig(process_id=0).validate().process_id == 0
     # Without the count, ids stay within a 32-bit signed integer (JAX's process index).
-    assert RunConfig(process_id=2**31 - 1).validate().process_id == 2**31 - 1
+    assert LaunchConfig(process_id=2**31 - 1).validate().process_id == 2**31 - 1
     for processes, process_id, expected in ((3, 3, "[0, 3)"), (3, -1, "[0, 3)"),
                                             (None, -1, "[0, N)"),
                                             (None, 2**31, "[0, N)")):  # fmt: skip
@@ -163,8 +172,8 @@ def test_an_unknown_dtype_policy_is_refused_naming_the_three():
 
 
 def test_keep_best_needs_evaluations_to_select_from_and_one_is_enough():
-    kept = RunConfig(keep_best=True, validation_fraction=0.1, eval_every=1).validate()
-    assert kept.eval_every == 1
+    kept = RunConfig.of(keep_best=True, validation_fraction=0.1, eval_every=1).validate()
+    assert kept.loop.eval_every == 1
     assert _refusal(keep_best=True, validation_fraction=0.1, eval_every=0) == (
         "Received an invalid value for argument `--eval-every`, expected a positive integer "
         "with --keep-best (the evaluations it selects from), got 0."
@@ -177,5 +186,5 @@ def test_a_data_folder_that_does_not_exist_is_refused_unless_downloading(tmp_pat
         "Received an invalid value for argument `--data-dir`, expected an existing TFDS data "
         f"directory or a folder of .npz files, got '{missing}'."
     )
-    assert RunConfig(data_dir=missing, download=True).validate().data_dir == missing
-    assert RunConfig(data_dir=str(tmp_path)).validate().data_dir == str(tmp_path)
+    assert RunConfig.of(data_dir=missing, download=True).validate().task.data_dir == missing
+    assert RunConfig.of(data_dir=str(tmp_path)).validate().task.data_dir == str(tmp_path)

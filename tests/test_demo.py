@@ -13,7 +13,7 @@ import pytest
 
 from serving import demo
 from serving.client import ServingClient
-from training.tasks import get_task
+from training.tasks.catalog import get_task
 
 
 @pytest.fixture

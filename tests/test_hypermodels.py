@@ -19,16 +19,20 @@ import numpy as np
 import pytest
 
 import keras_antisym
-from training import hypermodels, search, tasks
+from training.backends.strategies import TensorFlowBackend
 from training.config import RunConfig
-from training.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace
+from training.run import loop
+from training.search import hypermodels
+from training.search import tuner as search
+from training.search.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace
+from training.tasks import catalog as tasks
 from training.tune import SearchConfig
 
 UNITS = 32
 
 # The settings every trial shares: values that no assignment below uses, so that a
 # hypermodel reading them instead of the trial's hyperparameters fails.
-SHARED = RunConfig(
+SHARED = RunConfig.of(
     task="digits",
     units=UNITS,
     epsilon=0.11,
@@ -101,11 +105,23 @@ CHECKS = {
 }
 
 
-MAKE_TRAINER = hypermodels.make_trainer
-
-
 class _TrainerMade(Exception):
     """Stops `fit` once its trainer exists (nothing needs to train)."""
+
+
+class _RecordingBackend(TensorFlowBackend):
+    """The backend of this process, keeping the trainers it makes (and stopping `fit` at
+    the first with `stop`)."""
+
+    def __init__(self, stop=False):
+        super().__init__()
+        self.made, self.stop = [], stop
+
+    def make_trainer(self, *args, **kwargs):
+        self.made.append(super().make_trainer(*args, **kwargs))
+        if self.stop:
+            raise _TrainerMade
+        return self.made[-1]
 
 
 def _space_and_hp(assignment, how, model_name):
@@ -129,20 +145,15 @@ def _space_and_hp(assignment, how, model_name):
 def _build_and_make_trainer(monkeypatch, model_name, assignment, how, shared=SHARED):
     """`build` then `fit` up to its trainer; returns (hp, model, trainer)."""
     space, hp = _space_and_hp(assignment, how, model_name)
-    task = tasks.get_task(shared.task)
+    task = tasks.get_task(shared.task.name)
     config = shared.replace(model=model_name)
-    hypermodel = hypermodels.RNNHyperModel(task, config, space, steps_per_trial=4, log=print)
-    made = []
-
-    def capture(*args, **kwargs):
-        made.append(MAKE_TRAINER(*args, **kwargs))
-        raise _TrainerMade
-
-    monkeypatch.setattr(hypermodels, "make_trainer", capture)
+    backend = _RecordingBackend(stop=True)
+    hypermodel = hypermodels.RNNHyperModel(task, config, space, steps_per_trial=4,
+                                           backend=backend, log=print)  # fmt: skip
     model = hypermodel.build(hp)
     with pytest.raises(_TrainerMade):
         hypermodel.fit(hp, model)
-    (trainer,) = made
+    (trainer,) = backend.made
     return hp, model, trainer
 
 
@@ -176,9 +187,9 @@ def test_the_built_model_and_its_optimizer_carry_every_sampled_value(monkeypatch
         for name, value in hp.values.items():
             assert value == assignment[name], name
             CHECKS[name](layer, optimizer, value)
-        assert optimizer.clipnorm == pytest.approx(SHARED.clipnorm)
+        assert optimizer.clipnorm == pytest.approx(SHARED.optimizer.clipnorm)
         if assignment["optimizer"] == "sgd":
-            assert float(optimizer.momentum) == pytest.approx(SHARED.momentum)
+            assert float(optimizer.momentum) == pytest.approx(SHARED.optimizer.momentum)
 
 
 @pytest.mark.parametrize("model_name", ["gated", "lstm"])
@@ -193,14 +204,14 @@ def test_retraining_the_best_trial_runs_with_its_hyperparameters(monkeypatch, mo
         config = SearchConfig(run=run, space=SearchSpace(), retrain_steps=7)
         search.retrain(config, best, log=print)
         retrained = runs.pop()
-        assert retrained.steps == 7
+        assert retrained.loop.steps == 7
         # A short retraining checkpoints and logs at its end, a long one every 200 and 50.
-        assert (retrained.checkpoint_every, retrained.log_every) == (7, 7)
+        assert (retrained.loop.checkpoint_every, retrained.loop.log_every) == (7, 7)
         for name in PAPER_GRID:
-            expected = best.get(name, getattr(run, name))
-            assert getattr(retrained, name) == expected, name
+            expected = best.get(name, run.to_dict()[name])
+            assert retrained.to_dict()[name] == expected, name
     search.retrain(SearchConfig(run=run, space=SearchSpace(), retrain_steps=1000), best)
-    long = runs.pop()
+    long = runs.pop().loop
     assert (long.steps, long.checkpoint_every, long.log_every) == (1000, 200, 50)
 
 
@@ -235,7 +246,7 @@ def test_a_hypermodel_refuses_a_config_it_cannot_search(change, argument, expect
     """A config from Python (not through `validate`) with a model or split a search cannot use."""
     from apputil.errors import UsageError
 
-    task = tasks.get_task(SHARED.task)
+    task = tasks.get_task(SHARED.task.name)
     with pytest.raises(UsageError) as refused:
         hypermodels.RNNHyperModel(task, SHARED.replace(**change), SearchSpace())
     assert str(refused.value) == (
@@ -245,7 +256,7 @@ def test_a_hypermodel_refuses_a_config_it_cannot_search(change, argument, expect
 
 @pytest.mark.parametrize("fraction", [0.01, 0.5, 0.99])
 def test_a_hypermodel_takes_any_validation_split_inside_zero_and_one(fraction):
-    task = tasks.get_task(SHARED.task)
+    task = tasks.get_task(SHARED.task.name)
     config = SHARED.replace(model="gated", validation_fraction=fraction)
     hypermodel = hypermodels.RNNHyperModel(task, config, SearchSpace(), steps_per_trial=8, rounds=2)
     assert hypermodel.name == "gated_digits" and hypermodel.tunable
@@ -281,7 +292,7 @@ def test_the_digits_validation_split_is_the_runs_fraction_of_the_training_images
     hypermodel = hypermodels.RNNHyperModel(task, SHARED.replace(model="gated"), SearchSpace())
     (train_x, train_y), (val_x, val_y) = hypermodel.data()
     total = len(task.examples("train")[1])
-    assert len(val_y) == round(SHARED.validation_fraction * total)
+    assert len(val_y) == round(SHARED.loop.validation_fraction * total)
     assert len(train_y) + len(val_y) == total
     rows = {tuple(np.asarray(x).ravel()) for x in train_x}
     assert not any(tuple(np.asarray(x).ravel()) in rows for x in val_x)
@@ -291,7 +302,7 @@ def test_the_digits_validation_split_is_the_runs_fraction_of_the_training_images
 def test_the_built_model_is_seeded_by_the_run_and_takes_its_dtype_policy(model_name):
     """Every trial starts from the weights the run's seed draws (so trials differ only in
     their hyperparameters), under the run's dtype policy."""
-    from training.models import build_model
+    from training.tasks.models import build_model
 
     assignment = ASSIGNMENTS[0]
     space, hp = _space_and_hp(assignment, "fixed", model_name)
@@ -313,10 +324,10 @@ def test_the_built_model_is_seeded_by_the_run_and_takes_its_dtype_policy(model_n
 
 
 def _replace_loop(monkeypatch, train, evaluate=lambda *args: (0.5, 0.25)):
-    """`fit` with `training.loop`'s training and evaluation replaced by stand-ins:
-    `train(trainer, config, start, writer=, log=)`, `evaluate(...)` -> (loss, accuracy)."""
-    monkeypatch.setattr(hypermodels.loop, "train", train)
-    monkeypatch.setattr(hypermodels.loop, "evaluate", evaluate)
+    """`fit` with a run's training and `training.run.loop.evaluate` replaced by stand-ins:
+    `train(run)`, `evaluate(...)` -> (loss, accuracy)."""
+    monkeypatch.setattr(loop.Run, "train", train)
+    monkeypatch.setattr(loop, "evaluate", evaluate)
 
 
 class _Callback:
@@ -348,9 +359,13 @@ def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
     only there (a trial is not resumed)."""
     trained, scored = [], []
 
-    def train(trainer, config, first, writer, log):
-        trained.append((first, config.steps, int(trainer.optimizer.iterations.numpy())))
-        assert (config.checkpoint_every, config.log_every) == (stop, stop - start)
+    def train(run):
+        config, trainer = run.config, run.trainer
+        iterations = int(trainer.optimizer.iterations.numpy())
+        trained.append((run.start_step, config.loop.steps, iterations))
+        assert config.loop.log_every == stop - start
+        (checkpoints,) = run.callbacks  # a trial is not resumed: one checkpoint, at its end
+        assert checkpoints.every == stop
 
     def evaluate(predict, task, x, y, batch_size, seed):
         scored.append((len(y), batch_size, seed))
@@ -376,13 +391,13 @@ def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
 def test_hyperband_rounds_follow_one_schedule_over_the_whole_trial(monkeypatch):
     """Under a cosine schedule, Hyperband's first two rounds of an 8-step trial (4 steps)
     follow the trial's 8-step cosine: after 4 updates (step 5, numbered from 1 as
-    `training.schedules` does) the rate is on that curve, not at the floor where a cosine
+    `training.run.schedules` does) the rate is on that curve, not at the floor where a cosine
     over the rounds' 4 steps would have ended."""
     rates = []
 
-    def train(trainer, config, first, writer, log):
-        trainer.optimizer.iterations.assign(4)
-        rates.append(float(trainer.optimizer.learning_rate))
+    def train(run):
+        run.trainer.optimizer.iterations.assign(4)
+        rates.append(float(run.trainer.optimizer.learning_rate))
 
     _replace_loop(monkeypatch, train)
     space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
@@ -397,25 +412,18 @@ def test_hyperband_rounds_follow_one_schedule_over_the_whole_trial(monkeypatch):
 
 
 def test_a_trial_trains_under_the_hypermodels_strategy_and_the_runs_loss_scaling(monkeypatch):
-    """The strategy given to the hypermodel reaches the trial's trainer, and under
+    """The backend given to the hypermodel makes the trial's trainer, and under
     `mixed_float16` the trial's optimizer scales the loss (as a run's does)."""
-    made = []
-
-    def capture(*args, **kwargs):
-        made.append(kwargs["strategy"])
-        return MAKE_TRAINER(*args, **{**kwargs, "strategy": "default"})
-
-    monkeypatch.setattr(hypermodels, "make_trainer", capture)
-    strategy = object()  # what the trial's trainer is made under, passed on as it is
+    backend = _RecordingBackend()
     space, hp = _space_and_hp(ASSIGNMENTS[1], "fixed", "gated")
     config = SHARED.replace(model="gated", dtype_policy="mixed_float16").validate()
     task = tasks.get_task("digits")
-    hypermodel = hypermodels.RNNHyperModel(task, config, space, strategy=strategy)
+    hypermodel = hypermodels.RNNHyperModel(task, config, space, backend=backend)
     model = hypermodel.build(hp)
     optimizers = []
-    _replace_loop(monkeypatch, lambda trainer, *a, **k: optimizers.append(trainer.optimizer))
+    _replace_loop(monkeypatch, lambda run: optimizers.append(run.trainer.optimizer))
     hypermodel.fit(hp, model)
-    assert made == [strategy]
+    assert [trainer.optimizer for trainer in backend.made] == optimizers
     (optimizer,) = optimizers
     assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     assert type(optimizer.inner_optimizer) is OPTIMIZER_CLASSES[ASSIGNMENTS[1]["optimizer"]]
@@ -440,7 +448,7 @@ def test_a_diverged_trial_scores_zero_and_its_metrics_stay_json_safe(
 
     from training.errors import DivergenceError
 
-    def train(*args, **kwargs):
+    def train(run):
         if train_raises:
             raise DivergenceError("the loss is nan at step 3")
 
@@ -462,7 +470,7 @@ def test_a_diverged_trial_scores_zero_and_its_metrics_stay_json_safe(
 
 def test_by_default_a_trial_is_one_round_of_100_steps(monkeypatch):
     trained = []
-    _replace_loop(monkeypatch, lambda t, config, first, **k: trained.append((first, config.steps)))
+    _replace_loop(monkeypatch, lambda run: trained.append((run.start_step, run.config.loop.steps)))
     space, hp = _space_and_hp(ASSIGNMENTS[0], "fixed", "antisymmetric")
     config = SHARED.replace(model="antisymmetric")
     hypermodel = hypermodels.RNNHyperModel(tasks.get_task("digits"), config, space)

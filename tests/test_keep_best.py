@@ -7,9 +7,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from training import experiment, loop, report, suite, tasks, train
+from training import train
 from training.config import RunConfig
-from training.models import build_model
+from training.paper import report, suite
+from training.run import experiment, loop
+from training.run.callbacks import BestWeights, LearningCurve
+from training.tasks import catalog as tasks
+from training.tasks.models import build_model
 
 TINY = ["--task", "digits", "--units", "8", "--batch-size", "32", "--strategy", "default"]
 
@@ -20,7 +24,7 @@ class _Recorder:
 
     def __init__(self, monkeypatch, scripted):
         self.events, self.weights, self.scripted = [], {}, scripted
-        get_task, record, train_loop = tasks.get_task, loop.LearningCurve.record, loop.train
+        get_task, on_step_end, run_train = tasks.get_task, LearningCurve.on_step_end, loop.Run.train
 
         def traced_task(*args, **kwargs):
             task = get_task(*args, **kwargs)
@@ -33,35 +37,37 @@ class _Recorder:
             task.examples = traced
             return task
 
-        def scripted_record(curve, trainer, step, *args):
-            loss, _ = record(curve, trainer, step, *args)  # the real evaluation runs
+        def scripted_step_end(curve, step, logs):
+            on_step_end(curve, step, logs)  # the real evaluation runs, when due
+            key = f"{curve.split}_accuracy"
+            if key not in logs:
+                return
             self.events.append(("evaluated", step))
-            self.weights[step] = trainer.model.get_weights()
-            curve.points[-1][f"{curve.split}_accuracy"] = self.scripted[step]
-            return loss, self.scripted[step]
+            self.weights[step] = curve.run.trainer.model.get_weights()
+            curve.points[-1][key] = logs[key] = self.scripted[step]
 
-        def traced_train(*args, **kwargs):
-            history = train_loop(*args, **kwargs)
+        def traced_train(run):
+            history = run_train(run)
             self.events.append(("trained", None))
             return history
 
         monkeypatch.setattr(tasks, "get_task", traced_task)
-        monkeypatch.setattr(loop.LearningCurve, "record", scripted_record)
-        monkeypatch.setattr(loop, "train", traced_train)
+        monkeypatch.setattr(LearningCurve, "on_step_end", scripted_step_end)
+        monkeypatch.setattr(loop.Run, "train", traced_train)
 
 
 def _test_metrics(weights):
     """Test loss and accuracy of the digits model with `weights`, evaluated afresh."""
-    config = RunConfig(units=8)
+    config = RunConfig.of(units=8)
     task = tasks.get_task("digits")
-    model = build_model(task.spec, "antisymmetric", units=8, epsilon=config.epsilon,
-                        gamma=config.gamma)  # fmt: skip
+    model = build_model(task.spec, "antisymmetric", units=8, epsilon=config.model.epsilon,
+                        gamma=config.model.gamma)  # fmt: skip
     model.set_weights(weights)
     predict = tf.function(lambda x: model(x, training=False))  # as the trainer predicts
     inputs, targets = task.examples("test")
     return loop.evaluate(
-        lambda x: predict(tf.constant(x)), task, inputs, targets, config.eval_batch_size,
-        config.seed,
+        lambda x: predict(tf.constant(x)), task, inputs, targets, config.loop.eval_batch_size,
+        config.task.seed,
     )  # fmt: skip
 
 
@@ -112,7 +118,7 @@ def _model_weights(out):
 
 
 def test_without_keep_best_the_last_step_is_tested_and_named(tmp_path):
-    config = RunConfig(units=8, batch_size=32, steps=3, strategy="default").validate()
+    config = RunConfig.of(units=8, batch_size=32, steps=3).validate()
     metrics = experiment.train_and_evaluate(config, str(tmp_path), log=lambda line: None)
     assert metrics["selected_step"] == 3 and metrics["selected_on"] == "last"
     assert not (tmp_path / "best.npz").exists()
@@ -120,29 +126,29 @@ def test_without_keep_best_the_last_step_is_tested_and_named(tmp_path):
 
 def test_best_weights_newer_than_the_restored_checkpoint_are_dropped(tmp_path):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    best = loop.BestWeights(str(tmp_path / "best.npz"))
+    best = BestWeights(str(tmp_path / "best.npz"))
     best.offer(model, 30, 0.7, 1.0)
     best.offer(model, 40, 0.6, 1.2)  # worse: not kept
     assert best.step == 30
     best.save()
     logs = []
-    again = loop.BestWeights(str(tmp_path / "best.npz"))
+    again = BestWeights(str(tmp_path / "best.npz"))
     again.resume(40, logs.append)
     assert again.step == 30 and again.accuracy == 0.7 and again.loss == 1.0
     for saved, weight in zip(again.weights, model.get_weights(), strict=True):
         np.testing.assert_array_equal(saved, weight)
-    older = loop.BestWeights(str(tmp_path / "best.npz"))
+    older = BestWeights(str(tmp_path / "best.npz"))
     older.resume(20, logs.append)  # an older checkpoint was restored
     assert older.step is None and older.weights is None
     assert logs == ["ignoring the best weights of step 30: the run resumes from step 20"]
-    same = loop.BestWeights(str(tmp_path / "best.npz"))
+    same = BestWeights(str(tmp_path / "best.npz"))
     same.resume(30, logs.append)  # the checkpoint of the best step itself: kept
     assert same.step == 30 and len(logs) == 1
 
 
 def test_nothing_is_written_before_an_evaluation_and_a_torn_file_is_ignored(tmp_path):
     path = tmp_path / "best.npz"
-    best = loop.BestWeights(str(path))
+    best = BestWeights(str(path))
     best.save()
     assert not path.exists()
     best.offer(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]), 5, 0.5, 0.9)
@@ -152,7 +158,7 @@ def test_nothing_is_written_before_an_evaluation_and_a_torn_file_is_ignored(tmp_
     assert not path.exists()
     path.write_bytes(b"PK\x03\x04 torn")
     logs = []
-    torn = loop.BestWeights(str(path))
+    torn = BestWeights(str(path))
     torn.resume(10, logs.append)
     assert torn.step is None and torn.weights is None
     assert len(logs) == 1 and logs[0].startswith(f"ignoring unreadable best weights {path}: ")

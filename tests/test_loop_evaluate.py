@@ -1,4 +1,4 @@
-"""`training.loop.evaluate`, the number every learning curve, `--keep-best` and the final
+"""`training.run.loop.evaluate`, the number every learning curve, `--keep-best` and the final
 test accuracy come from, against a NumPy recomputation."""
 
 import json
@@ -6,7 +6,17 @@ import json
 import numpy as np
 
 from tests.recording import RecordingWriter
-from training import loop, tasks
+from training.config import RunConfig
+from training.run import loop
+from training.run.callbacks import Diagnostics, LearningCurve
+from training.tasks import catalog as tasks
+
+
+def _bound(callback, trainer, writer=None, log=lambda line: None, start_step=0):
+    """`callback` as a run of `trainer` holds it (what its hooks read: trainer, writer, log)."""
+    loop.Run(RunConfig(), trainer, writer=writer, log=log, callbacks=[callback],
+             start_step=start_step)  # fmt: skip
+    return callback
 
 
 def _reference(logits, labels):
@@ -40,34 +50,48 @@ def test_evaluate_is_the_mean_over_every_example_in_short_last_batches_too():
 
 
 def test_diagnostics_probe_the_first_examples_and_write_log_and_keep_each_value():
-    from training.models import build_model
+    from training.tasks.models import build_model
 
     task = tasks.get_task("noise_padded_mnist", timesteps=32)
     model = build_model(task.spec, "antisymmetric", units=4, epsilon=0.1, gamma=0.1, seed=0)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(5, 28, 28, 1)).astype("uint8")
     labels = rng.integers(0, 10, size=5)
-    diagnostics = loop.Diagnostics(model, task, images, labels, every=3, probe_size=2)
+    writer, lines = RecordingWriter(), []
+    trainer = type("Trainer", (), {"model": model})()
+    diagnostics = _bound(Diagnostics(task, images, labels, every=3, probe_size=2), trainer,
+                         writer, lines.append)  # fmt: skip
     assert diagnostics.latest == {} and diagnostics.callback.every_n_steps == 3
     probe = diagnostics.callback.probe_x
     assert probe.shape == (2, 32, 28)  # the first two examples, rows then noise
     np.testing.assert_allclose(probe[:, :28], images[:2, :, :, 0] / 255.0, rtol=1e-6)
     np.testing.assert_array_equal(diagnostics.callback.probe_y, labels[:2])
-    again = loop.Diagnostics(model, task, images, labels, every=3, probe_size=2)
+    again = _bound(Diagnostics(task, images, labels, every=3, probe_size=2), trainer)
     np.testing.assert_array_equal(again.callback.probe_x, probe)  # the noise is fixed too
 
-    writer, lines = RecordingWriter(), []
-    diagnostics(5, writer, lines.append)
+    diagnostics.on_step_end(5, {})  # not a step of its period: nothing
+    assert diagnostics.latest == {} and writer.scalars == [] and lines == []
+    diagnostics.on_step_end(6, {})
     latest = diagnostics.latest
-    assert writer.scalars == [(name, value, 5) for name, value in latest.items()]
+    assert writer.scalars == [(name, value, 6) for name, value in latest.items()]
     # W - Wᵀ - γI: every eigenvalue's real part is -γ.
     np.testing.assert_allclose(latest["stability/antisymmetric/m_eig_real_max"], -0.1, rtol=1e-6)
     mean = latest["stability/antisymmetric/e2e_eig_abs_mean"]
     margin = latest["stability/antisymmetric/euler_margin"]
     assert lines == [
-        f"step 5 diagnostics antisymmetric/e2e_eig_abs_mean={mean:.4g} "
+        f"step 6 diagnostics antisymmetric/e2e_eig_abs_mean={mean:.4g} "
         f"antisymmetric/euler_margin={margin:.4g}"
     ]
+    summary = {}
+    diagnostics.on_train_end(summary)
+    assert summary == {"diagnostics": latest}
+
+
+def _record(curve, step, seconds, last=False):
+    """A step's end as the run tells the curve (its logs), returned with what it added."""
+    logs = {"train_seconds": seconds, "last": last}
+    curve.on_step_end(step, logs)
+    return logs
 
 
 class _Linear:
@@ -88,11 +112,15 @@ def test_the_learning_curve_records_evaluations_saves_and_resumes_its_clock(tmp_
     weights = rng.normal(size=(64, 10))
     loss, accuracy = _reference((images.reshape(12, 64) / 16.0) @ weights, labels)
     path = tmp_path / "curve.json"
-    curve = loop.LearningCurve(str(path), 5, "validation", (images, labels), task, 8, 0)
     writer, lines = RecordingWriter(), []
+    curve = _bound(LearningCurve(str(path), 5, "validation", (images, labels), task, 8, 0),
+                   _Linear(weights), writer, lines.append)  # fmt: skip
+    assert _record(curve, 4, 1.0) == {"train_seconds": 1.0, "last": False}  # not due
     for step, seconds in ((5, 1.5), (10, 2.5), (10, 3.0)):  # step 10 evaluated again
-        curve.record(_Linear(weights), step, seconds, writer, lines.append)
+        logs = _record(curve, step, seconds)
     assert [(p["step"], p["train_seconds"]) for p in curve.points] == [(5, 1.5), (10, 3.0)]
+    assert logs["validation_accuracy"] == accuracy  # what the best weights read
+    assert logs["validation_loss"] == curve.points[-1]["validation_loss"]
     np.testing.assert_allclose(curve.points[-1]["validation_loss"], loss, rtol=1e-5)
     assert curve.points[-1]["validation_accuracy"] == accuracy
     assert writer.scalars[-2:] == [
@@ -103,17 +131,21 @@ def test_the_learning_curve_records_evaluations_saves_and_resumes_its_clock(tmp_
         f"step 10 validation_accuracy {accuracy:.4f} validation_loss "
         f"{curve.points[-1]['validation_loss']:.4f}"
     )
-    curve.record(_Linear(weights), 12, 4.0, writer, lines.append)
-    curve.record(_Linear(weights), 20, 6.0, writer, lines.append)
-    curve.save()
+    _record(curve, 12, 4.0, last=True)  # the last step: evaluated off the period
+    _record(curve, 20, 6.0)
+    curve.on_checkpoint(20)
     body = {"split": "validation", "every": 5, "points": curve.points}
     assert path.read_text() == json.dumps(body, indent=1) + "\n"
 
-    resumed = loop.LearningCurve(str(path), 5, "validation", (images, labels), task, 8, 0)
-    resumed.resume(15)  # the checkpoint of step 15: the evaluation of step 20 is dropped
+    resumed = _bound(LearningCurve(str(path), 5, "validation", (images, labels), task, 8, 0),
+                     _Linear(weights), start_step=15)  # fmt: skip
+    resumed.on_train_begin()  # the checkpoint of step 15: the evaluation of step 20 is dropped
     assert [p["step"] for p in resumed.points] == [5, 10, 12]
-    resumed.record(_Linear(weights), 20, 0.5, writer, lines.append)
+    _record(resumed, 20, 0.5)
     assert resumed.points[-1]["train_seconds"] == 4.5  # the clock goes on from step 12's
+    summary = {}
+    resumed.on_train_end(summary)
+    assert summary == {"train_seconds": 4.5}
 
 
 def test_a_curve_without_points_starts_its_clock_at_zero(tmp_path):
@@ -123,14 +155,20 @@ def test_a_curve_without_points_starts_its_clock_at_zero(tmp_path):
         path = tmp_path / "curve.json"
         if text is not None:
             path.write_text(text)
-        curve = loop.LearningCurve(str(path), 5, "test", (images, labels), task, 8, 0)
-        curve.resume(10)
+        curve = _bound(LearningCurve(str(path), 5, "test", (images, labels), task, 8, 0),
+                       _Linear(np.zeros((64, 10))), start_step=10)  # fmt: skip
+        curve.on_train_begin()
         assert curve.points == [] and curve.seconds_before == 0.0
-        curve.record(_Linear(np.zeros((64, 10))), 5, 2.0, RecordingWriter(), lambda line: None)
+        _record(curve, 5, 2.0)
         assert curve.points[0]["train_seconds"] == 2.0
-    fresh = loop.LearningCurve(str(tmp_path / "new.json"), 5, "test", (images, labels), task, 8, 0)
-    fresh.record(_Linear(np.zeros((64, 10))), 5, 2.0, RecordingWriter(), lambda line: None)
+    fresh = _bound(LearningCurve(str(tmp_path / "new.json"), 5, "test", (images, labels), task,
+                                 8, 0), _Linear(np.zeros((64, 10))))  # fmt: skip
+    _record(fresh, 5, 2.0)
     assert fresh.points[0]["train_seconds"] == 2.0  # without a resume too
+    summary = {}
+    _bound(LearningCurve(str(tmp_path / "none.json"), 5, "test", None, task, 8, 0),
+           None).on_train_end(summary)  # fmt: skip
+    assert summary == {}  # no points: the run's own training time stays
 
 
 def _log_softmax(logits):
@@ -147,7 +185,7 @@ def _spec(head, **extra):
 def test_the_per_example_objectives_of_a_last_step_head_against_numpy():
     from keras import ops
 
-    from training.objectives import per_example_correct, per_example_loss
+    from training.tasks.objectives import per_example_correct, per_example_loss
 
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(5, 4)).astype("float16")  # a mixed-precision model's output
@@ -164,7 +202,7 @@ def test_the_per_example_objectives_of_a_last_step_head_against_numpy():
 def test_a_sequence_head_averages_every_step_s_loss_and_scores_its_last_steps():
     from keras import ops
 
-    from training.objectives import per_example_correct, per_example_loss
+    from training.tasks.objectives import per_example_correct, per_example_loss
 
     rng = np.random.default_rng(2)
     logits = rng.normal(size=(3, 6, 4)).astype("float32")
@@ -185,7 +223,7 @@ def test_a_sequence_head_averages_every_step_s_loss_and_scores_its_last_steps():
 def test_a_regression_head_is_the_mean_squared_error_and_the_share_within_tolerance():
     from keras import ops
 
-    from training.objectives import per_example_correct, per_example_loss
+    from training.tasks.objectives import per_example_correct, per_example_loss
 
     outputs = np.array([[0.5, 1.0], [2.0, -1.0], [0.0, 0.25]], "float16")
     targets = np.array([[0.5, 0.0], [2.5, -1.0], [0.125, 0.0]], "float64")
@@ -205,7 +243,7 @@ def test_the_objectives_compute_in_float32_whatever_keras_floatx_is():
     import keras
     from keras import ops
 
-    from training.objectives import per_example_correct, per_example_loss
+    from training.tasks.objectives import per_example_correct, per_example_loss
 
     logits = np.array([[2.0, 0.0], [0.0, 1.0]], "float64")
     labels = np.array([0, 0])

@@ -262,19 +262,23 @@ def test_dtype_policy_flag_reaches_the_model_and_float16_scales_the_loss(policy,
     """`--dtype-policy` builds the recurrent layer under the policy (head in float32),
     wraps the optimizer in a `LossScaleOptimizer` for float16 only, is recorded in
     `config.yaml` as a setting a resumed run keeps, and the run checkpoints and resumes."""
-    from training import experiment, tasks, train
+    from training import train
+    from training.backends.strategies import TensorFlowBackend
     from training.config import RunConfig, identity_fields
+    from training.run import experiment
+    from training.tasks import catalog as tasks
 
     args = ["--task", "digits", "--model", "gated", "--units", "4", "--batch-size", "8",
             "--steps", "2", "--checkpoint-every", "1", "--log-every", "1",
             "--strategy", "default", "--dtype-policy", policy,
             "--output-dir", str(tmp_path)]  # fmt: skip
     config = RunConfig.from_namespace(train.build_parser().parse_args(args)).validate()
-    assert config.dtype_policy == policy
+    assert config.model.dtype_policy == policy
     assert "dtype_policy" in identity_fields()
-    task = tasks.get_task(config.task)
+    task = tasks.get_task(config.task.name)
     splits = experiment.Splits.load(task, config)
-    trainer = experiment._make_trainer(task, config, splits, "default", str(tmp_path / "t"))
+    trainer = experiment.build_trainer(config, task, splits.train, TensorFlowBackend(),
+                                       checkpoint_dir=str(tmp_path / "t"))  # fmt: skip
     recurrent, head = trainer.model.layers
     assert recurrent.dtype_policy.name == policy
     assert recurrent.cell.product_dtype == COMPUTE[policy]
@@ -301,7 +305,7 @@ def test_dtype_policy_flag_refuses_other_policies():
     from training.config import RunConfig
 
     with pytest.raises(UsageError, match="--dtype-policy"):
-        RunConfig(dtype_policy="float16").validate()
+        RunConfig.of(dtype_policy="float16").validate()
 
 
 # --- Serving: the exported mixed-precision model answers in float32 --------------------------
@@ -313,7 +317,8 @@ def test_export_of_a_mixed_precision_model_serves_float32_outputs(policy, tmp_pa
     import tensorflow as tf
 
     from serving.export import export_model
-    from training import models, tasks
+    from training.tasks import catalog as tasks
+    from training.tasks import models
 
     spec = tasks.get_task("digits").spec
     full = models.build_model(spec, "gated", units=8, epsilon=0.1, seed=3)

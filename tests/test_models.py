@@ -1,4 +1,4 @@
-"""`training.models.build_model`: the layers, settings and names each model is built with."""
+"""`training.tasks.models.build_model`: the layers, settings and names each model is built with."""
 
 import types
 
@@ -8,7 +8,7 @@ import pytest
 
 import keras_antisym
 from apputil.errors import UsageError
-from training import models
+from training.tasks import models
 
 
 def _spec(head="last", timesteps=7, features=3, num_outputs=5):

@@ -1,13 +1,12 @@
 """`training.options`: the flags made from `RunConfig`, their help, and `--config` files."""
 
-import dataclasses
 import re
 import sys
 
 import pytest
 
 from training import options
-from training.config import GROUPS, RunConfig, flag
+from training.config import GROUPS, RunConfig, flag, key_of, option_fields
 
 
 def _action(parser, dest):
@@ -18,8 +17,8 @@ def _action(parser, dest):
 def test_each_flag_shows_its_default_unless_it_has_none_or_is_a_switch():
     parser = options.run_parser("prog", "What the command does.")
     assert parser.description == "What the command does."
-    assert _action(parser, "units").help == f"default: {RunConfig().units}"
-    assert _action(parser, "epsilon").help == f"step size ε (default: {RunConfig().epsilon})"
+    assert _action(parser, "units").help == f"default: {RunConfig().model.units}"
+    assert _action(parser, "epsilon").help == f"step size ε (default: {RunConfig().model.epsilon})"
     assert "default" not in _action(parser, "jit_compile").help  # a switch: --no-... shows it
     assert "default" not in _action(parser, "lr_boundaries").help  # None: nothing to show
 
@@ -115,7 +114,7 @@ def _groups(parser):
 
 
 def _fields(group):
-    return {f.name for f in dataclasses.fields(RunConfig) if f.metadata["group"] == group}
+    return {key_of(f) for f in option_fields() if f.metadata["group"] == group}
 
 
 def test_each_group_of_fields_is_one_titled_section_of_the_help():
@@ -130,22 +129,23 @@ def test_each_group_of_fields_is_one_titled_section_of_the_help():
 def test_extra_fields_join_their_group_s_section_or_one_of_their_own():
     parser = options.run_parser("p", "d", groups=("optimizer",), extra=("learning_rate", "units"))
     groups = _groups(parser)
-    units_group = RunConfig.__dataclass_fields__["units"].metadata["group"]
+    units_group = {key_of(f): f for f in option_fields()}["units"].metadata["group"]
     assert groups == {"optimizer": _fields("optimizer"), units_group: {"units"}}
 
 
 def test_any_field_can_be_an_extra_flag():
-    for field in dataclasses.fields(RunConfig):
+    for field in option_fields():
         if field.metadata["group"] == "optimizer":
             continue
-        parser = options.run_parser("p", "d", groups=("optimizer",), extra=(field.name,))
+        key = key_of(field)
+        parser = options.run_parser("p", "d", groups=("optimizer",), extra=(key,))
         groups = _groups(parser)
-        assert groups[field.metadata["group"]] == {field.name}, field.name
+        assert groups[field.metadata["group"]] == {key}, key
 
 
 def test_the_help_names_each_value_as_its_field_says():
     text = " ".join(options.run_parser("prog", "d").format_help().split())
-    named = [f for f in dataclasses.fields(RunConfig) if f.metadata["metavar"]]
+    named = [f for f in option_fields() if f.metadata["metavar"]]
     assert named
     for field in named:
-        assert f"{flag(field.name)} {field.metadata['metavar']} " in text, field.name
+        assert f"{flag(key_of(field))} {field.metadata['metavar']} " in text, key_of(field)

@@ -1,6 +1,6 @@
 """Resuming a run: every identity setting is kept, only the changeable ones change on request.
 
-A run's `config.yaml` holds the record `training.experiment` writes for it
+A run's `config.yaml` holds the record `training.run.experiment` writes for it
 (`_run_record`: the `RunConfig`, the task's shape, where it ran); a rerun in
 the same folder builds its own record and `_restore` checks it against the
 file (`check_resumable`) before any checkpoint is read. These tests go through
@@ -11,7 +11,6 @@ valid other value fails here until it gets one in `ALTERNATIVES` (and, if it
 matters only with other settings, those in `BASE_FOR`).
 """
 
-import dataclasses
 import math
 import os
 import re
@@ -23,14 +22,18 @@ import pytest
 import yaml
 
 from apputil.errors import UsageError
-from training import experiment, options, tasks
-from training.config import RESUME_CHANGEABLE, RunConfig, identity_fields
+from training import options
+from training.backends.strategies import TensorFlowBackend
+from training.config import RESUME_CHANGEABLE, RunConfig, identity_fields, option_types, run_keys
+from training.run import experiment
+from training.run.rundir import RunDir
+from training.tasks import catalog as tasks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The run on disk: an MNIST task (it takes a dataset), an explicit sequence length
 # and a small model; every other field at its default.
-BASE = RunConfig(task="noise_padded_mnist", timesteps=100, units=16, batch_size=8).validate()
+BASE = RunConfig.of(task="noise_padded_mnist", timesteps=100, units=16, batch_size=8).validate()
 
 # Fields that matter only with other settings: the run on disk has those (BASE with these).
 BASE_FOR = {
@@ -48,21 +51,27 @@ ALTERNATIVES = {
     "lr_boundaries": "100,200",
     # `validate` wants an existing folder.
     "data_dir": HERE,
-    # `validate` wants HOST:PORT.
-    "coordinator": "127.0.0.1:1234",
     # `validate` wants names among RESUME_CHANGEABLE.
     "change_on_resume": RESUME_CHANGEABLE[0],
-    # A free string: any name will do.
-    "tpu": "grpc://10.0.0.1:8470",
 }
-FIELDS = {field.name: field for field in dataclasses.fields(RunConfig)}
-HINTS = typing.get_type_hints(RunConfig)
+FIELDS = run_keys()
+HINTS = option_types()
 NON_IDENTITY = tuple(name for name in FIELDS if name not in identity_fields())
 STEP = 10  # the step of the checkpoint the stand-in trainer "restores"
 
 
 def _flag(name):
     return "--" + name.replace("_", "-")
+
+
+def _get(config, name):
+    """The value of the flat key `name` in `config`."""
+    return config.to_dict()[name]
+
+
+def _task(config):
+    task = config.task
+    return tasks.get_task(task.name, timesteps=task.timesteps, dataset=task.dataset)
 
 
 def _candidates(name, value):
@@ -86,7 +95,7 @@ def _valid(config):
     """Whether a run could start with `config`: its checks and its task's accept it."""
     try:
         config.validate()
-        tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
+        _task(config)
     except ValueError:
         return False
     return True
@@ -95,12 +104,12 @@ def _valid(config):
 def _effective(config, name):
     """The value of `name` a run of `config` trains with (defaults resolved)."""
     config = config.resolved()
-    task = tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
+    task = _task(config)
     if name == "timesteps":
         return task.spec.timesteps
     if name == "dataset":
         return task.spec.params.get("dataset")
-    return getattr(config, name)
+    return _get(config, name)
 
 
 def _base(name):
@@ -112,7 +121,7 @@ def _alternative(name):
     """`_base(name)` with field `name` alone changed to another valid value that takes effect."""
     base = _base(name)
     given = name in ALTERNATIVES
-    candidates = [ALTERNATIVES[name]] if given else _candidates(name, getattr(base, name))
+    candidates = [ALTERNATIVES[name]] if given else _candidates(name, _get(base, name))
     for value in candidates:
         config = base.replace(**{name: value})
         if _valid(config) and _effective(config, name) != _effective(base, name):
@@ -132,7 +141,7 @@ class StandInTrainer:
 
     def __init__(self, config, checkpoint=None):
         self.optimizer = types.SimpleNamespace(
-            learning_rate=config.learning_rate, clipnorm=config.clipnorm
+            learning_rate=config.optimizer.learning_rate, clipnorm=config.optimizer.clipnorm
         )
         self.checkpoint = checkpoint
         self.restored = False
@@ -146,13 +155,15 @@ def _attempt(config, workdir, trainer, log=None):
     """A run of `config` in `workdir` up to its checkpoint's restore, as `train_and_evaluate`
     runs it: the resolved config, its record, `_restore` (which checks and writes it)."""
     config = config.resolved()
-    task = tasks.get_task(config.task, timesteps=config.timesteps, dataset=config.dataset)
+    task = _task(config)
     labels = np.zeros(4, "int32")
     examples = (np.zeros((4, 1)), labels)
     splits = types.SimpleNamespace(train=examples, test=examples, validation=examples)
-    record = experiment._run_record(config, task, trainer, splits, workdir, "cpu")
+    rundir = RunDir(workdir)
+    record = experiment._run_record(config, task, trainer, splits, rundir, "cpu",
+                                    TensorFlowBackend())  # fmt: skip
     logs = [] if log is None else log
-    return experiment._restore(trainer, config, record, workdir, logs.append)
+    return experiment._restore(trainer, config, record, rundir, logs.append)
 
 
 def _first_run(workdir, config):
@@ -187,7 +198,7 @@ def _assert_refused(config, workdir, name):
     )
     with pytest.raises(UsageError, match=re.escape(expected)) as raised:
         _attempt(config, workdir, trainer)
-    assert str(raised.value).endswith(f", got {getattr(config, name)!r}.")
+    assert str(raised.value).endswith(f", got {_get(config, name)!r}.")
     assert not trainer.restored
     assert _config_yaml(workdir) == before
 
@@ -208,7 +219,7 @@ def test_resume_refuses_a_change_of_each_identity_field(tmp_path, name):
     a usage error naming that field's flag and the value on disk, before any checkpoint is
     read; `config.yaml` stays as it was."""
     base, config = _base(name), _alternative(name)
-    assert [n for n in FIELDS if getattr(config, n) != getattr(base, n)] == [name]
+    assert [n for n in FIELDS if _get(config, n) != _get(base, n)] == [name]
     workdir = _first_run(str(tmp_path / "run"), base)
     assert yaml.safe_load(_config_yaml(workdir))[name] == _effective(base, name)
     _assert_refused(config, workdir, name)
@@ -232,7 +243,7 @@ def test_resume_with_the_same_settings_goes_on_from_the_checkpoint(workdir):
 
 @pytest.mark.parametrize("name", NON_IDENTITY)
 def test_resume_accepts_a_change_of_each_other_field(workdir, name):
-    """A field outside the run's identity (schedule, distribution, data location) changed to
+    """A field outside the run's identity (schedule, periods, data location) changed to
     another valid value: the run goes on from its checkpoint."""
     config = _alternative(name)
     trainer = StandInTrainer(config, checkpoint="ckpt")
@@ -248,7 +259,7 @@ def test_change_on_resume_lets_its_fields_change_and_applies_them(tmp_path, name
     base = _base(name)
     workdir = _first_run(str(tmp_path / "run"), base)
     config = _alternative(name).replace(change_on_resume=name)
-    old, new = getattr(base, name), getattr(config, name)
+    old, new = _get(base, name), _get(config, name)
     trainer = StandInTrainer(base, checkpoint="ckpt")  # its optimizer as the checkpoint left it
     logs = []
     assert _attempt(config, workdir, trainer, logs) == STEP
@@ -274,10 +285,10 @@ def test_resume_compares_the_resolved_sequence_length(tmp_path):
     """The record holds the task's own length: a run that left `timesteps` unset resumes with
     that length given, and the other way round; another length is refused."""
     unset = BASE.replace(timesteps=None)
-    default_length = tasks.get_task(unset.task).spec.timesteps
+    default_length = _task(unset).spec.timesteps
     given = unset.replace(timesteps=default_length)
     for first, then in ((unset, given), (given, unset)):
-        workdir = _first_run(str(tmp_path / f"from-{first.timesteps}"), first)
+        workdir = _first_run(str(tmp_path / f"from-{first.task.timesteps}"), first)
         assert _attempt(then, workdir, StandInTrainer(then, checkpoint="ckpt")) == STEP
     _assert_refused(unset.replace(timesteps=default_length + 1), workdir, "timesteps")
 
@@ -289,7 +300,7 @@ def test_resume_compares_the_resolved_data_set(tmp_path):
     unset = BASE.replace(dataset=None)
     given = unset.replace(dataset="mnist")
     for first, then in ((unset, given), (given, unset)):
-        workdir = _first_run(str(tmp_path / f"from-{first.dataset}"), first)
+        workdir = _first_run(str(tmp_path / f"from-{first.task.dataset}"), first)
         assert yaml.safe_load(_config_yaml(workdir))["dataset"] == "mnist"
         assert _attempt(then, workdir, StandInTrainer(then, checkpoint="ckpt")) == STEP
     path = os.path.join(workdir, "config.yaml")
@@ -333,7 +344,7 @@ def test_a_run_that_restores_no_checkpoint_records_no_earlier_changes(tmp_path):
     workdir = _first_run(str(tmp_path / "run"), base)
     config = _alternative(name).replace(change_on_resume=name)
     assert _attempt(config, workdir, StandInTrainer(base, checkpoint="ckpt")) == STEP
-    changes = [{"step": STEP, name: getattr(config, name)}]
+    changes = [{"step": STEP, name: _get(config, name)}]
     assert yaml.safe_load(_config_yaml(workdir))["resume_changes"] == changes
     assert _attempt(config, workdir, StandInTrainer(config)) == 0
     assert "resume_changes" not in yaml.safe_load(_config_yaml(workdir))

@@ -14,19 +14,27 @@ import tensorflow as tf
 import yaml
 
 from tests.recording import RecordingWriter
-from training import schedules, tasks, train
+from training import train
+from training.backends.distributions import JaxBackend
+from training.backends.strategies import TensorFlowBackend
+from training.backends.trainer_keras import KerasTrainer
 from training.config import RunConfig
-from training.optimizers import make_optimizer
-from training.trainer_keras import KerasTrainer
-from training.trainers import make_trainer
+from training.run import schedules
+from training.tasks import catalog as tasks
+from training.tasks.optimizers import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--task", "digits", "--units", "8", "--batch-size", "32", "--strategy", "default"]
 
 
+def _rate(config):
+    """What the optimizer of a run of `config` is given as its learning rate."""
+    return schedules.learning_rate(config.optimizer, config.loop.steps)
+
+
 def _rates(config, steps):
     """The rate the optimizer of `config` applies at each (1-based) step of `steps`."""
-    optimizer = make_optimizer("adam", schedules.learning_rate(config.validate().resolved()))
+    optimizer = make_optimizer("adam", _rate(config.validate().resolved()))
     optimizer.build([keras.Variable(np.zeros(2, "float32"))])
     rates = {}
     for step in steps:
@@ -61,30 +69,35 @@ def _cosine(peak, floor, progress):
     ids=["cosine-warmup-floor", "cosine-length", "step-warmup", "constant-warmup", "constant"],
 )  # fmt: skip
 def test_each_schedule_gives_the_hand_computed_rate_at_each_step(settings, expected):
-    rates = _rates(RunConfig(**settings), expected)
+    rates = _rates(RunConfig.of(**settings), expected)
     for step, rate in expected.items():
         assert rates[step] == pytest.approx(rate, rel=1e-6, abs=1e-9), step
 
 
 def test_constant_without_warmup_keeps_an_assignable_rate_variable():
-    config = RunConfig(learning_rate=0.03).validate()
-    assert schedules.learning_rate(config) == 0.03 and not config.has_schedule()
-    warm = RunConfig(learning_rate=0.03, warmup_steps=2).validate()
-    assert isinstance(schedules.learning_rate(warm), schedules.RunSchedule)
+    config = RunConfig.of(learning_rate=0.03).validate()
+    assert _rate(config) == 0.03 and not config.optimizer.has_schedule()
+    warm = RunConfig.of(learning_rate=0.03, warmup_steps=2).validate()
+    assert isinstance(_rate(warm), schedules.RunSchedule)
 
 
-def test_a_given_peak_replaces_the_configured_rate():
+def test_a_trial_s_rate_replaces_the_configured_rate():
     """A tuner trial's sampled rate: the constant rate, or the schedule's peak (reached at
-    the end of the warm-up, step 2)."""
-    assert schedules.learning_rate(RunConfig(learning_rate=0.03).validate(), 0.2) == 0.2
-    warm = RunConfig(learning_rate=0.03, warmup_steps=2).validate()
-    assert float(schedules.learning_rate(warm, 0.2)(2)) == pytest.approx(0.2)
-    assert float(schedules.learning_rate(warm)(2)) == pytest.approx(0.03)
+    the end of the warm-up, step 2); the schedule's length is the trial's."""
+    from training.search.hypermodels import trial_config
+
+    trial = trial_config(RunConfig.of(learning_rate=0.03).validate(), {"learning_rate": 0.2})
+    assert _rate(trial) == 0.2
+    warm = RunConfig.of(learning_rate=0.03, warmup_steps=2).validate()
+    assert float(_rate(trial_config(warm, {"learning_rate": 0.2}))(2)) == pytest.approx(0.2)
+    assert float(_rate(warm)(2)) == pytest.approx(0.03)
+    cosine = RunConfig.of(lr_schedule="cosine", learning_rate=0.5, steps=1000).validate()
+    assert float(schedules.learning_rate(cosine.optimizer, 10)(10)) == pytest.approx(0.0)
 
 
 def test_a_schedule_survives_keras_serialization():
-    config = RunConfig(lr_schedule="step", lr_boundaries="3,6", warmup_steps=2).validate()
-    schedule = schedules.learning_rate(config)
+    config = RunConfig.of(lr_schedule="step", lr_boundaries="3,6", warmup_steps=2).validate()
+    schedule = _rate(config)
     clone = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
     for iterations in (0, 1, 3, 6, 9):
         assert float(clone(iterations)) == float(schedule(iterations))
@@ -96,7 +109,7 @@ def test_the_trainers_step_at_the_scheduled_rate(trainer_class):
     at the hand-computed rate of step 7 does (and not as one at the peak)."""
     task = tasks.get_task("digits")
     inputs, targets = task.examples("train")
-    config = RunConfig(lr_schedule="cosine", learning_rate=0.5, warmup_steps=2, lr_floor=0.1,
+    config = RunConfig.of(lr_schedule="cosine", learning_rate=0.5, warmup_steps=2, lr_floor=0.1,
                        steps=12, optimizer="sgd", momentum=0.0).validate()  # fmt: skip
     rate_at_7 = _cosine(0.5, 0.1, 5 / 10)
 
@@ -109,16 +122,16 @@ def test_the_trainers_step_at_the_scheduled_rate(trainer_class):
 
         kwargs = dict(batch_size=16, seed=0)
         if trainer_class == "keras":  # the JAX and PyTorch trainer, here on TensorFlow
-            trainer = KerasTrainer(task, build, inputs, targets, distribution=None, **kwargs)
+            trainer = KerasTrainer(task, build, inputs, targets, backend=JaxBackend(), **kwargs)
         else:
-            trainer = make_trainer(task, build, inputs, targets, strategy="default", **kwargs)
+            trainer = TensorFlowBackend().make_trainer(task, build, inputs, targets, **kwargs)
         trainer.optimizer.iterations.assign(6)
         before = trainer.model.get_weights()
         trainer.step()
         assert int(keras.ops.convert_to_numpy(trainer.optimizer.iterations)) == 7
         return before, trainer.model.get_weights()
 
-    start, scheduled = weights_after_step_7(schedules.learning_rate(config))
+    start, scheduled = weights_after_step_7(_rate(config))
     _, constant = weights_after_step_7(rate_at_7)
     _, peak = weights_after_step_7(0.5)
     for a, b in zip(scheduled, constant, strict=True):
@@ -131,11 +144,11 @@ def test_the_trainers_step_at_the_scheduled_rate(trainer_class):
 @pytest.mark.parametrize("trainer_class", ["default", "keras"])
 def test_tensorboard_gets_the_rate_each_logged_step_applies(trainer_class):
     """`train/learning_rate` at every log step: the hand-computed rate of that step."""
-    from training import loop
+    from training.run import loop
 
     task = tasks.get_task("digits")
     inputs, targets = task.examples("train")
-    config = RunConfig(lr_schedule="cosine", learning_rate=0.5, warmup_steps=2, lr_floor=0.1,
+    config = RunConfig.of(lr_schedule="cosine", learning_rate=0.5, warmup_steps=2, lr_floor=0.1,
                        steps=12, log_every=3, checkpoint_every=100, optimizer="sgd",
                        momentum=0.0).validate()  # fmt: skip
 
@@ -143,15 +156,15 @@ def test_tensorboard_gets_the_rate_each_logged_step_applies(trainer_class):
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((64, 1)), keras.layers.SimpleRNN(4),
                                   keras.layers.Dense(10)])  # fmt: skip
-        return model, make_optimizer("sgd", schedules.learning_rate(config), momentum=0.0)
+        return model, make_optimizer("sgd", _rate(config), momentum=0.0)
 
     kwargs = dict(batch_size=16, seed=0)
     if trainer_class == "keras":
-        trainer = KerasTrainer(task, build, inputs, targets, distribution=None, **kwargs)
+        trainer = KerasTrainer(task, build, inputs, targets, backend=JaxBackend(), **kwargs)
     else:
-        trainer = make_trainer(task, build, inputs, targets, strategy="default", **kwargs)
+        trainer = TensorFlowBackend().make_trainer(task, build, inputs, targets, **kwargs)
     writer = RecordingWriter()
-    loop.train(trainer, config, 0, writer=writer, log=lambda line: None)
+    loop.Run(config, trainer, writer=writer, log=lambda line: None).train()
     logged = dict(writer.series("train/learning_rate"))
     # Step s is the (s - 2)-th of the 10 cosine steps after the 2-step warm-up.
     expected = {s: _cosine(0.5, 0.1, (s - 2) / 10) for s in (3, 6, 9, 12)}
@@ -168,7 +181,7 @@ def _env():
 _KILLED_CHILD = """
 import os, signal, sys
 from training import train
-from training.trainer_tf import TFTrainer
+from training.backends.trainer_tf import TFTrainer
 
 KILL_AT = int(sys.argv[1])
 original = TFTrainer.step

@@ -157,11 +157,12 @@ def test_loads_and_answers_without_keras(kind):
 
 
 def _task_model(task_name, timesteps, variable_length=False):
-    """A `training.models.build_model` model of the task, saved as `.keras` and copied."""
+    """A `training.tasks.models.build_model` model of the task, saved as `.keras` and copied."""
     import dataclasses
     import shutil
 
-    from training import models, tasks
+    from training.tasks import catalog as tasks
+    from training.tasks import models
 
     task = tasks.get_task(task_name, timesteps=timesteps)
     spec = task.spec
@@ -445,7 +446,8 @@ def test_build_model_records_every_task_head_and_stays_short():
     import inspect
 
     from serving.export import HEADS, recorded_head
-    from training import models, tasks
+    from training.tasks import catalog as tasks
+    from training.tasks import models
 
     served = {}
     for name, timesteps in (("digits", None), ("adding", 12), ("copy", 24)):
@@ -773,7 +775,7 @@ def _ending_in(units, name, per_step=False):
 
 _EXPECTED_HEADS = (
     "a model whose output layer is named for its head (classification_head, regression_head, "
-    "per_step_classification_head) as training.models builds it, or --head "
+    "per_step_classification_head) as training.tasks.models builds it, or --head "
     "classification|regression|per_step_classification"
 )
 

@@ -161,8 +161,7 @@ def test_public_host_warns_and_connection_limit_fits_ulimit(caplog, monkeypatch)
         server = server_module.make_server(
             base, "antisym", host="0.0.0.0", port=0, connection_limit=1000
         )
-        server.repository.stop()
-        server.server_close()
+        server.close()
     assert "no authentication" in caplog.text
     assert "connection limit 1000 lowered to 192" in caplog.text
     with pytest.raises(ValueError, match="request_timeout"):

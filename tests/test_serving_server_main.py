@@ -49,28 +49,24 @@ def _documented_limits():
 
 
 class _FakeServer:
-    """What `make_server` returns, without a model or a socket."""
+    """What `main` serves with, without a model or a socket: it records its settings."""
 
-    def __init__(self, dropped=0):
+    def __init__(self, settings, calls):
+        self.settings, self.calls = settings, calls
         self.server_address = ("127.0.0.1", 8555)
-        self.dropped, self.events = dropped, []
-        server = self
-
-        class Repository:
-            def stop(self):
-                server.events.append("repository stopped")
-
-        self.repository = Repository()
+        self.dropped, self.events = calls.dropped, []
+        calls.append(settings)
+        calls.server = self
 
     def serve_forever(self):
         self.events.append("served")
 
-    def server_close(self):
+    def close(self):
         self.events.append("closed")
 
 
 class _Calls(list):
-    """Calls of `make_server` as `(args, kwargs)`; `server` is the last one made."""
+    """The settings each server was made with; `server` is the last one made."""
 
     dropped = 0
     server = None
@@ -78,15 +74,9 @@ class _Calls(list):
 
 @pytest.fixture
 def made(monkeypatch):
-    """`make_server` replaced by one that records its call and returns a `_FakeServer`."""
+    """`LocalServer` replaced by a stand-in that records its settings."""
     calls = _Calls()
-
-    def fake_make_server(*args, **kwargs):
-        calls.append((args, kwargs))
-        calls.server = _FakeServer(calls.dropped)
-        return calls.server
-
-    monkeypatch.setattr(server_module, "make_server", fake_make_server)
+    monkeypatch.setattr(server_module, "LocalServer", lambda settings: _FakeServer(settings, calls))
     return calls
 
 
@@ -112,21 +102,23 @@ def test_every_flag_reaches_make_server_with_its_type(made, tmp_path, capsys):
     for name, value in limits.items():
         argv += ["--" + name.replace("_", "-"), str(value)]
     assert server_module.main(argv) == 0
-    ((args, kwargs),) = made
-    assert args == (str(tmp_path), "antisym", "localhost", 0, 0.25)
-    assert kwargs == limits
-    for name, value in kwargs.items():
+    (settings,) = made
+    assert settings == server_module.ServerSettings(
+        str(tmp_path), "antisym", "localhost", 0, 0.25, **limits
+    )
+    for name, value in settings.limits().items():
         assert type(value) is type(limits[name]), name  # threads: int, timeouts: float
     assert capsys.readouterr().out == "Serving antisym on http://127.0.0.1:8555\n"
-    assert made.server.events == ["served", "repository stopped", "closed"]
+    assert made.server.events == ["served", "closed"]
 
 
 def test_defaults_are_the_documented_ones(made, tmp_path):
     assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 0
-    ((args, kwargs),) = made
-    assert args == (str(tmp_path), "m", "127.0.0.1", 8501, 1.0)
-    assert kwargs == _documented_limits()
-    assert set(kwargs) == set(server_module.LIMITS)
+    (settings,) = made
+    assert (settings.model_base_path, settings.model_name, settings.host, settings.port,
+            settings.poll_seconds) == (str(tmp_path), "m", "127.0.0.1", 8501, 1.0)  # fmt: skip
+    assert settings.limits() == _documented_limits()
+    assert set(settings.limits()) == set(server_module.LIMITS)
 
 
 def test_the_url_line_is_flushed_before_serving(made, tmp_path, monkeypatch):
@@ -149,14 +141,14 @@ def test_the_url_line_is_flushed_before_serving(made, tmp_path, monkeypatch):
 def test_a_drain_that_left_requests_unanswered_exits_1(made, tmp_path):
     made.dropped = 2
     assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 1
-    assert made.server.events == ["served", "repository stopped", "closed"]
+    assert made.server.events == ["served", "closed"]
 
 
 def test_an_address_in_use_is_one_line_and_status_1(monkeypatch, tmp_path, capsys):
-    def in_use(*args, **kwargs):
+    def in_use(settings):
         raise OSError(98, "Address already in use")
 
-    monkeypatch.setattr(server_module, "make_server", in_use)
+    monkeypatch.setattr(server_module, "LocalServer", in_use)
     assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 1
     assert capsys.readouterr().err == f"{PROG}: error: [Errno 98] Address already in use\n"
 
@@ -245,7 +237,7 @@ def test_the_base_path_is_required(made, capsys):
 def test_the_highest_port_is_accepted(made, tmp_path):
     argv = ["--model-base-path", str(tmp_path), "--model-name", "m", "--port", "65535"]
     assert server_module.main(argv) == 0
-    assert made[0][0][3] == 65535
+    assert made[0].port == 65535
 
 
 def _client(made, answers, signum):
@@ -269,12 +261,12 @@ def test_serves_until_a_signal_then_drains_closes_and_gives_the_handlers_back(
     monkeypatch, capsys, signum
 ):
     _, base = exported("antisymmetric")
-    real_make_server, made, answers = server_module.make_server, [], []
-    monkeypatch.setattr(
-        server_module,
-        "make_server",
-        lambda *args, **kwargs: made.append(real_make_server(*args, **kwargs)) or made[-1],
-    )
+    real_server, made, answers = server_module.LocalServer, [], []
+    def record(settings):
+        made.append(real_server(settings))
+        return made[-1]
+
+    monkeypatch.setattr(server_module, "LocalServer", record)
     client = threading.Thread(target=_client, args=(made, answers, signum), daemon=True)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     client.start()
@@ -339,79 +331,57 @@ def test_connection_limit_keeps_the_soft_limit_when_raising_it_fails(monkeypatch
     assert server_module._connection_limit(1000) == 960
 
 
-class _Recorded:
-    """Stand-ins for the repository and the server thread: what `make_server` passes them."""
-
-    def __init__(self, monkeypatch):
-        self.repositories, self.servers = [], []
-        recorded = self
-
-        class Repository:
-            def __init__(self, *args):
-                self.args, self.started = args, False
-                recorded.repositories.append(self)
-
-            def start(self):
-                self.started = True
-
-        class Thread:
-            def __init__(self, app, host, port, request_timeout, header_timeout, **options):
-                self.app, self.host, self.port = app, host, port
-                self.timeouts = (request_timeout, header_timeout)
-                self.options, self.waiting = options, 0
-                recorded.servers.append(self)
-
-            def queued(self):
-                return self.waiting
-
-        monkeypatch.setattr(server_module, "ModelRepository", Repository)
-        monkeypatch.setattr(server_module, "ServerThread", Thread)
-        monkeypatch.setattr(server_module, "_connection_limit", lambda wanted: wanted - 1)
-
-
 def test_make_server_passes_every_limit_on_with_its_type(tmp_path, monkeypatch):
-    recorded = _Recorded(monkeypatch)
-    made = server_module.make_server(str(tmp_path), "m")
-    (repository,) = recorded.repositories
-    assert repository.args == (str(tmp_path), "m", 1.0) and repository.started
-    assert made.repository is repository and made.drain_seconds == 10.0
-    assert (made.host, made.port, made.timeouts) == ("127.0.0.1", 8501, (30.0, 10.0))
-    assert made.app.repository is repository
-    assert made.options == {
-        "threads": 4, "connection_limit": 999, "channel_timeout": 30, "cleanup_interval": 1,
-        "max_request_header_size": 64 * 1024,
-        "max_request_body_size": server_module.LIMITS["max_body_bytes"][0] + 1,
-        "ident": "keras-antisym-local-serving", "expose_tracebacks": False,
-        "asyncore_use_poll": True,
-    }  # fmt: skip
-    made.waiting = 32
-    assert not made.app.overloaded()
-    made.waiting = 33  # more than --max-queued-requests wait: 503
-    assert made.app.overloaded()
+    """A real server on a free port (no version yet: nothing loads): the settings reach the
+    watcher, the app and waitress's adjustments."""
+    monkeypatch.setattr(server_module, "_connection_limit", lambda wanted: wanted - 1)
+    made = server_module.make_server(str(tmp_path), "m", port=0)
+    try:
+        assert made.settings == server_module.ServerSettings(str(tmp_path), "m", port=0)
+        repository = made.repository
+        assert (repository.base_path, repository.name, repository.poll_seconds) == (
+            str(tmp_path), "m", 1.0
+        )  # fmt: skip
+        assert repository.watching and made.app.repository is repository
+        assert (made.server.request_timeout, made.server.header_timeout) == (30.0, 10.0)
+        adj = made.adj
+        assert (adj.threads, adj.connection_limit, adj.channel_timeout) == (4, 999, 30)
+        assert adj.max_request_header_size == 64 * 1024
+        assert adj.max_request_body_size == server_module.LIMITS["max_body_bytes"][0] + 1
+        assert (adj.ident, adj.expose_tracebacks, adj.asyncore_use_poll) == (
+            "keras-antisym-local-serving", False, True
+        )  # fmt: skip
+        made.dispatcher.queue.extend([None] * 32)
+        assert not made.app.overloaded()
+        made.dispatcher.queue.append(None)  # more than --max-queued-requests wait: 503
+        assert made.app.overloaded()
+        made.dispatcher.queue.clear()
+    finally:
+        made.close()
+    assert not made.repository.watching
 
     given = server_module.make_server(
-        str(tmp_path), "m", "localhost", 0, 0.5, threads=2.0, channel_timeout=2.5,
+        str(tmp_path), "m", "127.0.0.1", 0, 0.5, threads=2.0, channel_timeout=2.5,
         max_queued_requests=1, drain_seconds=3, connection_limit=50, max_body_bytes=100,
         max_header_bytes=200.0, request_timeout=4, header_timeout=5, max_input_elements=77.0,
     )  # fmt: skip
-    assert recorded.repositories[-1].args == (str(tmp_path), "m", 0.5)
-    assert (given.host, given.port, given.timeouts, given.drain_seconds) == (
-        "localhost",
-        0,
-        (4, 5),
-        3,
-    )
-    assert (given.options["threads"], given.options["channel_timeout"]) == (2, 3)
-    assert given.options["connection_limit"] == 49
-    assert given.options["max_request_body_size"] == 101
-    assert given.options["max_request_header_size"] == 200
-    assert given.app.max_input_elements == 77 and type(given.app.max_input_elements) is int
-    given.waiting = 2
-    assert given.app.overloaded()
+    try:
+        assert given.repository.poll_seconds == 0.5
+        assert (given.server.request_timeout, given.server.header_timeout) == (4, 5)
+        assert given.settings.drain_seconds == 3
+        assert (given.adj.threads, given.adj.channel_timeout) == (2, 3)
+        assert given.adj.connection_limit == 49
+        assert given.adj.max_request_body_size == 101
+        assert given.adj.max_request_header_size == 200
+        assert given.app.max_input_elements == 77 and type(given.app.max_input_elements) is int
+        given.dispatcher.queue.extend([None] * 2)
+        assert given.app.overloaded()
+        given.dispatcher.queue.clear()
+    finally:
+        given.close()
 
 
 def test_make_server_refuses_unknown_limits_and_ports_outside_tcp(tmp_path, monkeypatch):
-    _Recorded(monkeypatch)
     with pytest.raises(TypeError) as caught:
         server_module.make_server(str(tmp_path), "m", threads=2, speed=3)
     assert str(caught.value) == (
@@ -423,7 +393,8 @@ def test_make_server_refuses_unknown_limits_and_ports_outside_tcp(tmp_path, monk
         assert str(caught.value) == (
             f"Received an invalid value for argument `port`, expected 0 to 65535, got {port}."
         )
-    assert server_module.make_server(str(tmp_path), "m", port=65535).port == 65535
+    settings = server_module.ServerSettings(str(tmp_path), "m", port=65535)
+    assert settings.checked() is settings
 
 
 @pytest.mark.parametrize(
@@ -434,17 +405,23 @@ def test_make_server_refuses_unknown_limits_and_ports_outside_tcp(tmp_path, monk
 def test_binding_beyond_loopback_warns_that_there_is_no_authentication(
     host, warned, tmp_path, monkeypatch, caplog
 ):
-    _Recorded(monkeypatch)  # nothing is bound: the stand-in records the host
+    def bind_nothing(self, *args, **kwargs):  # the warning comes first; nothing is bound here
+        raise OSError("not bound in this test")
+
+    monkeypatch.setattr(server_module.ServerThread, "__init__", bind_nothing)
     with caplog.at_level(logging.WARNING, logger="serving.server"):
-        server_module.make_server(str(tmp_path), "m", host=host)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "serving.server"]
+        with pytest.raises(OSError, match="not bound"):
+            server_module.make_server(str(tmp_path), "m", host=host)
+    warnings = [
+        r.getMessage() for r in caplog.records
+        if r.name == "serving.server" and r.getMessage().startswith("Binding")
+    ]  # fmt: skip
     expected = (f"Binding {host}: this server has no authentication, anyone who can reach it "
                 "can query the model")  # fmt: skip
     assert warnings == ([expected] if warned else [])
 
 
-def test_make_server_refuses_a_version_folder_and_a_non_positive_poll(tmp_path, monkeypatch):
-    _Recorded(monkeypatch)
+def test_make_server_refuses_a_version_folder_and_a_non_positive_poll(tmp_path):
     version = tmp_path / "1"
     version.mkdir()
     (version / "saved_model.pb").write_bytes(b"pb")

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from training import errors, tasks
-from training.trainer_tf import training_dataset
+from training import errors
+from training.backends.trainer_tf import training_dataset
+from training.tasks import catalog as tasks
 
 
 def _first_batch(task, split="train", batch_size=8, seed=0, **kwargs):

@@ -15,13 +15,14 @@ import tensorflow_datasets as tfds
 import yaml
 
 from benchmarks import reference
-from training import experiment, train
-from training.config import RunConfig
-from training.models import build_model
-from training.tasks import get_task
+from training import train
+from training.config import LaunchConfig, RunConfig
+from training.run import experiment
+from training.tasks.catalog import get_task
+from training.tasks.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "training" / "configs").glob("*.yaml"))
+CONFIGS = sorted((ROOT / "training" / "paper" / "configs").glob("*.yaml"))
 OUTPUT_FILES = ("config.yaml", "metrics.json", "model.keras", "checkpoints/checkpoint")
 
 
@@ -329,7 +330,7 @@ def _reference_diagnostics(model_path, epsilon, gamma, probe=4):
     """Euler margin, end-to-end Jacobian and gradient norm from NumPy / a GradientTape."""
     import tensorflow as tf
 
-    from training import tasks
+    from training.tasks import catalog as tasks
 
     model = keras.saving.load_model(model_path)
     task = tasks.get_task("digits")
@@ -421,29 +422,22 @@ def test_weights_fingerprint_changes_with_any_weight():
 def test_main_hands_the_validated_run_to_the_processes_then_the_experiment(
     monkeypatch, tmp_path, capsys, error, status
 ):
-    """In process, with the distribution's steps and the experiment as stand-ins."""
-    from training import distribution
+    """In process, with the backend's start, the experiment and the cluster's exit as
+    stand-ins: the launch settings go to the backend, the run's to the experiment."""
+    from training.backends import select
+    from training.backends.cluster import Cluster
 
     calls = []
-    monkeypatch.setattr(distribution, "split_cpu", lambda n: calls.append(("split", n)))
 
-    def resolve(coordinator, count, index):
-        calls.append(("resolve", coordinator, count, index))
-        return "processes"
+    def start(launch, cluster):
+        calls.append(("start", launch, cluster.prog))
+        return "backend"
 
-    monkeypatch.setattr(distribution.Processes, "resolve", resolve)
-    monkeypatch.setattr(
-        distribution,
-        "initialize_processes",
-        lambda processes, connect, heartbeat, prog: calls.append(
-            ("init", processes, connect, heartbeat, prog)
-        ),
-    )
-    monkeypatch.setattr(distribution, "watch_peers", lambda prog: calls.append(("watch", prog)))
-    monkeypatch.setattr(distribution, "finish", lambda code: calls.append(("finish", code)) or code)
+    monkeypatch.setattr(select, "start", start)
+    monkeypatch.setattr(Cluster, "finish", lambda _, code: calls.append(("finish", code)) or code)
 
-    def train_and_evaluate(config, output_dir):
-        calls.append(("train", config.units, config.steps, output_dir))
+    def train_and_evaluate(config, output_dir, backend):
+        calls.append(("train", config.model.units, config.loop.steps, output_dir, backend))
         if error:
             raise error
 
@@ -452,26 +446,28 @@ def test_main_hands_the_validated_run_to_the_processes_then_the_experiment(
             "--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "1",
             "--connect-timeout", "7", "--heartbeat-timeout", "9"]  # fmt: skip
     assert train.main(argv) == status
+    launch = LaunchConfig(cpu_devices=2, coordinator="127.0.0.1:1234", num_processes=2,
+                          process_id=1, connect_timeout=7, heartbeat_timeout=9)  # fmt: skip
     assert calls == [
-        ("split", 2),
-        ("resolve", "127.0.0.1:1234", 2, 1),
-        ("init", "processes", 7, 9, "python -m training.train"),
-        ("watch", "python -m training.train"),
-        ("train", 8, 3, str(tmp_path)),
+        ("start", launch, "python -m training.train"),
+        ("train", 8, 3, str(tmp_path), "backend"),
         ("finish", status),
     ]
     expected = "" if error is None else "python -m training.train: error: disk full\n"
     assert capsys.readouterr().err == expected
 
 
-def test_an_invalid_run_is_refused_before_anything_starts(monkeypatch, capsys):
-    from training import distribution
+@pytest.mark.parametrize("argv", [["--units", "0"], ["--connect-timeout", "0"]])
+def test_an_invalid_run_is_refused_before_anything_starts(monkeypatch, capsys, argv):
+    from training.backends import select
 
-    monkeypatch.setattr(distribution, "split_cpu", lambda n: pytest.fail("started"))
-    assert train.main(["--units", "0"]) == 2
+    monkeypatch.setattr(select, "start", lambda *args: pytest.fail("started"))
+    assert train.main(argv) == 2
+    flag, value = argv
+    expected = "a positive integer"
     assert capsys.readouterr().err == (
-        "python -m training.train: error: Received an invalid value for argument `--units`, "
-        "expected a positive integer, got 0.\n"
+        f"python -m training.train: error: Received an invalid value for argument `{flag}`, "
+        f"expected {expected}, got {value}.\n"
     )
 
 
@@ -491,40 +487,44 @@ def test_the_machine_is_described_alike_on_every_backend(monkeypatch):
 
     import tensorflow as tf
 
+    from training.backends.distributions import JaxBackend, TorchBackend
+    from training.backends.strategies import TensorFlowBackend
+
     gpus = ["GPU:0", "GPU:1"]
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: gpus)
     monkeypatch.setattr(
         tf.config.experimental, "get_device_details", lambda gpu: {"device_name": "NVIDIA H200"}
     )
-    assert experiment._describe_device() == "tensorflow on 2 x NVIDIA H200 (gpu)"
+    tensorflow = TensorFlowBackend(tf.distribute.get_strategy())
+    assert tensorflow.describe_device() == "tensorflow on 2 x NVIDIA H200 (gpu)"
     monkeypatch.setattr(tf.config.experimental, "get_device_details", lambda gpu: {})
-    assert experiment._describe_device() == "tensorflow on 2 x GPU (gpu)"
+    assert tensorflow.describe_device() == "tensorflow on 2 x GPU (gpu)"
 
     cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 3,
                                  get_device_name=lambda i: f"H100 #{i}")  # fmt: skip
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
-    assert experiment._describe_device() == "torch on 3 x H100 #0 (gpu)"
+    assert TorchBackend().describe_device() == "torch on 3 x H100 #0 (gpu)"
     cuda.is_available = lambda: False
-    assert experiment._describe_device() == "torch on cpu"
+    assert TorchBackend().describe_device() == "torch on cpu"
 
     devices = [types.SimpleNamespace(device_kind="cpu", platform="cpu"),
                types.SimpleNamespace(device_kind="TPU v5 lite", platform="tpu")] * 2  # fmt: skip
-    monkeypatch.setitem(sys.modules, "jax", types.SimpleNamespace(devices=lambda: devices))
-    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
-    assert experiment._describe_device() == "jax on 2 x TPU v5 lite (tpu)"
+    jax = types.SimpleNamespace(devices=lambda: devices, process_index=lambda: 0,
+                                process_count=lambda: 1)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "jax", jax)
+    assert JaxBackend().describe_device() == "jax on 2 x TPU v5 lite (tpu)"
 
 
 def test_a_run_s_trainer_has_its_seeded_model_and_compiles_when_asked(tmp_path):
-    import types
+    from training.backends.strategies import TensorFlowBackend
 
     task = get_task("digits")
     settings = dict(units=4, epsilon=0.5, gamma=0.25, sigma_w=2.0)
-    config = RunConfig(task="digits", model="gated", batch_size=8, seed=5, jit_compile=True,
-                       **settings).validate()  # fmt: skip
+    config = RunConfig.of(task="digits", model="gated", batch_size=8, seed=5, jit_compile=True,
+                          **settings).validate()  # fmt: skip
     x, y = task.examples("train")
-    splits = types.SimpleNamespace(train=(x[:16], y[:16]))
-    trainer = experiment._make_trainer(task, config, splits, "default", str(tmp_path))
+    trainer = experiment.build_trainer(config, task, (x[:16], y[:16]), TensorFlowBackend(),
+                                       checkpoint_dir=str(tmp_path))  # fmt: skip
     assert trainer.jit_compile is True
     expected = build_model(task.spec, "gated", seed=5, **settings)
     for got, want in zip(trainer.model.get_weights(), expected.get_weights(), strict=True):
@@ -540,11 +540,11 @@ def test_a_run_s_splits_are_read_from_its_data_with_its_validation_fraction(tmp_
             read.append((split, data_dir, validation_fraction))
             return split, data_dir
 
-    config = RunConfig(data_dir=str(tmp_path), validation_fraction=0.2)
+    config = RunConfig.of(data_dir=str(tmp_path), validation_fraction=0.2)
     splits = experiment.Splits.load(StandInTask(), config)
     assert read == [("train", str(tmp_path), 0.2), ("validation", str(tmp_path), 0.2)]
     assert splits.test == ("test", str(tmp_path))
     assert read[-1] == ("test", str(tmp_path), 0.0)
     read.clear()
-    without = experiment.Splits.load(StandInTask(), RunConfig(data_dir=str(tmp_path)))
+    without = experiment.Splits.load(StandInTask(), RunConfig.of(data_dir=str(tmp_path)))
     assert without.validation is None and read == [("train", str(tmp_path), 0.0)]

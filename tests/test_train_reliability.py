@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from apputil.files import FolderLock
-from training import loop, train, tune
+from training import train, tune
 from training.errors import DivergenceError
+from training.run import loop
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--task", "digits", "--units", "8", "--batch-size", "32", "--strategy", "default"]
@@ -99,25 +100,25 @@ class _Stepping:
 
 
 @pytest.mark.parametrize("moment", ["step", "after the checkpoint's test"])
-def test_a_signal_at_any_moment_stops_at_a_checkpointed_step(monkeypatch, moment):
+def test_a_signal_at_any_moment_stops_at_a_checkpointed_step(moment):
     from training.config import RunConfig
     from training.errors import Interrupted
-    from training.summaries import ScalarWriter
+    from training.run.callbacks import Checkpoints
 
     trainer = _Stepping(moment)
-    paused = loop._Progress.paused
 
-    @contextlib.contextmanager
-    def paused_then_signal(progress):
-        with paused(progress):
-            yield
-        trainer.send("after the checkpoint's test")  # the last moment before the step ends
+    class SignalLast(loop.Callback):
+        """The last callback of the step: the last moment before the step ends."""
 
-    monkeypatch.setattr(loop._Progress, "paused", paused_then_signal)
-    config = RunConfig(steps=5, checkpoint_every=100, log_every=1)
+        def on_step_end(self, step, logs):
+            trainer.send("after the checkpoint's test")
+
+    config = RunConfig.of(steps=5, checkpoint_every=100, log_every=1)
     before = signal.getsignal(signal.SIGINT)  # ignored, where the suite runs under nohup
+    run = loop.Run(config, trainer, log=lambda line: None,
+                   callbacks=[Checkpoints(100), SignalLast()])  # fmt: skip
     with pytest.raises(Interrupted) as stopped:
-        loop.train(trainer, config, 0, writer=ScalarWriter(None), log=lambda line: None)
+        run.train()
     # Stopped at the step in progress, or at the next one when the signal came too late
     # for this one's checkpoint; either way the step it names is the one checkpointed.
     assert stopped.value.step == (3 if moment == "step" else 4)

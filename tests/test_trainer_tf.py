@@ -1,4 +1,4 @@
-"""`training.trainer_tf` in this process: the step against a NumPy softmax regression, the
+"""`training.backends.trainer_tf` in this process: the step against a NumPy softmax regression, the
 checkpoints it keeps and the state file, the fallback past a torn one, leftovers of killed
 saves, and the replica slices of the input pipeline."""
 
@@ -12,8 +12,10 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import TrainingByDefault
-from training import tasks, trainer_tf
-from training.trainer_tf import TFTrainer, checkpoint_paths, remove_leftovers
+from training.backends import trainer_tf
+from training.backends.strategies import TensorFlowBackend
+from training.backends.trainer_tf import TFTrainer, checkpoint_paths, remove_leftovers
+from training.tasks import catalog as tasks
 
 BATCH = 16
 RATE = 0.5
@@ -45,10 +47,10 @@ def _batch_norm_then_dense():
     return [keras.layers.BatchNormalization(momentum=0.5), keras.layers.Dense(10)]
 
 
-def _trainer(checkpoint_dir=None, build=_build, **kwargs):
+def _trainer(checkpoint_dir=None, build=_build, backend=None, **kwargs):
     task, inputs, targets = _task()
-    strategy = tf.distribute.get_strategy()
-    return TFTrainer(task, build, inputs, targets, strategy=strategy, batch_size=BATCH, seed=3,
+    backend = backend or TensorFlowBackend(tf.distribute.get_strategy())
+    return TFTrainer(task, build, inputs, targets, backend=backend, batch_size=BATCH, seed=3,
                      checkpoint_dir=checkpoint_dir, **kwargs)  # fmt: skip
 
 
@@ -203,10 +205,10 @@ def _temporary_folder(tmp_path, monkeypatch):
 
 def test_a_worker_that_is_not_the_chief_saves_aside(tmp_path, monkeypatch):
     temporary = _temporary_folder(tmp_path, monkeypatch)
-    monkeypatch.setattr(trainer_tf.distribution, "is_chief", lambda strategy: False)
-    monkeypatch.setattr(trainer_tf.distribution, "task_label", lambda strategy: "worker-1")
+    worker = TensorFlowBackend(tf.distribute.get_strategy())
+    worker.chief, worker.label = False, "worker-1"
     (tmp_path / "tmp.tmp").write_text("the chief's to clean")
-    trainer = _trainer(str(tmp_path))
+    trainer = _trainer(str(tmp_path), backend=worker)
     _save_at(trainer, 5)
     assert _files(tmp_path) == ["tmp.tmp"]  # the chief's folder untouched
     aside = trainer._save_dir
@@ -400,8 +402,9 @@ def test_a_trainer_knows_its_strategy_role_and_label(tmp_path, monkeypatch):
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", _StandInWorker)
     temporary = _temporary_folder(tmp_path, monkeypatch)
     task, inputs, targets = _task()
-    worker = TFTrainer(task, _build, inputs, targets, strategy=_StandInWorker(), batch_size=BATCH,
-                       seed=3, checkpoint_dir=str(tmp_path / "chief"))  # fmt: skip
+    backend = TensorFlowBackend(_StandInWorker())
+    worker = TFTrainer(task, _build, inputs, targets, backend=backend, batch_size=BATCH, seed=3,
+                       checkpoint_dir=str(tmp_path / "chief"))  # fmt: skip
     assert (worker.strategy_name, worker.chief, worker.label) == (
         "MultiWorkerMirroredStrategy",
         False,

@@ -1,5 +1,6 @@
-"""The trainers in this process: `make_trainer`'s choice and arguments on each backend,
-and `KerasTrainer`'s `.npz` checkpoints (written, pruned, restored, torn) on TensorFlow.
+"""The backends and trainers in this process: `select.start`'s choice, each backend's
+trainer and strategy, and `KerasTrainer`'s `.npz` checkpoints (written, pruned, restored,
+torn) on TensorFlow.
 
 The JAX and PyTorch runs of `tests/test_trainers.py` train in subprocesses; these tests
 call the same code here, where a wrong argument or a skipped variable is seen at once.
@@ -7,67 +8,63 @@ call the same code here, where a wrong argument or a skipped variable is seen at
 
 import json
 import os
+import socket
 
 import keras
 import numpy as np
 import pytest
 
-from training import distribution, tasks, trainer_keras, trainer_tf, trainers
-from training.optimizers import make_optimizer
-from training.trainer_keras import KerasTrainer
+from apputil.errors import UsageError
+from training.backends import select, strategies
+from training.backends.backend import Backend
+from training.backends.cluster import Cluster, Processes
+from training.backends.distributions import JaxBackend, TorchBackend
+from training.backends.strategies import TensorFlowBackend
+from training.backends.trainer_keras import KerasTrainer
+from training.backends.trainer_tf import TFTrainer
+from training.config import LaunchConfig
+from training.errors import StrategyError
+from training.tasks import catalog as tasks
+from training.tasks.optimizers import make_optimizer
 
 
-class _Recorder:
-    """Stands in for a trainer class: records how it was made."""
-
-    def __init__(self, *args, **kwargs):
-        self.args, self.kwargs = args, kwargs
-
-
-def _made(monkeypatch, backend, **kwargs):
-    made = []
-    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
-    monkeypatch.setattr(distribution, "make", lambda *a, **k: made.append((a, k)) or f"made:{a[0]}")
-    monkeypatch.setattr(trainer_tf, "TFTrainer", _Recorder)
-    monkeypatch.setattr(trainers, "KerasTrainer", _Recorder)
-    trainer = trainers.make_trainer("task", "build", "x", "y", batch_size=8, seed=3, **kwargs)
-    return trainer, made
-
-
-def test_make_trainer_passes_everything_to_the_keras_trainer_off_tensorflow(monkeypatch):
-    # One test for both other backends, its name free of theirs: the mutation runs leave
-    # out tests named after a backend (those run it in a child process).
-    for backend in ("jax", "torch"):
-        trainer, made = _made(monkeypatch, backend, strategy="mirrored", checkpoint_dir="c",
-                              jit_compile=True, tpu="ignored")  # fmt: skip
-        assert made == [(("mirrored",), {})], backend  # no `tpu` outside TensorFlow
-        assert trainer.args == ("task", "build", "x", "y")
-        assert trainer.kwargs == {"distribution": "made:mirrored", "batch_size": 8, "seed": 3,
-                                  "checkpoint_dir": "c", "jit_compile": True}  # fmt: skip
+def test_start_makes_the_backend_of_the_keras_backend_with_the_launch_s_strategy(monkeypatch):
+    made = select.start(LaunchConfig(strategy="default"))
+    assert type(made) is TensorFlowBackend and made.requested == "default"
+    assert (made.strategy_name, made.replicas, made.chief, made.label) == (
+        "default", 1, True, "chief"
+    )  # fmt: skip
+    # One process without a coordinator: nothing to join.
+    for name, kind in (("jax", JaxBackend), ("torch", TorchBackend)):
+        monkeypatch.setattr(keras.backend, "backend", lambda name=name: name)
+        made = select.start(LaunchConfig(strategy="default"))
+        assert type(made) is kind and made.strategy is None and made.requested == "default"
+        assert not made.cluster.multi_process
+    with pytest.raises(StrategyError) as refused:
+        select.start(LaunchConfig(strategy="mirrored"))
+    assert str(refused.value) == (
+        "Received an invalid value for argument `--strategy`, expected one of auto, default on "
+        "the torch backend, got 'mirrored'."
+    )
 
 
-def test_make_trainer_defaults_on_tensorflow(monkeypatch):
-    trainer, made = _made(monkeypatch, "tensorflow")
-    assert made == [(("auto",), {"tpu": None})]
-    assert trainer.args == ("task", "build", "x", "y")
-    assert trainer.kwargs == {"strategy": "made:auto", "batch_size": 8, "seed": 3,
-                              "checkpoint_dir": None, "jit_compile": False}  # fmt: skip
+def test_tensorflow_never_joins_the_jax_processes_of_a_launch():
+    """The coordinator settings are JAX's: on TensorFlow a launch that names one starts no
+    connection (the port below has no listener, and nothing waits for it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launch = LaunchConfig(strategy="default", coordinator=f"127.0.0.1:{port}", num_processes=2,
+                          process_id=1, connect_timeout=1)  # fmt: skip
+    assert type(select.start(launch)) is TensorFlowBackend
 
 
-def test_make_trainer_passes_the_tpu_and_a_made_strategy_as_is(monkeypatch):
-    _, made = _made(monkeypatch, "tensorflow", strategy="tpu", tpu="grpc://10.0.0.1:8470")
-    assert made == [(("tpu",), {"tpu": "grpc://10.0.0.1:8470"})]
-    strategy = object()
-    trainer, made = _made(monkeypatch, "tensorflow", strategy=strategy)
-    assert made == [] and trainer.kwargs["strategy"] is strategy
-    trainer, made = _made(monkeypatch, "jax", strategy=strategy)
-    assert made == [] and trainer.kwargs["distribution"] is strategy
-
-
-def _keras_trainer(checkpoint_dir, seed=0, distribution=None):
+def _task_examples():
     task = tasks.get_task("digits")
-    inputs, targets = task.examples("train")
+    return task, *task.examples("train")
 
+
+def _build(seed=0):
     def build():
         keras.utils.set_random_seed(seed)
         model = keras.Sequential(
@@ -75,7 +72,34 @@ def _keras_trainer(checkpoint_dir, seed=0, distribution=None):
         )
         return model, make_optimizer("adam", 0.01)
 
-    return KerasTrainer(task, build, inputs, targets, distribution=distribution, batch_size=16,
+    return build
+
+
+def test_each_backend_makes_its_trainer_with_everything_it_is_given(tmp_path):
+    task, inputs, targets = _task_examples()
+    settings = dict(batch_size=8, seed=3, checkpoint_dir=str(tmp_path / "c"), jit_compile=True)
+    for backend, kind in ((TensorFlowBackend(), TFTrainer), (JaxBackend(), KerasTrainer),
+                          (TorchBackend(), KerasTrainer)):  # fmt: skip
+        trainer = backend.make_trainer(task, _build(), inputs, targets, **settings)
+        assert type(trainer) is kind
+        assert (trainer.batch_size, trainer.checkpoint_dir) == (8, str(tmp_path / "c"))
+        assert trainer.batches.seed == 3
+    assert TensorFlowBackend().make_trainer(task, _build(), inputs, targets,
+                                            **settings).jit_compile is True  # fmt: skip
+    with pytest.raises(NotImplementedError):
+        Backend().make_trainer(task, _build(), inputs, targets, batch_size=8, seed=3)
+
+
+def test_keras_tuner_gets_the_tensorflow_strategy_and_nothing_elsewhere():
+    tensorflow = TensorFlowBackend()
+    assert tensorflow.tuner_strategy() is tensorflow.strategy
+    assert JaxBackend().tuner_strategy() is None and TorchBackend().tuner_strategy() is None
+
+
+def _keras_trainer(checkpoint_dir, seed=0, distribution=None, backend=None):
+    task, inputs, targets = _task_examples()
+    backend = backend or JaxBackend(distribution)
+    return KerasTrainer(task, _build(seed), inputs, targets, backend=backend, batch_size=16,
                         seed=0, checkpoint_dir=checkpoint_dir)  # fmt: skip
 
 
@@ -177,20 +201,15 @@ def test_keras_trainer_in_one_process_is_the_undistributed_chief():
 
 
 def test_keras_trainer_of_a_later_process_is_a_distributed_worker(monkeypatch):
-    monkeypatch.setattr(trainer_keras, "_process_index", lambda: 1)
-    monkeypatch.setattr(trainer_keras, "_process_count", lambda: 2)
-    trainer = _keras_trainer(None)
-    assert (trainer.chief, trainer.label, trainer.distributed) == (False, "worker1", True)
-
-
-def test_process_index_and_count_are_the_backend_s_own_or_one_process(monkeypatch):
     import jax
 
-    monkeypatch.setattr(jax, "process_index", lambda: 3)
-    monkeypatch.setattr(jax, "process_count", lambda: 4)
-    for backend, expected in (("jax", (3, 4)), ("tensorflow", (0, 1)), ("torch", (0, 1))):
-        monkeypatch.setattr(keras.backend, "backend", lambda b=backend: b)
-        assert (trainer_keras._process_index(), trainer_keras._process_count()) == expected
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    trainer = _keras_trainer(None)
+    assert (trainer.chief, trainer.label, trainer.distributed) == (False, "worker1", True)
+    # One process elsewhere.
+    torch = TorchBackend()
+    assert (torch.chief, torch.label, torch.distributed) == (True, "chief", False)
 
 
 def test_keras_trainer_sets_its_distribution_and_feeds_this_process_s_rows(
@@ -198,12 +217,12 @@ def test_keras_trainer_sets_its_distribution_and_feeds_this_process_s_rows(
 ):
     asked = []
 
-    def process_rows(distribution, batch_size):
-        asked.append((distribution, batch_size))
-        return slice(4, 12)  # as for the second of two processes with 8 rows each
+    class SecondProcess(JaxBackend):
+        def process_rows(self, batch_size):
+            asked.append((self.strategy, batch_size))
+            return slice(4, 12)  # as for the second of two processes with 8 rows each
 
-    monkeypatch.setattr(trainer_keras, "process_rows", process_rows)
-    trainer = _keras_trainer(None, distribution=held_distribution)
+    trainer = _keras_trainer(None, backend=SecondProcess(held_distribution))
     assert keras.distribution.distribution() is held_distribution
     assert trainer.distribution is held_distribution and asked == [(held_distribution, 16)]
     assert (trainer.strategy_name, trainer.replicas) == ("DataParallel", 1)
@@ -243,7 +262,8 @@ def test_processes_that_restored_different_steps_are_refused(tmp_path, monkeypat
     trainer.step()
     trainer.step()
     trainer.save(2)
-    monkeypatch.setattr(distribution, "multi_process", lambda: True)
+    cluster = Cluster()
+    cluster.record(Processes("127.0.0.1:1", 2, 0), 2)
     gathered = []
 
     def allgather(value):  # this process restored `value`, a second one step 0
@@ -251,8 +271,8 @@ def test_processes_that_restored_different_steps_are_refused(tmp_path, monkeypat
         return np.asarray([int(value), 0])
 
     monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
-    with pytest.raises(distribution.StrategyError) as refused:
-        _keras_trainer(str(tmp_path), seed=1).restore()
+    with pytest.raises(StrategyError) as refused:
+        _keras_trainer(str(tmp_path), seed=1, backend=JaxBackend(None, cluster=cluster)).restore()
     assert gathered == [2]
     assert str(refused.value) == (
         "the processes disagree on the restored step (process 0: 2, process 1: 0); every "
@@ -261,21 +281,21 @@ def test_processes_that_restored_different_steps_are_refused(tmp_path, monkeypat
     )
 
 
-# --- training.distribution in this process: the strategy names, with stand-ins for what
+# --- The TensorFlow strategies and the JAX processes in this process, with stand-ins for what
 # cannot start here (a cluster, a CPU split after TensorFlow started) ----------------------
 
 
 def test_the_named_tensorflow_strategies_and_their_public_names():
     import tensorflow as tf
 
-    default = distribution.make_strategy("default")
+    default = strategies.make_strategy("default")
     assert default is tf.distribute.get_strategy()
-    assert distribution.strategy_name(default) == "default"
-    mirrored = distribution.make_strategy("mirrored")  # over this process's one CPU
-    assert distribution.strategy_name(mirrored) == "MirroredStrategy"
+    assert strategies.strategy_name(default) == "default"
+    mirrored = strategies.make_strategy("mirrored")  # over this process's one CPU
+    assert strategies.strategy_name(mirrored) == "MirroredStrategy"
     assert mirrored.num_replicas_in_sync == 1
-    with pytest.raises(distribution.StrategyError) as refused:
-        distribution.make_strategy("data_parallel")
+    with pytest.raises(StrategyError) as refused:
+        strategies.make_strategy("data_parallel")
     assert str(refused.value) == (
         "Received an invalid value for argument `--strategy`, expected one of auto, default, "
         "mirrored, multi_worker, tpu on the tensorflow backend, got 'data_parallel'."
@@ -284,6 +304,8 @@ def test_the_named_tensorflow_strategies_and_their_public_names():
 
 class _StandInMultiWorker:
     """`tf.distribute.MultiWorkerMirroredStrategy` without its cluster."""
+
+    num_replicas_in_sync = 2
 
     def __init__(self):
         self.cluster_resolver = type("Resolver", (), {"task_type": "worker", "task_id": 1})()
@@ -302,64 +324,57 @@ def stand_in_multi_worker(monkeypatch):
 
 
 def test_auto_picks_multi_worker_for_a_cluster_of_several_workers(stand_in_multi_worker):
-    strategy = distribution.make_strategy("auto")
+    strategy = strategies.make_strategy("auto")
     assert isinstance(strategy, _StandInMultiWorker)
-    assert isinstance(distribution.make_strategy("multi_worker"), _StandInMultiWorker)
-    assert distribution.task_label(strategy) == "worker1"
-    assert distribution.task_label(distribution.make_strategy("default")) == "chief"
+    assert isinstance(strategies.make_strategy("multi_worker"), _StandInMultiWorker)
+    assert strategies.task_label(strategy) == "worker1"
+    assert strategies.task_label(strategies.make_strategy("default")) == "chief"
     stand_in_multi_worker.setenv("TF_CONFIG", json.dumps({"task": {"type": "worker"}}))
-    with pytest.raises(distribution.StrategyError, match="needs TF_CONFIG with a cluster"):
-        distribution.make_strategy("multi_worker")
+    with pytest.raises(StrategyError, match="needs TF_CONFIG with a cluster"):
+        strategies.make_strategy("multi_worker")
     stand_in_multi_worker.delenv("TF_CONFIG")
-    assert distribution.make_strategy("auto") is distribution.make_strategy("default")
+    assert strategies.make_strategy("auto") is strategies.make_strategy("default")
 
 
-def test_the_chief_process_on_tensorflow_is_the_strategy_s_chief(monkeypatch):
-    monkeypatch.setattr(distribution, "is_chief", lambda strategy: strategy == "chief")
-    assert distribution.chief_process("chief") is True
-    assert distribution.chief_process("worker") is False
+def test_the_chief_process_on_tensorflow_is_the_strategy_s_chief(stand_in_multi_worker):
+    worker = TensorFlowBackend(_StandInMultiWorker())
+    assert (worker.chief, worker.label, worker.distributed) == (False, "worker1", True)
+    with pytest.raises(UsageError, match="argument `--strategy`, expected a single-worker"):
+        worker.tuner_strategy()  # keras-tuner runs each trial on one worker
 
 
 def test_a_process_count_from_the_environment_must_be_an_integer(monkeypatch):
     monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "two")
-    with pytest.raises(distribution.StrategyError) as refused:
-        distribution.Processes.resolve()
+    with pytest.raises(StrategyError) as refused:
+        Processes.resolve()
     assert str(refused.value) == (
         "Received an invalid value for argument `KERAS_DISTRIBUTION_NUM_PROCESSES`, expected "
         "an integer, got 'two'."
     )
 
 
-def test_processes_are_connected_only_on_jax(monkeypatch):
-    monkeypatch.setattr(distribution, "_wait_for_coordinator", lambda *a: pytest.fail("waited"))
-    for index in (0, 1):  # process 1 would wait for the coordinator first
-        processes = distribution.Processes("127.0.0.1:1234", 2, index)
-        assert distribution.initialize_processes(processes) is False
-
-
 def test_on_jax_a_process_other_than_0_waits_for_the_coordinator_as_long_as_it_may_connect(
     monkeypatch,
 ):
-    """JAX's calls replaced by stand-ins; the wait stops the connection where it starts.
-    Without a coordinator there is one process and nothing to connect."""
+    """A coordinator address where nothing listens: process 1 waits the connect timeout,
+    then refuses in one line. Without a coordinator there is one process, nothing to join."""
+    import time
+
     import jax
-    import keras
 
-    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
-    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
-    monkeypatch.setattr(jax.config, "update", lambda *args: None)
-    waited = []
-
-    def wait(*args):
-        waited.append(args)
-        raise distribution.StrategyError("no coordinator answers")
-
-    monkeypatch.setattr(distribution, "_wait_for_coordinator", wait)
-    processes = distribution.Processes("127.0.0.1:1234", 2, 1)
-    with pytest.raises(distribution.StrategyError, match="no coordinator answers"):
-        distribution.initialize_processes(processes, connect_timeout=7)
-    assert waited == [("127.0.0.1", 1234, processes, 7)]
-    assert distribution.initialize_processes(distribution.Processes(None, None, None)) is False
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)  # no gloo in this process
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cluster, started = Cluster(), time.monotonic()
+    with pytest.raises(StrategyError) as refused:
+        cluster.join(Processes(f"127.0.0.1:{port}", 2, 1), connect_timeout=1)
+    assert 1 <= time.monotonic() - started < 10
+    assert str(refused.value).startswith(
+        f"process 1 of 2 could not join the coordinator at 127.0.0.1:{port} within 1 s "
+        "(no coordinator answers: "
+    )
+    assert cluster.join(Processes(None, None, None)) is False and not cluster.multi_process
 
 
 def test_a_cpu_split_on_tensorflow_asks_for_that_many_logical_devices(monkeypatch):
@@ -369,8 +384,8 @@ def test_a_cpu_split_on_tensorflow_asks_for_that_many_logical_devices(monkeypatc
     monkeypatch.setattr(
         tf.config, "set_logical_device_configuration", lambda d, c: asked.append((d, c))
     )
-    distribution.split_cpu(3)
-    distribution.split_cpu(1)  # one device: nothing to split
+    strategies.split_cpu(3)
+    strategies.split_cpu(1)  # one device: nothing to split
     ((device, configurations),) = asked
     assert device.device_type == "CPU"
     assert configurations == [tf.config.LogicalDeviceConfiguration()] * 3
@@ -381,13 +396,13 @@ def test_processes_come_from_the_flags_else_keras_variables_else_jax_s(monkeypat
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "3")
     monkeypatch.setenv("KERAS_DISTRIBUTION_PROCESS_ID", "2")
-    assert distribution.Processes.resolve() == distribution.Processes(None, 3, 2)
+    assert Processes.resolve() == Processes(None, 3, 2)
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.9:99")
-    assert distribution.Processes.resolve().coordinator == "10.0.0.9:99"
+    assert Processes.resolve().coordinator == "10.0.0.9:99"
     monkeypatch.setenv("KERAS_DISTRIBUTION_JOB_ADDRESSES", "10.0.0.1:1234, 10.0.0.2:1234")
-    assert distribution.Processes.resolve() == distribution.Processes("10.0.0.1:1234", 3, 2)
-    flags = distribution.Processes.resolve("127.0.0.1:5", 4, 0)
-    assert flags == distribution.Processes("127.0.0.1:5", 4, 0)
+    assert Processes.resolve() == Processes("10.0.0.1:1234", 3, 2)
+    flags = Processes.resolve("127.0.0.1:5", 4, 0)
+    assert flags == Processes("127.0.0.1:5", 4, 0)
 
 
 def test_a_tpu_strategy_connects_to_and_initializes_the_tpu_it_resolves(monkeypatch):
@@ -408,19 +423,19 @@ def test_a_tpu_strategy_connects_to_and_initializes_the_tpu_it_resolves(monkeypa
     monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system",
                         lambda resolver: calls.append(("initialize", resolver)))  # fmt: skip
     monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda resolver: ("tpu", resolver))
-    kind, resolver = distribution.make_strategy("tpu", tpu="grpc://10.0.0.1:8470")
+    kind, resolver = strategies.make_strategy("tpu", tpu="grpc://10.0.0.1:8470")
     assert kind == "tpu" and isinstance(resolver, Resolver)
     assert calls == [
         ("resolve", "grpc://10.0.0.1:8470"), ("connect", resolver), ("initialize", resolver),
     ]  # fmt: skip
     calls.clear()
-    distribution.make_strategy("tpu")
+    strategies.make_strategy("tpu")
     assert calls[0] == ("resolve", "")  # the resolver's own discovery (TPU_NAME, metadata)
 
     def none_found(tpu):
         raise ValueError("Please provide a TPU Name to connect to.\nsecond line")
 
     monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", none_found)
-    with pytest.raises(distribution.StrategyError) as refused:
-        distribution.make_strategy("tpu")
+    with pytest.raises(StrategyError) as refused:
+        strategies.make_strategy("tpu")
     assert str(refused.value) == "no TPU found (Please provide a TPU Name to connect to.)"

@@ -15,8 +15,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tests.recording import RecordingWriter
-from training import data, errors, loop
+from training import data, errors
 from training.config import RunConfig
+from training.run import loop
+from training.run.callbacks import Checkpoints, LearningCurve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,13 +150,22 @@ def test_learning_curve_records_the_evaluations_it_logs(tmp_path):
 
 
 def test_learning_curve_resume_drops_points_after_the_checkpoint(tmp_path):
-    curve = loop.LearningCurve(str(tmp_path / "curve.json"), 5, "test", None, None, 8, 0)
+    curve = LearningCurve(str(tmp_path / "curve.json"), 5, "test", None, None, 8, 0)
     curve.points = [{"step": s, "train_seconds": s / 10} for s in (5, 10, 15)]
     curve.save()
-    resumed = loop.LearningCurve(str(tmp_path / "curve.json"), 5, "test", None, None, 8, 0)
+    resumed = LearningCurve(str(tmp_path / "curve.json"), 5, "test", None, None, 8, 0)
     resumed.resume(10)
     assert [p["step"] for p in resumed.points] == [5, 10]
     assert resumed.seconds_before == pytest.approx(1.0)
+
+
+def _run_loop(trainer, start=0, writer=None, log=print, clock=None, **settings):
+    """`trainer` run as a `Run` of `RunConfig.of(**settings)` with its checkpoints."""
+    config = RunConfig.of(**settings)
+    run = loop.Run(config, trainer, writer=writer, log=log, start_step=start,
+                   callbacks=[Checkpoints(config.loop.checkpoint_every)],
+                   **({"clock": clock.perf_counter} if clock else {}))  # fmt: skip
+    return run.train()
 
 
 class _FakeTrainer:
@@ -186,23 +197,35 @@ class _FakeTrainer:
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_loop_stops_at_the_first_non_finite_loss(bad):
-    from training.summaries import ScalarWriter
+    from training.run.summaries import ScalarWriter
 
     trainer = _FakeTrainer([1.0, 0.9, bad, 0.8])
     with pytest.raises(errors.DivergenceError, match="diverged at step 3"):
-        loop.train(trainer, RunConfig(steps=4, checkpoint_every=2, log_every=1), 0,
-                   writer=ScalarWriter(None), log=lambda line: None)  # fmt: skip
+        _run_loop(
+            trainer,
+            steps=4,
+            checkpoint_every=2,
+            log_every=1,
+            writer=ScalarWriter(None),
+            log=lambda line: None,
+        )
     assert trainer.saved == [2]  # the checkpoint before the divergence, none after
 
 
 @pytest.mark.parametrize("checkpoint_every, last", [(2, "step 2"), (10, "none yet")])
 def test_a_divergence_names_the_checkpoint_to_resume_from(checkpoint_every, last):
-    from training.summaries import ScalarWriter
+    from training.run.summaries import ScalarWriter
 
     trainer = _FakeTrainer([1.0, 0.9, float("nan"), 0.8])
     with pytest.raises(errors.DivergenceError) as caught:
-        loop.train(trainer, RunConfig(steps=4, checkpoint_every=checkpoint_every, log_every=1), 0,
-                   writer=ScalarWriter(None), log=lambda line: None)  # fmt: skip
+        _run_loop(
+            trainer,
+            steps=4,
+            checkpoint_every=checkpoint_every,
+            log_every=1,
+            writer=ScalarWriter(None),
+            log=lambda line: None,
+        )
     assert str(caught.value) == (
         f"training diverged at step 3: the loss is nan. The last checkpoint ({last}) is from "
         "before it; lower --learning-rate, set --clipnorm, or lower --epsilon (docs: the "
@@ -212,12 +235,18 @@ def test_a_divergence_names_the_checkpoint_to_resume_from(checkpoint_every, last
 
 
 def test_loop_warns_once_when_the_loss_blows_up_while_finite():
-    from training.summaries import ScalarWriter
+    from training.run.summaries import ScalarWriter
 
     lines = []
     trainer = _FakeTrainer([2.0, 3.0, 19.0, 21.0, 500.0, 2.0])
-    loop.train(trainer, RunConfig(steps=6, checkpoint_every=6, log_every=1), 0,
-               writer=ScalarWriter(None), log=lines.append)  # fmt: skip
+    _run_loop(
+        trainer,
+        steps=6,
+        checkpoint_every=6,
+        log_every=1,
+        writer=ScalarWriter(None),
+        log=lines.append,
+    )
     warnings = [line for line in lines if line.startswith("warning: the loss grew")]
     # 19 < 10 × 2; 21 > 10 × 2 is the first blow-up; 500 is not warned again.
     assert warnings == [
@@ -228,12 +257,19 @@ def test_loop_warns_once_when_the_loss_blows_up_while_finite():
 
 
 def test_a_resumed_run_that_diverges_names_the_checkpoint_it_resumed_from():
-    from training.summaries import ScalarWriter
+    from training.run.summaries import ScalarWriter
 
     trainer = _FakeTrainer([1.0, float("nan")])
     with pytest.raises(errors.DivergenceError) as caught:
-        loop.train(trainer, RunConfig(steps=8, checkpoint_every=10, log_every=1), 4,
-                   writer=ScalarWriter(None), log=lambda line: None)  # fmt: skip
+        _run_loop(
+            trainer,
+            steps=8,
+            checkpoint_every=10,
+            log_every=1,
+            start=4,
+            writer=ScalarWriter(None),
+            log=lambda line: None,
+        )
     assert "at step 6: the loss is nan. The last checkpoint (step 4) is from" in str(caught.value)
     assert trainer.saved == []
 
@@ -241,7 +277,7 @@ def test_a_resumed_run_that_diverges_names_the_checkpoint_it_resumed_from():
 def test_a_checkpoint_refused_by_its_checks_names_the_one_before_it():
     """The step's loss is finite but the weights are not: the checkpoint due at step 4 is
     refused, and the message names step 2's as the one to resume from."""
-    from training.summaries import ScalarWriter
+    from training.run.summaries import ScalarWriter
 
     class _Overflowing(_FakeTrainer):
         def step(self):
@@ -252,8 +288,14 @@ def test_a_checkpoint_refused_by_its_checks_names_the_one_before_it():
 
     trainer = _Overflowing([1.0, 0.9, 0.8, 0.7])
     with pytest.raises(errors.DivergenceError) as caught:
-        loop.train(trainer, RunConfig(steps=4, checkpoint_every=2, log_every=1), 0,
-                   writer=ScalarWriter(None), log=lambda line: None)  # fmt: skip
+        _run_loop(
+            trainer,
+            steps=4,
+            checkpoint_every=2,
+            log_every=1,
+            writer=ScalarWriter(None),
+            log=lambda line: None,
+        )
     message = str(caught.value)
     assert message.startswith("training diverged at step 4: the weight ")
     assert "The last checkpoint (step 2) is from before it" in message
@@ -261,7 +303,7 @@ def test_a_checkpoint_refused_by_its_checks_names_the_one_before_it():
 
 
 class _Clock:
-    """`perf_counter` of training.loop, moved on by the trainer's steps and saves."""
+    """`perf_counter` of training.run.loop, moved on by the trainer's steps and saves."""
 
     def __init__(self, now):
         self.now = now
@@ -295,10 +337,16 @@ def test_the_loop_logs_each_window_and_times_training_without_compiling_or_check
     8/12, 8/4 and 4/2 examples/s; the summary's rate leaves out the first step and the
     checkpoints' 15 s (4 steps x 4 examples in 8 s), its wall time the checkpoints."""
     clock = _Clock(100.0)
-    monkeypatch.setattr(loop, "time", clock)
     trainer, writer, lines = _TimedTrainer([1.0, 2.0, 3.0, 4.0, 5.0], clock), RecordingWriter(), []
-    summary = loop.train(trainer, RunConfig(steps=5, checkpoint_every=2, log_every=2), 0,
-                         writer=writer, log=lines.append)  # fmt: skip
+    summary = _run_loop(
+        trainer,
+        steps=5,
+        checkpoint_every=2,
+        log_every=2,
+        writer=writer,
+        log=lines.append,
+        clock=clock,
+    )
     assert [line for line in lines if line.startswith("step ")] == [
         "step 2/5 loss 1.5000 accuracy 0.5000 1 examples/s",
         "step 4/5 loss 3.5000 accuracy 0.5000 2 examples/s",
@@ -322,10 +370,16 @@ def test_the_loop_logs_each_window_and_times_training_without_compiling_or_check
 def test_a_one_step_run_has_no_rate_to_report(monkeypatch):
     """Its only step compiles: no step is timed, so there is no examples/s (None)."""
     clock = _Clock(0.0)
-    monkeypatch.setattr(loop, "time", clock)
     trainer = _TimedTrainer([1.0], clock)
-    summary = loop.train(trainer, RunConfig(steps=1, checkpoint_every=1, log_every=5), 0,
-                         writer=RecordingWriter(), log=lambda line: None)  # fmt: skip
+    summary = _run_loop(
+        trainer,
+        steps=1,
+        checkpoint_every=1,
+        log_every=5,
+        writer=RecordingWriter(),
+        log=lambda line: None,
+        clock=clock,
+    )
     assert summary["examples_per_second"] is None
     assert summary["steps"] == 1 and summary["wall_time_seconds"] == pytest.approx(10.0)
 
@@ -351,7 +405,8 @@ def test_jax_trained_model_exports_and_serves_the_same_predictions(tmp_path):
     script = textwrap.dedent(
         f"""
         import numpy as np, keras
-        from training import train, tasks
+        from training import train
+        from training.tasks import catalog as tasks
         assert train.main(["--task", "digits", "--units", "16", "--batch-size", "32",
                            "--steps", "20", "--output-dir", "{out}"]) == 0
         task = tasks.get_task("digits")
@@ -487,10 +542,16 @@ def test_a_short_window_logs_its_true_rate_and_an_instant_one_no_division_by_zer
     """A window of 0.5 s of one batch of 4 logs 8 examples/s; a window the clock cannot
     measure (0 s) logs the rate of 1 ns rather than failing."""
     clock = _Clock(0.0)
-    monkeypatch.setattr(loop, "time", clock)
     trainer, writer = _TimedTrainer([1.0], clock, first=seconds), RecordingWriter()
-    loop.train(trainer, RunConfig(steps=1, checkpoint_every=1, log_every=1), 0,
-               writer=writer, log=lambda line: None)  # fmt: skip
+    _run_loop(
+        trainer,
+        steps=1,
+        checkpoint_every=1,
+        log_every=1,
+        writer=writer,
+        log=lambda line: None,
+        clock=clock,
+    )
     assert writer.series("train/examples_per_second") == [(1, pytest.approx(rate))]
 
 
@@ -503,11 +564,11 @@ def test_a_short_window_logs_its_true_rate_and_an_instant_one_no_division_by_zer
     ],
 )
 def test_the_blow_up_bar_is_ten_times_the_first_loss_or_a_thousandth(losses, warned_at):
-    from training.summaries import ScalarWriter
+    from training.run.summaries import ScalarWriter
 
     lines = []
-    loop.train(_FakeTrainer(losses), RunConfig(steps=len(losses), checkpoint_every=10,
-               log_every=1), 0, writer=ScalarWriter(None), log=lines.append)  # fmt: skip
+    _run_loop(_FakeTrainer(losses), steps=len(losses), checkpoint_every=10, log_every=1,
+              writer=ScalarWriter(None), log=lines.append)  # fmt: skip
     warned = [line for line in lines if line.startswith("warning: the loss grew")]
     if warned_at is None:
         assert warned == []
@@ -519,7 +580,7 @@ def test_the_scalar_writer_writes_tensorboard_events_that_read_back(tmp_path):
     """Each scalar an event of its own: tag, value as a float, step as an int, its time."""
     from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
-    from training.summaries import ScalarWriter
+    from training.run.summaries import ScalarWriter
 
     logdir = tmp_path / "logs" / "train"
     before = time.time()
@@ -544,7 +605,7 @@ def test_the_scalar_writer_writes_tensorboard_events_that_read_back(tmp_path):
 
 
 def test_a_scalar_writer_without_a_folder_writes_nothing(tmp_path, monkeypatch):
-    from training.summaries import ScalarWriter
+    from training.run.summaries import ScalarWriter
 
     monkeypatch.chdir(tmp_path)
     writer = ScalarWriter()

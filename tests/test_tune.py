@@ -17,7 +17,7 @@ import pytest
 from apputil.errors import UsageError
 from training import tune
 from training.errors import SearchError
-from training.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace, flag_name
+from training.search.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace, flag_name
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--task", "digits", "--units", "8", "--batch-size", "32", "--seed", "0"]
@@ -89,7 +89,7 @@ def test_a_space_contains_its_grid_values_or_with_log_scale_its_ranges():
 def _search(**fields):
     from training.config import RunConfig
 
-    run = RunConfig(task="digits", model="antisymmetric", validation_fraction=0.2)
+    run = RunConfig.of(task="digits", model="antisymmetric", validation_fraction=0.2)
     return tune.SearchConfig(run=run, space=SearchSpace(), **fields)
 
 
@@ -123,7 +123,7 @@ def test_a_search_needs_a_validation_split(fraction, expected):
     from apputil.errors import UsageError
     from training.config import RunConfig
 
-    run = RunConfig(task="digits", model="antisymmetric", validation_fraction=fraction)
+    run = RunConfig.of(task="digits", model="antisymmetric", validation_fraction=fraction)
     with pytest.raises(UsageError) as refused:
         tune.SearchConfig(run=run, space=SearchSpace()).validate()
     assert str(refused.value) == (
@@ -136,7 +136,7 @@ def test_a_grid_search_needs_discrete_values():
     from apputil.errors import UsageError
     from training.config import RunConfig
 
-    run = RunConfig(task="digits", model="antisymmetric", validation_fraction=0.2)
+    run = RunConfig.of(task="digits", model="antisymmetric", validation_fraction=0.2)
     space = SearchSpace(log_scale=True)
     with pytest.raises(UsageError) as refused:
         tune.SearchConfig(run=run, space=space, tuner="grid").validate()
@@ -445,23 +445,29 @@ def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):
         (OSError("disk full"), 1),
     ],
 )
-def test_main_splits_the_cpu_then_searches_and_reports_a_failure_in_one_line(
+def test_main_starts_the_backend_then_searches_and_reports_a_failure_in_one_line(
     monkeypatch, tmp_path, capsys, error, status
 ):
-    """In process, with the search replaced: what `main` hands on, and its exit status."""
-    from training import distribution, search
+    """In process, with the backend's start and the search replaced: what `main` hands on,
+    and its exit status."""
+    from training.backends import select
+    from training.search import tuner as search
 
     calls = []
-    monkeypatch.setattr(distribution, "split_cpu", lambda count: calls.append(("split", count)))
 
-    def failing(config):
-        calls.append(("search", config.max_trials, config.run.units))
+    def start(launch):
+        calls.append(("start", launch.cpu_devices, launch.strategy))
+        return "backend"
+
+    def failing(config, backend):
+        calls.append(("search", config.max_trials, config.run.model.units, backend))
         raise error
 
+    monkeypatch.setattr(select, "start", start)
     monkeypatch.setattr(search, "run", failing)
     argv = [*TINY, "--directory", str(tmp_path), "--cpu-devices", "2", "--max-trials", "3"]
     assert tune.main(argv) == status
-    assert calls == [("split", 2), ("search", 3, 8)]
+    assert calls == [("start", 2, "auto"), ("search", 3, 8, "backend")]
     assert capsys.readouterr().err == f"python -m training.tune: error: {error}\n"
 
 
@@ -548,7 +554,7 @@ def test_the_search_flags_defaults():
 def test_a_worker_is_a_process_with_an_oracle_address_that_is_not_the_chief(
     monkeypatch, environment, expected
 ):
-    from training import search
+    from training.search import tuner as search
 
     for name in ("KERASTUNER_TUNER_ID", "KERASTUNER_ORACLE_IP"):
         monkeypatch.delenv(name, raising=False)
@@ -583,7 +589,7 @@ def _trial(trial_id, status, score, metrics=None, **values):
 def test_trial_rows_put_completed_trials_best_first_then_the_rest_by_id():
     from types import SimpleNamespace
 
-    from training import search
+    from training.search import tuner as search
 
     trials = [
         _trial("04", "RUNNING", None, learning_rate=0.1),
@@ -602,7 +608,7 @@ def test_trial_rows_put_completed_trials_best_first_then_the_rest_by_id():
 
 
 def test_a_trial_table_leaves_missing_values_blank_and_rounds_floats_to_four_digits():
-    from training import search
+    from training.search import tuner as search
 
     rows = [
         {"trial_id": "00", "score": 0.123456, "val_loss": None},
@@ -618,12 +624,12 @@ def test_a_trial_table_leaves_missing_values_blank_and_rounds_floats_to_four_dig
 
 
 @pytest.mark.parametrize("tuner", ["random", "hyperband"])
-def test_a_tuner_s_hypermodel_trains_under_the_default_strategy_unless_given_one(tmp_path, tuner):
-    from training import search
+def test_a_tuner_s_hypermodel_trains_on_the_backend_it_is_given(tmp_path, tuner):
     from training.config import RunConfig
+    from training.search import tuner as search
 
     config = tune.SearchConfig(
-        run=RunConfig(task="digits", units=8, batch_size=32, seed=0, validation_fraction=0.1),
+        run=RunConfig.of(task="digits", units=8, batch_size=32, seed=0, validation_fraction=0.1),
         space=SearchSpace(),
         tuner=tuner,
         max_trials=5,
@@ -631,8 +637,12 @@ def test_a_tuner_s_hypermodel_trains_under_the_default_strategy_unless_given_one
         directory=str(tmp_path),
         project_name="p",
     )
-    made = search.make_tuner(config, None, log=lambda line: None)
-    assert made.hypermodel.strategy == "default"
+    from training.backends.strategies import TensorFlowBackend
+
+    backend = TensorFlowBackend()
+    made = search.make_tuner(config, backend, log=lambda line: None)
+    assert made.hypermodel.backend is backend
+    assert made.distribution_strategy is backend.strategy
     assert made.oracle.max_trials == 5
     if tuner == "hyperband":
         assert (made.oracle.max_epochs, made.oracle.factor) == (4, 3)
@@ -644,7 +654,7 @@ def _search_config(tmp_path, **run):
 
     settings = dict(task="digits", units=8, batch_size=32, seed=0, validation_fraction=0.1)
     return tune.SearchConfig(
-        run=RunConfig(**{**settings, **run}),
+        run=RunConfig.of(**{**settings, **run}),
         space=SearchSpace(),
         directory=str(tmp_path),
         project_name="p",
@@ -653,8 +663,8 @@ def _search_config(tmp_path, **run):
 
 def test_a_search_record_without_a_newer_run_setting_reads_as_its_default(tmp_path):
     """A record written before a run setting existed: the setting ran at its default."""
-    from training import search
     from training.config import RunConfig
+    from training.search import tuner as search
 
     config = _search_config(tmp_path)
     search.check_same_search(config)
@@ -662,42 +672,43 @@ def test_a_search_record_without_a_newer_run_setting_reads_as_its_default(tmp_pa
     record = json.loads(path.read_text())
     assert record == json.loads(json.dumps(config.identity()))
     assert path.read_text() == json.dumps(record, indent=2, sort_keys=True) + "\n"
-    assert record["run"].pop("momentum") == RunConfig().momentum  # an older record
+    assert record["run"].pop("momentum") == RunConfig().optimizer.momentum  # an older record
     path.write_text(json.dumps(record))
     search.check_same_search(config)  # continues: it ran at the default
 
     with pytest.raises(UsageError) as refused:
         search.check_same_search(_search_config(tmp_path, momentum=0.5))
     assert str(refused.value) == (
-        f"Received an invalid value for argument `--momentum`, expected {RunConfig().momentum} "
+        "Received an invalid value for argument `--momentum`, expected "
+        f"{RunConfig().optimizer.momentum} "
         f"as in {path} (a rerun continues the search of its project; start another with "
         "another --project-name or --directory), got 0.5."
     )
 
 
-def test_trials_off_tensorflow_train_under_the_keras_distribution_of_the_run_s_strategy(
-    monkeypatch,
+def test_a_search_refuses_a_multi_worker_cluster_and_a_batch_the_replicas_cannot_split(
+    tmp_path,
 ):
-    """The JAX and PyTorch path, with the distribution's constructor as a stand-in."""
-    import keras
+    """Before any trial: keras-tuner runs each trial on one worker, and a trial's batch must
+    split over the backend's replicas."""
+    from training.backends.strategies import TensorFlowBackend
+    from training.search import tuner as search
 
-    from training import distribution, search
-    from training.config import RunConfig
-
-    made = []
-    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
-    monkeypatch.setattr(
-        distribution, "make_keras_distribution", lambda name: made.append(name) or "layout"
-    )
-    monkeypatch.setattr(distribution, "keras_distribution_shape", lambda d: ("data", 2))
-    assert search.trial_distribution(RunConfig(strategy="mirrored")) == ("layout", "data", 2)
-    assert made == ["mirrored"]
+    cluster = TensorFlowBackend(requested="multi_worker")
+    cluster.distributed = True
+    with pytest.raises(UsageError, match="`--strategy`, expected a single-worker strategy"):
+        search.run(_search_config(tmp_path), cluster)
+    three = TensorFlowBackend()
+    three.replicas = 3
+    with pytest.raises(UsageError, match="`--batch-size`, expected a multiple of the 3 replicas"):
+        search.run(_search_config(tmp_path), three)
+    assert not (tmp_path / "p").exists()  # refused before the search was recorded
 
 
 def test_the_best_summary_names_the_best_completed_trial_and_the_search(tmp_path):
     from types import SimpleNamespace
 
-    from training import search
+    from training.search import tuner as search
 
     config = dataclasses.replace(_search_config(tmp_path), tuner="hyperband", steps_per_trial=7)
     best = _trial("03", "COMPLETED", 0.75, {"val_loss": 0.5},
@@ -714,7 +725,7 @@ def test_the_best_summary_names_the_best_completed_trial_and_the_search(tmp_path
         "val_loss": 0.5,
         "hyperparameters": {"learning_rate": 0.1},  # keras-tuner's own keys left out
         "task": "digits",
-        "model": config.run.model,
+        "model": config.run.model.name,
         "units": 8,
         "tuner": "hyperband",
         "steps_per_trial": 7,

@@ -139,7 +139,7 @@ def test_run_config_accepts_or_names_the_flag(argument, value):
         "units": _RULES["units"],
         "steps": _RULES["units"],
     }
-    config = RunConfig(**{argument: value})
+    config = RunConfig.of(**{argument: value})
     if rules[argument](value):
         assert config.validate() is config
     else:

@@ -1,15 +1,25 @@
-"""`RunConfig`: one typed, validated description of a training run; the source of its options.
+"""`RunConfig` and `LaunchConfig`: typed, validated descriptions of a run and of its launch.
 
-Every field carries its command-line help, its option group and whether a
-resumed run must keep it (`identity`); `training.options` builds the flags of
-`training.train` and `training.tune` from them, so an option is written once.
-A `RunConfig` is built from flags, a YAML file (`--config`), a tuner trial
-(`training.tune`) or the reproduction suite, and passed whole to
-`training.experiment.train_and_evaluate(config, workdir)`.
+A `RunConfig` is four frozen sections, one per option group: `task`
+(`TaskConfig`), `model` (`ModelConfig`), `optimizer` (`OptimizerConfig`, the
+learning-rate schedule included) and `loop` (`LoopConfig`: steps, periods,
+evaluation). How the processes and devices are set up (`LaunchConfig`: the
+strategy, the JAX coordinator, the CPU split) is not part of a run: the
+commands read it to make the backend a run trains on.
+
+Every field carries its command-line help, its option group, its flat key
+(`sigma_w`; the flag is `--sigma-w`) and whether a resumed run must keep it
+(`identity`); `training.options` builds the flags of `training.train` and
+`training.tune` from them, so an option is written once. Flat keys are also
+what `--config` YAML files, `config.yaml` records and `RunConfig.of(**keys)`
+use. A `RunConfig` is built from flags, a YAML file, a tuner trial or the
+reproduction suite, and passed whole to
+`training.run.experiment.train_and_evaluate(config, workdir)`.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -18,14 +28,27 @@ import typing
 
 from apputil.errors import Literal, UsageError, check, invalid
 
-__all__ = ["RunConfig", "UsageError", "check_batch_size", "check_types", "flag", "identity_fields"]
+__all__ = [
+    "LaunchConfig",
+    "LoopConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "RunConfig",
+    "TaskConfig",
+    "UsageError",
+    "check_batch_size",
+    "check_types",
+    "flag",
+    "identity_fields",
+    "option_fields",
+]
 
-# The models a run can build (`training.models.build_model`); here so that the
+# The models a run can build (`training.tasks.models.build_model`); here so that the
 # command line knows them without importing Keras.
 MODEL_NAMES = ("antisymmetric", "gated", "ablation", "lstm")
 # The Keras dtype policies a run can train under (`--dtype-policy`).
 DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
-# The learning-rate schedules (`--lr-schedule`; built by `training.schedules`).
+# The learning-rate schedules (`--lr-schedule`; built by `training.run.schedules`).
 LR_SCHEDULES = ("constant", "cosine", "step")
 #: `--lr-decay-factor` unless given: only the step schedule reads it.
 DEFAULT_LR_DECAY_FACTOR = 0.1
@@ -42,24 +65,54 @@ RESUME_CHANGEABLE = ("learning_rate", "clipnorm")
 GROUPS = ("task", "model", "optimizer", "distribution", "run")
 
 
-def _option(default, help=None, *, group, identity=False, metavar=None):
-    """A field with what the command line and resume checks need to know of it."""
-    metadata = {"group": group, "help": help, "identity": identity, "metavar": metavar}
+def _option(
+    default: typing.Any,
+    help: str | None = None,
+    *,
+    group: str,
+    identity: bool = False,
+    metavar: str | None = None,
+    key: str | None = None,
+) -> typing.Any:
+    """A field with what the command line and resume checks need to know of it.
+
+    `key` is its flat name (the flag without dashes), when not the field's own.
+    """
+    metadata = {"group": group, "help": help, "identity": identity, "metavar": metavar,
+                "key": key}  # fmt: skip
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def key_of(field: dataclasses.Field) -> str:
+    """The flat key of a section's field: `name` of `TaskConfig` is `task`."""
+    return field.metadata["key"] or field.name
+
+
+class _Section:
+    """What every section does: flat keys in and out, and its fields' types checked."""
+
+    @classmethod
+    def keys(cls) -> dict[str, str]:
+        """Flat key -> field name."""
+        return {key_of(f): f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_flat(cls, values: dict[str, typing.Any]) -> typing.Any:
+        """The section of the flat keys in `values` that are its own (the rest default)."""
+        return cls(**{name: values[key] for key, name in cls.keys().items() if key in values})
+
+    def flat(self) -> dict[str, object]:
+        return {key: getattr(self, name) for key, name in self.keys().items()}
+
+    def check_types(self) -> None:
+        check_types(self)
+
+
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """A training run: task, model, optimizer, distribution and schedule.
+class TaskConfig(_Section):
+    """What to learn: the task, its data and the seed of data order, noise and init."""
 
-    The fields are `training.train`'s flags (`--sigma-w` is `sigma_w`) with
-    their defaults; `identity` fields are what a checkpoint was trained with:
-    a resumed run must keep them (more `--steps` extend a run; logging,
-    evaluation and checkpoint periods may change).
-    """
-
-    # task
-    task: str = _option("digits", group="task", identity=True)
+    name: str = _option("digits", group="task", identity=True, key="task")
     dataset: str | None = _option(
         None, "for the MNIST tasks: mnist (default) or fashion_mnist", group="task", identity=True
     )
@@ -75,8 +128,20 @@ class RunConfig:
         "(needs the internet)", group="task",
     )  # fmt: skip
     seed: int = _option(0, "seed of data order, noise and init", group="task", identity=True)
-    # model
-    model: str = _option("antisymmetric", group="model", identity=True)
+
+    def validate(self) -> None:
+        check(self.timesteps is None or self.timesteps > 0, "--timesteps", "a positive integer",
+              self.timesteps)  # fmt: skip
+        check(self.data_dir is None or self.download or os.path.isdir(self.data_dir),
+              "--data-dir", "an existing TFDS data directory or a folder of .npz files",
+              self.data_dir)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(_Section):
+    """The model `training.tasks.models.build_model` builds."""
+
+    name: str = _option("antisymmetric", group="model", identity=True, key="model")
     units: int = _option(64, group="model", identity=True)
     epsilon: float = _option(0.1, "step size ε", group="model", identity=True)
     gamma: float = _option(0.01, "diffusion γ", group="model", identity=True)
@@ -89,8 +154,23 @@ class RunConfig:
         "and the head in float32 (mixed_float16 trains with loss scaling)",
         group="model", identity=True,
     )  # fmt: skip
-    # optimizer
-    optimizer: str = _option("adam", group="optimizer", identity=True)
+
+    def validate(self) -> None:
+        check(self.units > 0, "--units", "a positive integer", self.units)
+        for name, positive in (("epsilon", True), ("gamma", False), ("sigma_w", False)):
+            value = getattr(self, name)
+            ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
+            check(ok, flag(name), "a positive float" if positive else "a non-negative float",
+                  value)  # fmt: skip
+        check(self.dtype_policy in DTYPE_POLICIES, "--dtype-policy",
+              f"one of {', '.join(DTYPE_POLICIES)}", self.dtype_policy)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig(_Section):
+    """The optimizer, the global batch and the learning-rate schedule."""
+
+    name: str = _option("adam", group="optimizer", identity=True, key="optimizer")
     learning_rate: float = _option(0.01, group="optimizer", identity=True)
     momentum: float = _option(0.9, "for sgd", group="optimizer", identity=True)
     clipnorm: float | None = _option(
@@ -124,84 +204,6 @@ class RunConfig:
         DEFAULT_LR_DECAY_FACTOR, "step: the factor at each boundary", group="optimizer",
         identity=True, metavar="F",
     )  # fmt: skip
-    # distribution
-    strategy: str = _option("auto", group="distribution")
-    tpu: str | None = _option(None, "TPU name or address for --strategy tpu", group="distribution")
-    cpu_devices: int = _option(
-        0, "split the CPU into this many logical devices (mirrored training on CPU)",
-        group="distribution",
-    )  # fmt: skip
-    coordinator: str | None = _option(
-        None, "JAX on several processes: HOST:PORT of process 0's coordinator, the same on "
-        "every process, or auto on a TPU pod slice, Slurm or MPI (default: the first of "
-        "KERAS_DISTRIBUTION_JOB_ADDRESSES)", group="distribution", metavar="HOST:PORT",
-    )  # fmt: skip
-    num_processes: int | None = _option(
-        None, "JAX: how many processes train together (default: "
-        "KERAS_DISTRIBUTION_NUM_PROCESSES)", group="distribution", metavar="N",
-    )  # fmt: skip
-    process_id: int | None = _option(
-        None, "JAX: this process, 0 to N-1; process 0 runs the coordinator and writes the "
-        "outputs (default: KERAS_DISTRIBUTION_PROCESS_ID)", group="distribution", metavar="I",
-    )  # fmt: skip
-    connect_timeout: int = _option(
-        120, "JAX: seconds a process waits for all the others to connect", group="distribution",
-        metavar="S",
-    )  # fmt: skip
-    heartbeat_timeout: int = _option(
-        30, "JAX: seconds without a heartbeat after which a process counts as lost and the "
-        "others stop", group="distribution", metavar="S",
-    )  # fmt: skip
-    # schedule
-    steps: int = _option(2000, "training steps (global batches)", group="run")
-    checkpoint_every: int = _option(200, group="run", metavar="N")
-    log_every: int = _option(50, group="run", metavar="N")
-    eval_every: int = _option(
-        0, "evaluate every N steps (validation split if any, else test) into curve.json",
-        group="run", metavar="N",
-    )  # fmt: skip
-    keep_best: bool = _option(
-        False, "test the weights of the best validation evaluation, not the last step's "
-        "(needs --validation-fraction and --eval-every; the test split is read only at the "
-        "end)", group="run", identity=True,
-    )  # fmt: skip
-    eval_batch_size: int = _option(256, group="run")
-    validation_fraction: float = _option(
-        0.0, "hold out this fraction of the training data and report val_accuracy",
-        group="run", identity=True,
-    )  # fmt: skip
-    jit_compile: bool = _option(False, "XLA-compile the train step", group="run")
-    diagnostics: int = _option(
-        0, "log stability diagnostics every N steps (0: off)", group="run", metavar="N"
-    )
-    change_on_resume: str | None = _option(
-        None,
-        "comma-separated settings a resumed run may change: "
-        + ", ".join(RESUME_CHANGEABLE)
-        + " (e.g. to go on from the last good checkpoint of a run that diverged)",
-        group="run",
-        metavar="NAMES",
-    )
-
-    @classmethod
-    def from_namespace(cls, namespace, **overrides) -> RunConfig:
-        """The fields present in an argparse namespace (the rest default), then `overrides`."""
-        names = {field.name for field in dataclasses.fields(cls)}
-        values = {k: v for k, v in vars(namespace).items() if k in names}
-        return cls(**{**values, **overrides})
-
-    def replace(self, **changes) -> RunConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def resolved(self) -> RunConfig:
-        """The config a run records: the cosine's length fixed (`lr_decay_steps`, default
-        `steps`), so that a resumed run with more `--steps` does not stretch the decay."""
-        if self.lr_schedule == "cosine" and self.lr_decay_steps is None:
-            return self.replace(lr_decay_steps=self.steps)
-        return self
 
     def has_schedule(self) -> bool:
         """Whether the learning rate changes over the run (a schedule or a warm-up)."""
@@ -223,66 +225,14 @@ class RunConfig:
         check(ordered, "--lr-boundaries", expected, self.lr_boundaries)
         return steps
 
-    def resume_changes(self) -> tuple[str, ...]:
-        """The fields named by `change_on_resume`."""
-        names = (self.change_on_resume or "").replace("-", "_").split(",")
-        return tuple(name.strip() for name in names if name.strip())
-
-    def validate(self) -> RunConfig:
-        """Checks every field's type and range; returns `self` or raises `UsageError`.
-
-        Types are checked here, not only by the flags' parsers: values also come
-        from YAML files (`seed: 1.5`, `jit_compile: "false"`) and from Python.
-        """
-        check_types(self)
-        for name in ("units", "batch_size", "steps", "checkpoint_every", "log_every",
-                     "eval_batch_size"):  # fmt: skip
-            value = getattr(self, name)
-            check(value > 0, flag(name), "a positive integer", value)
-        for name in ("cpu_devices", "diagnostics", "eval_every"):
-            value = getattr(self, name)
-            check(value >= 0, flag(name), "a non-negative integer", value)
-        for name, positive in (("epsilon", True), ("gamma", False), ("sigma_w", False),
-                               ("learning_rate", True)):  # fmt: skip
-            value = getattr(self, name)
-            ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
-            check(ok, flag(name), "a positive float" if positive else "a non-negative float",
-                  value)  # fmt: skip
-        check(self.dtype_policy in DTYPE_POLICIES, "--dtype-policy",
-              f"one of {', '.join(DTYPE_POLICIES)}", self.dtype_policy)  # fmt: skip
-        for name in ("connect_timeout", "heartbeat_timeout"):
-            value = getattr(self, name)
-            check(value > 0, flag(name), "a positive integer", value)
-        check(self.num_processes is None or self.num_processes > 0, "--num-processes",
-              "a positive integer", self.num_processes)  # fmt: skip
-        check(self.process_id is None or 0 <= self.process_id < (self.num_processes or 2**31),
-              "--process-id", f"an integer in [0, {self.num_processes or 'N'})",
-              self.process_id)  # fmt: skip
-        check(self.coordinator is None or _is_address(self.coordinator), "--coordinator",
-              "HOST:PORT (a port in 1..65535) or auto", self.coordinator)  # fmt: skip
+    def validate(self) -> None:
+        check(self.batch_size > 0, "--batch-size", "a positive integer", self.batch_size)
+        ok = math.isfinite(self.learning_rate) and self.learning_rate > 0
+        check(ok, "--learning-rate", "a positive float", self.learning_rate)
         check(0 <= self.momentum < 1, "--momentum", "a float in [0, 1)", self.momentum)
         check(self.clipnorm is None or (math.isfinite(self.clipnorm) and self.clipnorm > 0),
               "--clipnorm", "a positive float", self.clipnorm)  # fmt: skip
-        check(self.timesteps is None or self.timesteps > 0, "--timesteps", "a positive integer",
-              self.timesteps)  # fmt: skip
-        check(0 <= self.validation_fraction < 1, "--validation-fraction", "a float in [0, 1)",
-              self.validation_fraction)  # fmt: skip
         self._validate_schedule()
-        if self.keep_best:
-            given = Literal(f"--keep-best with --validation-fraction {self.validation_fraction}")
-            check(self.validation_fraction > 0, "--keep-best",
-                  "a validation split to select on: --validation-fraction above 0 (the "
-                  "test split is read only at the end)", given)  # fmt: skip
-            check(self.eval_every > 0, "--eval-every",
-                  "a positive integer with --keep-best (the evaluations it selects from)",
-                  self.eval_every)  # fmt: skip
-        for name in self.resume_changes():
-            check(name in RESUME_CHANGEABLE, "--change-on-resume",
-                  f"names among {', '.join(RESUME_CHANGEABLE)}", self.change_on_resume)  # fmt: skip
-        check(self.data_dir is None or self.download or os.path.isdir(self.data_dir),
-              "--data-dir", "an existing TFDS data directory or a folder of .npz files",
-              self.data_dir)  # fmt: skip
-        return self
 
     def _validate_schedule(self) -> None:
         schedule = self.lr_schedule
@@ -314,6 +264,199 @@ class RunConfig:
         self.boundaries()
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopConfig(_Section):
+    """How long the loop trains, how often it logs, evaluates and checkpoints."""
+
+    steps: int = _option(2000, "training steps (global batches)", group="run")
+    checkpoint_every: int = _option(200, group="run", metavar="N")
+    log_every: int = _option(50, group="run", metavar="N")
+    eval_every: int = _option(
+        0, "evaluate every N steps (validation split if any, else test) into curve.json",
+        group="run", metavar="N",
+    )  # fmt: skip
+    keep_best: bool = _option(
+        False, "test the weights of the best validation evaluation, not the last step's "
+        "(needs --validation-fraction and --eval-every; the test split is read only at the "
+        "end)", group="run", identity=True,
+    )  # fmt: skip
+    eval_batch_size: int = _option(256, group="run")
+    validation_fraction: float = _option(
+        0.0, "hold out this fraction of the training data and report val_accuracy",
+        group="run", identity=True,
+    )  # fmt: skip
+    jit_compile: bool = _option(False, "XLA-compile the train step", group="run")
+    diagnostics: int = _option(
+        0, "log stability diagnostics every N steps (0: off)", group="run", metavar="N"
+    )
+    change_on_resume: str | None = _option(
+        None,
+        "comma-separated settings a resumed run may change: "
+        + ", ".join(RESUME_CHANGEABLE)
+        + " (e.g. to go on from the last good checkpoint of a run that diverged)",
+        group="run",
+        metavar="NAMES",
+    )
+
+    def resume_changes(self) -> tuple[str, ...]:
+        """The fields named by `change_on_resume`."""
+        names = (self.change_on_resume or "").replace("-", "_").split(",")
+        return tuple(name.strip() for name in names if name.strip())
+
+    def validate(self) -> None:
+        for name in ("steps", "checkpoint_every", "log_every", "eval_batch_size"):
+            value = getattr(self, name)
+            check(value > 0, flag(name), "a positive integer", value)
+        for name in ("diagnostics", "eval_every"):
+            value = getattr(self, name)
+            check(value >= 0, flag(name), "a non-negative integer", value)
+        check(0 <= self.validation_fraction < 1, "--validation-fraction", "a float in [0, 1)",
+              self.validation_fraction)  # fmt: skip
+        if self.keep_best:
+            given = Literal(f"--keep-best with --validation-fraction {self.validation_fraction}")
+            check(self.validation_fraction > 0, "--keep-best",
+                  "a validation split to select on: --validation-fraction above 0 (the "
+                  "test split is read only at the end)", given)  # fmt: skip
+            check(self.eval_every > 0, "--eval-every",
+                  "a positive integer with --keep-best (the evaluations it selects from)",
+                  self.eval_every)  # fmt: skip
+        for name in self.resume_changes():
+            check(name in RESUME_CHANGEABLE, "--change-on-resume",
+                  f"names among {', '.join(RESUME_CHANGEABLE)}", self.change_on_resume)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig(_Section):
+    """How the processes and devices of a command are set up; not part of any run.
+
+    `training.train` and `training.tune` read it to split the CPU, join the
+    JAX processes and make the backend (`training.backends`) a run trains on.
+    """
+
+    strategy: str = _option("auto", group="distribution")
+    tpu: str | None = _option(None, "TPU name or address for --strategy tpu", group="distribution")
+    cpu_devices: int = _option(
+        0, "split the CPU into this many logical devices (mirrored training on CPU)",
+        group="distribution",
+    )  # fmt: skip
+    coordinator: str | None = _option(
+        None, "JAX on several processes: HOST:PORT of process 0's coordinator, the same on "
+        "every process, or auto on a TPU pod slice, Slurm or MPI (default: the first of "
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES)", group="distribution", metavar="HOST:PORT",
+    )  # fmt: skip
+    num_processes: int | None = _option(
+        None, "JAX: how many processes train together (default: "
+        "KERAS_DISTRIBUTION_NUM_PROCESSES)", group="distribution", metavar="N",
+    )  # fmt: skip
+    process_id: int | None = _option(
+        None, "JAX: this process, 0 to N-1; process 0 runs the coordinator and writes the "
+        "outputs (default: KERAS_DISTRIBUTION_PROCESS_ID)", group="distribution", metavar="I",
+    )  # fmt: skip
+    connect_timeout: int = _option(
+        120, "JAX: seconds a process waits for all the others to connect", group="distribution",
+        metavar="S",
+    )  # fmt: skip
+    heartbeat_timeout: int = _option(
+        30, "JAX: seconds without a heartbeat after which a process counts as lost and the "
+        "others stop", group="distribution", metavar="S",
+    )  # fmt: skip
+
+    @classmethod
+    def from_namespace(cls, namespace: argparse.Namespace) -> LaunchConfig:
+        """The fields present in an argparse namespace (the rest default)."""
+        return cls.from_flat(vars(namespace))
+
+    def validate(self) -> LaunchConfig:
+        """Checks every field's type and range; returns `self` or raises `UsageError`."""
+        check_types(self)
+        check(self.cpu_devices >= 0, "--cpu-devices", "a non-negative integer", self.cpu_devices)
+        for name in ("connect_timeout", "heartbeat_timeout"):
+            value = getattr(self, name)
+            check(value > 0, flag(name), "a positive integer", value)
+        check(self.num_processes is None or self.num_processes > 0, "--num-processes",
+              "a positive integer", self.num_processes)  # fmt: skip
+        check(self.process_id is None or 0 <= self.process_id < (self.num_processes or 2**31),
+              "--process-id", f"an integer in [0, {self.num_processes or 'N'})",
+              self.process_id)  # fmt: skip
+        check(self.coordinator is None or _is_address(self.coordinator), "--coordinator",
+              "HOST:PORT (a port in 1..65535) or auto", self.coordinator)  # fmt: skip
+        return self
+
+
+# The sections of a run, in the order of their option groups.
+SECTIONS = {"task": TaskConfig, "model": ModelConfig, "optimizer": OptimizerConfig,
+            "loop": LoopConfig}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A training run: its task, model, optimizer (with schedule) and loop.
+
+    Built from flat keys with `RunConfig.of(units=128, steps=500)` (the flags of
+    `training.train`, `--sigma-w` is `sigma_w`) or from an argparse namespace;
+    read by section (`config.model.units`). `identity` fields are what a
+    checkpoint was trained with: a resumed run must keep them (more `--steps`
+    extend a run; logging, evaluation and checkpoint periods may change).
+
+    Example:
+
+    >>> config = RunConfig.of(task="adding", units=32, steps=100).validate()
+    >>> config.model.units, config.loop.steps
+    (32, 100)
+    """
+
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    loop: LoopConfig = LoopConfig()
+
+    @classmethod
+    def of(cls, **values: typing.Any) -> RunConfig:
+        """The config of flat keys (`units=128`); raises `TypeError` on an unknown key."""
+        unknown = set(values) - set(run_keys())
+        if unknown:
+            raise TypeError(f"RunConfig has no option {', '.join(sorted(unknown))}")
+        sections: dict[str, typing.Any] = SECTIONS
+        return cls(**{name: section.from_flat(values) for name, section in sections.items()})
+
+    @classmethod
+    def from_namespace(cls, namespace: argparse.Namespace, **overrides: typing.Any) -> RunConfig:
+        """The keys present in an argparse namespace (the rest default), then `overrides`."""
+        keys = set(run_keys())
+        values = {k: v for k, v in vars(namespace).items() if k in keys}
+        return cls.of(**{**values, **overrides})
+
+    def replace(self, **changes: typing.Any) -> RunConfig:
+        """A copy with flat keys changed (`config.replace(steps=10, units=8)`)."""
+        return RunConfig.of(**{**self.to_dict(), **changes})
+
+    def to_dict(self) -> dict:
+        """Every flat key and its value (what `config.yaml` records of the config)."""
+        flat: dict = {}
+        for name in SECTIONS:
+            flat.update(getattr(self, name).flat())
+        return flat
+
+    def resolved(self) -> RunConfig:
+        """The config a run records: the cosine's length fixed (`lr_decay_steps`, default
+        `steps`), so that a resumed run with more `--steps` does not stretch the decay."""
+        if self.optimizer.lr_schedule == "cosine" and self.optimizer.lr_decay_steps is None:
+            return self.replace(lr_decay_steps=self.loop.steps)
+        return self
+
+    def validate(self) -> RunConfig:
+        """Checks every field's type and range; returns `self` or raises `UsageError`.
+
+        Types are checked here, not only by the flags' parsers: values also come
+        from YAML files (`seed: 1.5`, `jit_compile: "false"`) and from Python.
+        """
+        for name in SECTIONS:
+            getattr(self, name).check_types()
+        for name in SECTIONS:
+            getattr(self, name).validate()
+        return self
+
+
 def _is_address(text: str) -> bool:
     host, _, port = text.rpartition(":")
     return text == "auto" or (bool(host) and port.isdigit() and 0 < int(port) < 65536)
@@ -324,9 +467,35 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def option_fields(launch: bool = True) -> tuple[dataclasses.Field, ...]:
+    """The fields of every section (and of `LaunchConfig` with `launch`), in their order.
+
+    Each is one option: `key_of(field)` is its flat key, `field.metadata` its
+    group, help, metavar and whether it is part of a run's identity.
+    """
+    task, model, optimizer, loop = SECTIONS.values()
+    # The order of the option groups (`GROUPS`): the launch's group is "distribution".
+    classes = (task, model, optimizer, *((LaunchConfig,) if launch else ()), loop)
+    return tuple(field for cls in classes for field in dataclasses.fields(cls))
+
+
+def option_types() -> dict[str, object]:
+    """The type of each option (flat key -> `int | None`, ...)."""
+    types_: dict[str, object] = {}
+    for cls in (*SECTIONS.values(), LaunchConfig):
+        hints = typing.get_type_hints(cls)
+        types_.update({key_of(f): hints[f.name] for f in dataclasses.fields(cls)})
+    return types_
+
+
+def run_keys() -> tuple[str, ...]:
+    """The flat keys of a `RunConfig` (no launch settings)."""
+    return tuple(key_of(field) for field in option_fields(launch=False))
+
+
 def identity_fields() -> tuple[str, ...]:
-    """The fields a resumed run must keep (marked `identity` on the field)."""
-    return tuple(f.name for f in dataclasses.fields(RunConfig) if f.metadata["identity"])
+    """The flat keys a resumed run must keep (marked `identity` on the field)."""
+    return tuple(key_of(f) for f in option_fields(launch=False) if f.metadata["identity"])
 
 
 def check_types(config: object, skip: tuple[str, ...] = ()) -> None:
@@ -337,7 +506,8 @@ def check_types(config: object, skip: tuple[str, ...] = ()) -> None:
             continue
         value, expected = getattr(config, field.name), hints[field.name]
         if not _is_instance(value, expected):
-            raise invalid(flag(field.name), _type_words(expected), value)
+            raise invalid(flag(field.metadata.get("key") or field.name), _type_words(expected),
+                          value)  # fmt: skip
 
 
 def check_batch_size(batch_size: int, replicas: int) -> None:
@@ -346,7 +516,7 @@ def check_batch_size(batch_size: int, replicas: int) -> None:
           batch_size)  # fmt: skip
 
 
-def _is_instance(value, expected) -> bool:
+def _is_instance(value: object, expected: typing.Any) -> bool:
     """`isinstance` for the field types used here (bool is no int; an int is a float)."""
     if isinstance(expected, types.UnionType):
         return any(_is_instance(value, arm) for arm in typing.get_args(expected))
@@ -361,7 +531,7 @@ def _is_instance(value, expected) -> bool:
     return isinstance(value, expected)
 
 
-def _type_words(expected) -> str:
+def _type_words(expected: typing.Any) -> str:
     words = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
     if isinstance(expected, types.UnionType):
         arms = typing.get_args(expected)

@@ -24,8 +24,8 @@ import numpy as np
 from apputil import cli
 from apputil.errors import invalid
 from apputil.files import atomic_path
-from training import tasks
 from training.errors import EXPECTED
+from training.tasks import catalog as tasks
 
 EXPORTABLE = (*tasks.MNIST_DATASETS, "cifar10")
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from apputil import cli
 from apputil.errors import UsageError, check, invalid
-from training.distribution import check_port_free
+from training.backends.cluster import check_port_free
 from training.errors import StrategyError
 
 # Seconds the others get to stop after SIGTERM before they are killed.

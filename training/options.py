@@ -12,7 +12,6 @@ errors answer at once.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import typing
@@ -21,11 +20,19 @@ import yaml
 
 from apputil.cli import OneLineParser
 from apputil.errors import shown
-from training.config import DTYPE_POLICIES, GROUPS, MODEL_NAMES, RunConfig, flag
-from training.distribution import STRATEGIES
+from training.backends.backend import STRATEGIES
+from training.config import (
+    DTYPE_POLICIES,
+    GROUPS,
+    MODEL_NAMES,
+    flag,
+    key_of,
+    option_fields,
+    option_types,
+)
 from training.errors import ConfigFileError
-from training.optimizers import OPTIMIZERS
-from training.tasks import MNIST_DATASETS, TASK_NAMES
+from training.tasks.catalog import MNIST_DATASETS, TASK_NAMES
+from training.tasks.optimizers import OPTIMIZERS
 
 CHOICES = {
     "task": TASK_NAMES,
@@ -50,26 +57,26 @@ def run_parser(
     validation split by default).
     """
     parser = OneLineParser(prog=prog, description=description)
-    hints = typing.get_type_hints(RunConfig)
+    hints = option_types()
     defaults = defaults or {}
     sections = {group: parser.add_argument_group(group) for group in groups}
-    for field in dataclasses.fields(RunConfig):
-        group = field.metadata["group"]
-        if group not in sections and field.name in extra:
+    for field in option_fields():
+        group, key = field.metadata["group"], key_of(field)
+        if group not in sections and key in extra:
             sections[group] = parser.add_argument_group(group)
-        if group not in sections or (group not in groups and field.name not in extra):
+        if group not in sections or (group not in groups and key not in extra):
             continue
-        default = defaults.get(field.name, field.default)
+        default = defaults.get(key, field.default)
         kwargs: dict = {"default": default, "help": _help(field.metadata["help"], default)}
-        kind = _scalar_type(hints[field.name])
+        kind = _scalar_type(hints[key])
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = kind
             kwargs["metavar"] = field.metadata["metavar"]
-            if field.name in CHOICES:
-                kwargs["choices"] = CHOICES[field.name]
-        sections[group].add_argument(flag(field.name), **kwargs)
+            if key in CHOICES:
+                kwargs["choices"] = CHOICES[key]
+        sections[group].add_argument(flag(key), **kwargs)
     return parser
 
 

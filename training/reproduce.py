@@ -5,24 +5,23 @@
     python -m training.reproduce --report-only                             # tables and plots
 
 Each run of the suite is one `python -m training.train --config ...` command
-(a config of `training/configs/` plus the suite's overrides) in its own folder
+(a config of `training/paper/configs/` plus the suite's overrides) in its own folder
 of `--runs-dir`. The suite is resumable: a finished run is not redone, an
 interrupted one resumes from its checkpoint (`training.train` does that), and
 `--time-limit` stops every run at a deadline so the next call goes on.
 `--budget` scales every run's steps (`--steps` sets them all). `--search`
 also runs the searches behind the noise-padded configs with `training.tune`
-(`training.suite.SEARCHES`: ε × γ for each antisymmetric model, the learning
+(`training.paper.suite.SEARCHES`: ε × γ for each antisymmetric model, the learning
 rate for the LSTM; `--only search_noise_padded_antisymmetric --search` runs
 one search and no training run), the report's heatmaps.
 
 The report (`docs/reproduction.md`, `docs/reproduction/results.json` and PNG
-learning curves, see `training.report`) is written from whatever the runs
+learning curves, see `training.paper.report`) is written from whatever the runs
 folder holds, finished or not, with each run's hardware and command.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -31,8 +30,9 @@ import time
 
 from apputil import cli
 from apputil.errors import invalid
-from training import report, train, tune
-from training.suite import (
+from training import train, tune
+from training.paper import report
+from training.paper.suite import (
     SEARCHES,
     SUITES,
     TARGETS,
@@ -41,20 +41,17 @@ from training.suite import (
     select_searches,
     train_argv,
 )
+from training.run.rundir import RunDir
 
 MOCK_EXAMPLES = 64  # per split, for --mock-data
 
 
 def finished(run_dir, steps):
-    path = os.path.join(run_dir, "metrics.json")
-    if not os.path.isfile(path):
-        return False
-    with open(path) as handle:
-        return json.load(handle).get("steps", 0) >= steps
+    return RunDir(run_dir).finished(steps)
 
 
 def select(suite, only):
-    """The suite's runs named by `only` (`training.suite.named`)."""
+    """The suite's runs named by `only` (`training.paper.suite.named`)."""
     return named(SUITES[suite], only)
 
 
@@ -79,7 +76,7 @@ def execute(runs, args, log=print):
                 log(f"{run.name}: python -m training.train {shlex.join(argv)}")
                 train.main(argv)
         return
-    running = []
+    running: list = []
     os.makedirs(args.runs_dir, exist_ok=True)
     while pending or running:
         while pending and len(running) < args.parallel:

@@ -6,12 +6,12 @@
 
 `KERAS_BACKEND` picks the backend: TensorFlow trains under `tf.distribute`,
 JAX under `keras.distribution` (`--strategy data_parallel`), PyTorch on one
-device (`training.trainers`); all see the same batches. On JAX one run spans several
+device (`training.backends`); all see the same batches. On JAX one run spans several
 processes or hosts with `--coordinator HOST:PORT --num-processes N --process-id I` (or
 `training.launch` on one machine; see docs/training.md). The output directory
 receives `config.yaml`, `checkpoints/`, `logs/` (TensorBoard), `curve.json`
 (with `--eval-every`), `metrics.json` and `model.keras` (see
-`training.experiment`). Running the same command again resumes from the last
+`training.run.experiment`). Running the same command again resumes from the last
 checkpoint. Exit status 2: a usage error, missing data or a diverged run
 (non-finite loss); 1: a failure of the machine (files, disk).
 """
@@ -21,8 +21,9 @@ from __future__ import annotations
 import sys
 
 from apputil import cli, quiet
-from training import distribution, options
-from training.config import RunConfig
+from training import options
+from training.backends.cluster import Cluster
+from training.config import LaunchConfig, RunConfig
 from training.errors import EXPECTED
 
 
@@ -37,24 +38,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = options.parse_with_config(parser, argv)
 
+    cluster = Cluster(parser.prog)
+
     def body():
         config = RunConfig.from_namespace(args).validate()
+        launch = LaunchConfig.from_namespace(args).validate()
         quiet.import_keras()
         # Keras (and TensorFlow on its backend) load only now: `--help` and usage errors
         # answer without them, in a fraction of a second.
-        from training import experiment
+        from training.backends import select
+        from training.run import experiment
 
-        distribution.split_cpu(config.cpu_devices)
-        processes = distribution.Processes.resolve(
-            config.coordinator, config.num_processes, config.process_id
-        )
-        distribution.initialize_processes(
-            processes, config.connect_timeout, config.heartbeat_timeout, parser.prog
-        )
-        distribution.watch_peers(parser.prog)
-        experiment.train_and_evaluate(config, args.output_dir)
+        backend = select.start(launch, cluster)
+        experiment.train_and_evaluate(config, args.output_dir, backend=backend)
 
-    return distribution.finish(cli.run(parser.prog, body, EXPECTED))
+    return cluster.finish(cli.run(parser.prog, body, EXPECTED))
 
 
 if __name__ == "__main__":

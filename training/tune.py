@@ -4,10 +4,10 @@
         --tuner random --max-trials 50 --steps-per-trial 2000 \\
         --directory tuning/pixel_mnist --project-name antisymmetric
 
-The search space defaults to the paper's grids (see `training.hypermodels`);
+The search space defaults to the paper's grids (see `training.search.hypermodels`);
 `--epsilon-values 0.01,0.1` etc. or `--space FILE.yaml` narrow it, and
 `--log-scale` makes the numeric ones continuous ranges. Each trial trains
-`--steps-per-trial` steps with `training.loop` and is scored by `val_accuracy`
+`--steps-per-trial` steps with `training.run.loop` and is scored by `val_accuracy`
 on `--validation-fraction` of the training data (never the test split). At the
 end `best.json` and `trials.csv` (every trial, best first) land in
 `--directory`, and `--retrain-steps N` retrains the best configuration with
@@ -27,9 +27,9 @@ from apputil import cli, quiet, signals
 from apputil.cli import OneLineParser
 from apputil.errors import check, invalid
 from training import options
-from training.config import RunConfig, check_types, flag, identity_fields
+from training.config import LaunchConfig, RunConfig, check_types, flag, identity_fields
 from training.errors import EXPECTED, SearchInterrupted
-from training.space import PAPER_GRID, SearchSpace, flag_name
+from training.search.space import PAPER_GRID, SearchSpace, flag_name
 
 TUNERS = ("random", "bayesian", "hyperband", "grid")
 
@@ -120,6 +120,7 @@ class SearchConfig:
 
     run: RunConfig
     space: SearchSpace
+    launch: LaunchConfig = LaunchConfig()
     tuner: str = "random"
     max_trials: int = 20
     steps_per_trial: int = 500
@@ -131,15 +132,18 @@ class SearchConfig:
 
     @classmethod
     def from_namespace(cls, args):
-        names = {field.name for field in dataclasses.fields(cls)} - {"run", "space"}
+        names = {field.name for field in dataclasses.fields(cls)} - {"run", "space", "launch"}
         values = {name: getattr(args, name) for name in names}
-        return cls(run=RunConfig.from_namespace(args), space=make_space(args), **values)
+        return cls(
+            run=RunConfig.from_namespace(args), space=make_space(args),
+            launch=LaunchConfig.from_namespace(args), **values,
+        )  # fmt: skip
 
     @property
     def project_dir(self) -> str:
         """keras-tuner's project folder: trials, `search.json`, `trials.csv`, `best.json`."""
         return os.path.join(
-            self.directory, self.project_name or f"{self.run.task}-{self.run.model}"
+            self.directory, self.project_name or f"{self.run.task.name}-{self.run.model.name}"
         )
 
     def identity(self) -> dict:
@@ -156,13 +160,14 @@ class SearchConfig:
     def validate(self):
         """Checks the flags' types and ranges; returns `self` or raises `UsageError`."""
         self.run.validate()
-        check_types(self, skip=("run", "space"))
+        self.launch.validate()
+        check_types(self, skip=("run", "space", "launch"))
         for name in ("max_trials", "steps_per_trial", "hyperband_max_epochs"):
             value = getattr(self, name)
             check(value > 0, flag(name), "a positive integer", value)
         check(self.retrain_steps >= 0, "--retrain-steps", "a non-negative integer",
               self.retrain_steps)  # fmt: skip
-        fraction = self.run.validation_fraction
+        fraction = self.run.loop.validation_fraction
         check(0 < fraction < 1, "--validation-fraction", "a float in (0, 1)", fraction)
         check(
             not (self.tuner == "grid" and self.space.log_scale),
@@ -186,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
             quiet.import_keras()
             # Keras, keras-tuner and TensorFlow load only now: `--help` and usage errors
             # answer without them.
-            from training import distribution, search
+            from training.backends import select
+            from training.search import tuner
 
-            distribution.split_cpu(config.run.cpu_devices)
-            search.run(config)
+            tuner.run(config, select.start(config.launch))
 
     return cli.run(parser.prog, body, EXPECTED)
 

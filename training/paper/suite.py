@@ -1,8 +1,8 @@
 """The reproduction suite: the paper's runs as `training.train` configs, and their targets.
 
 Each `Run` is one `python -m training.train --config ...` command (a config of
-`training/configs/` plus the suite's overrides). `training.reproduce` runs a
-suite; `training.report` reads what its runs wrote.
+`training/paper/configs/` plus the suite's overrides). `training.reproduce` runs a
+suite; `training.paper.report` reads what its runs wrote.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Run:
     Attributes:
         name: Folder of the run under `--runs-dir` (and its id in the report).
         table: The report table it belongs to.
-        config: YAML file in `training/configs/`.
+        config: YAML file in `training/paper/configs/`.
         steps: Training steps at `--budget 1`.
         paper: The paper's test accuracy for this row (%), or None.
         data: The data set it needs ("mnist", "fashion_mnist", "cifar10").
@@ -292,7 +292,11 @@ def train_argv(
     shows the command), not to the working directory.
     """
     config = os.path.join(CONFIGS, run.config)
-    shown = os.path.join("training", "configs", run.config) if portable else os.path.relpath(config)
+    shown = (
+        os.path.join("training", "paper", "configs", run.config)
+        if portable
+        else os.path.relpath(config)
+    )
     argv = ["--config", shown]
     for key, value in run.overrides:
         argv += [f"--{key.replace('_', '-')}", str(value)]

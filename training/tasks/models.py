@@ -15,7 +15,7 @@ import keras_antisym
 from apputil.errors import invalid
 from training.config import MODEL_NAMES
 
-# Task head (`training.tasks.TaskSpec.head`) -> name of the model's output layer.
+# Task head (`training.tasks.catalog.TaskSpec.head`) -> name of the model's output layer.
 HEAD_LAYER_NAMES = {
     "last": "classification_head",
     "sequence": "per_step_classification_head",
@@ -33,7 +33,7 @@ def build_model(
     seed: int | None = None,
     dtype_policy: str | None = None,
 ) -> keras.Model:
-    """The model `model` for the task `spec` (a `training.tasks.TaskSpec`).
+    """The model `model` for the task `spec` (a `training.tasks.catalog.TaskSpec`).
 
     Args:
         spec: The task's shapes and head.

@@ -2,30 +2,30 @@
 
 `run(config)` runs (or continues) the search of a `training.tune.SearchConfig`,
 writes `trials.csv` and `best.json` to its directory and, if asked, retrains
-the best configuration with `training.experiment.train_and_evaluate`.
+the best configuration with `training.run.experiment.train_and_evaluate`.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import os
 from collections.abc import Callable
 from typing import Any
 
-import keras
 import keras_tuner
 
-from apputil.errors import invalid, shown
 from apputil.files import write_atomically
-from training import distribution, tasks
+from training.backends import select
+from training.backends.backend import Backend
 from training.config import RunConfig, check_batch_size
 from training.errors import Interrupted, SearchError, SearchInterrupted
-from training.experiment import train_and_evaluate
-from training.hypermodels import RNNHyperModel
-from training.space import MODEL_HYPERPARAMETERS, OBJECTIVE, flag_name
+from training.run.experiment import train_and_evaluate
+from training.run.identity import check_unchanged
+from training.search.hypermodels import RNNHyperModel, trial_config
+from training.search.space import MODEL_HYPERPARAMETERS, OBJECTIVE, flag_name
+from training.tasks import catalog
 
 
 def is_worker() -> bool:
@@ -39,11 +39,15 @@ def _tuner_classes():
     """keras-tuner's tuners, logging each trial's hyperparameters as it starts."""
 
     class Logged:
+        hypermodel: Any  # keras-tuner's, on the tuner this is mixed into
+        tuner_id: str
+
         def run_trial(self, trial, *args, **kwargs):
             values = _describe(trial.hyperparameters.values)
             self.hypermodel.log(f"[{self.tuner_id}] trial {trial.trial_id} {values}")
             try:
-                results = super().run_trial(trial, *args, **kwargs)  # one per execution
+                tuner: Any = super()  # the keras-tuner tuner's own
+                results = tuner.run_trial(trial, *args, **kwargs)  # one per execution
             except Interrupted as stopped:  # the trial's loop finished its step in progress
                 raise SearchInterrupted(
                     stopped.signal_number, f"in trial {trial.trial_id} at step {stopped.step}"
@@ -69,14 +73,11 @@ def _describe(values):
     return " ".join(f"{k}={v}" for k, v in values.items() if not k.startswith("tuner/"))
 
 
-def make_tuner(config, strategy, log=print):
-    """The keras-tuner tuner of a `SearchConfig`, resuming an existing project.
-
-    `strategy`: the `tf.distribute.Strategy` (TensorFlow) or
-    `keras.distribution.Distribution` (JAX) trials train under, or None.
-    """
+def make_tuner(config: Any, backend: Backend, log: Callable[[str], object] = print) -> Any:
+    """The keras-tuner tuner of a `SearchConfig`, resuming an existing project; its trials
+    train on `backend`."""
     run = config.run
-    task = tasks.get_task(run.task, timesteps=run.timesteps, dataset=run.dataset)
+    task = catalog.get_task(run.task.name, timesteps=run.task.timesteps, dataset=run.task.dataset)
     hyperband = config.tuner == "hyperband"
     hypermodel = RNNHyperModel(
         task,
@@ -84,18 +85,18 @@ def make_tuner(config, strategy, log=print):
         config.space,
         steps_per_trial=config.steps_per_trial,
         rounds=config.hyperband_max_epochs if hyperband else 1,
-        strategy=strategy if strategy is not None else "default",
+        backend=backend,
         log=log,
     )
     common = dict(
         hypermodel=hypermodel,
         objective=keras_tuner.Objective(OBJECTIVE, direction="max"),
         # keras-tuner takes a seed of 0 for "none" and draws a random one: shift it by one.
-        seed=run.seed + 1,
+        seed=run.task.seed + 1,
         directory=os.path.dirname(config.project_dir),
         project_name=os.path.basename(config.project_dir),
         overwrite=False,  # the same command continues an interrupted search
-        distribution_strategy=strategy if keras.backend.backend() == "tensorflow" else None,
+        distribution_strategy=backend.tuner_strategy(),
     )
     tuner_class = _tuner_classes()[config.tuner]
     if hyperband:
@@ -149,41 +150,23 @@ def format_table(rows):
     return "\n".join(line.rstrip() for line in lines)
 
 
-def retrain(config, hyperparameters, log=print):
-    """Trains the best configuration with `training.train` for `retrain_steps` steps."""
-    run = config.run
-    values = {"epsilon": run.epsilon, "gamma": run.gamma, **hyperparameters}
+def retrain(
+    config: Any,
+    hyperparameters: dict[str, Any],
+    backend: Backend | None = None,
+    log: Callable[[str], object] = print,
+) -> dict:
+    """Trains the best configuration as a run of `retrain_steps` steps (on `backend`)."""
     steps = config.retrain_steps
-    best = run.replace(
-        epsilon=float(values["epsilon"]),
-        gamma=float(values["gamma"]),
-        sigma_w=float(values["sigma_w"]),
-        optimizer=values["optimizer"],
-        learning_rate=float(values["learning_rate"]),
-        steps=steps,
-        checkpoint_every=max(1, min(200, steps)),
-        log_every=max(1, min(50, steps)),
-    ).validate()
-    workdir = config.retrain_dir or os.path.join(config.project_dir, "best")
-    return train_and_evaluate(best, workdir, log=log)
-
-
-def trial_distribution(run):
-    """What trials train under (a TF strategy or a Keras distribution), its name, replicas."""
-    if keras.backend.backend() != "tensorflow":
-        strategy = distribution.make_keras_distribution(run.strategy)
-        return (strategy, *distribution.keras_distribution_shape(strategy))
-    import tensorflow as tf  # present: this is the TensorFlow backend
-
-    strategy = distribution.make_strategy(run.strategy, tpu=run.tpu)
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        raise invalid(
-            "--strategy",
-            "a single-worker strategy (keras-tuner runs trials on one worker: default, "
-            "mirrored or tpu)",
-            f"{run.strategy} (a multi-worker cluster)",
+    best = (
+        trial_config(config.run, hyperparameters)
+        .replace(
+            steps=steps, checkpoint_every=max(1, min(200, steps)), log_every=max(1, min(50, steps))
         )
-    return strategy, distribution.strategy_name(strategy), strategy.num_replicas_in_sync
+        .validate()
+    )
+    workdir = config.retrain_dir or os.path.join(config.project_dir, "best")
+    return train_and_evaluate(best, workdir, log=log, backend=backend)
 
 
 def write_trials(rows, path):
@@ -196,24 +179,28 @@ def write_trials(rows, path):
     write_atomically(path, text.getvalue())
 
 
-def run(config: Any, log: Callable[[str], object] = print) -> dict | None:
-    """Runs (or continues) the search; returns the best-trial summary (None on a worker)."""
-    strategy, name, replicas = trial_distribution(config.run)
-    check_batch_size(config.run.batch_size, replicas)
-    log(f"trials run on {name} ({replicas} replicas)")
+def run(
+    config: Any, backend: Backend | None = None, log: Callable[[str], object] = print
+) -> dict | None:
+    """Runs (or continues) the search on `backend` (default: the current Keras backend with
+    the strategy "auto"); returns the best-trial summary (None on a worker)."""
+    backend = backend if backend is not None else select.start()
+    backend.tuner_strategy()  # refuses a multi-worker cluster before anything else
+    check_batch_size(config.run.optimizer.batch_size, backend.replicas)
+    log(f"trials run on {backend.strategy_name} ({backend.replicas} replicas)")
     check_same_search(config)
-    tuner = make_tuner(config, strategy, log=log)
+    tuner = make_tuner(config, backend, log=log)
     tuner.search(verbose=0)  # each trial logs its own lines
     if is_worker():
         log(f"[{tuner.tuner_id}] no trials left; the chief writes best.json")
         return None
-    rows = trial_rows(tuner.oracle, config.run.model)
+    rows = trial_rows(tuner.oracle, config.run.model.name)
     write_trials(rows, os.path.join(config.project_dir, "trials.csv"))
     log(format_table(rows))
     summary = best_summary(config, tuner, rows)
     if config.retrain_steps:
         log(f"retraining trial {summary['best_trial_id']} for {config.retrain_steps} steps")
-        summary["retrained"] = retrain(config, summary["hyperparameters"], log=log)
+        summary["retrained"] = retrain(config, summary["hyperparameters"], backend, log=log)
     path = os.path.join(config.project_dir, "best.json")
     write_atomically(path, json.dumps(summary, indent=2) + "\n")
     log(
@@ -224,7 +211,7 @@ def run(config: Any, log: Callable[[str], object] = print) -> dict | None:
 
 
 SEARCH_RECORD = "search.json"
-_RUN_DEFAULTS = {f"run.{field.name}": field.default for field in dataclasses.fields(RunConfig)}
+_RUN_DEFAULTS = {f"run.{key}": value for key, value in RunConfig().to_dict().items()}
 
 
 def check_same_search(config: Any) -> None:
@@ -239,18 +226,14 @@ def check_same_search(config: Any) -> None:
     if os.path.isfile(path):
         with open(path) as handle:
             before = json.load(handle)
-        recorded = _flatten(before)
-        for key, value in _flatten(identity).items():
-            # A run setting newer than the record ran at its default (defaults keep the
-            # behaviour from before the setting existed).
-            previous = recorded[key] if key in recorded else _RUN_DEFAULTS.get(key)
-            if previous != value:
-                raise invalid(
-                    _search_flag(key),
-                    f"{shown(previous)} as in {path} (a rerun continues the search of its "
-                    f"project; start another with another --project-name or --directory)",
-                    value,
-                )
+        # A run setting newer than the record ran at its default (defaults keep the
+        # behaviour from before the setting existed).
+        check_unchanged(
+            _flatten(before), _flatten(identity), path=path, flag=_search_flag,
+            hint=lambda key, value: "a rerun continues the search of its project; start "
+            "another with another --project-name or --directory",
+            default=lambda key: _RUN_DEFAULTS.get(key),
+        )  # fmt: skip
         return
     os.makedirs(config.project_dir, exist_ok=True)
     if not is_worker():
@@ -289,12 +272,12 @@ def best_summary(config, tuner, rows):
         "hyperparameters": {
             k: v for k, v in best.hyperparameters.values.items() if not k.startswith("tuner/")
         },
-        "task": run.task,
-        "model": run.model,
-        "units": run.units,
+        "task": run.task.name,
+        "model": run.model.name,
+        "units": run.model.units,
         "tuner": config.tuner,
         "steps_per_trial": config.steps_per_trial,
-        "validation_fraction": run.validation_fraction,
+        "validation_fraction": run.loop.validation_fraction,
         "trials": len(rows),
         "completed_trials": len(completed),
         "space": config.space.to_dict(),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from apputil.errors import invalid
-from training.optimizers import OPTIMIZERS
+from training.tasks.optimizers import OPTIMIZERS
 
 PAPER_GRID = {
     "epsilon": (0.01, 0.1, 1.0),

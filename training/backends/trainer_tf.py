@@ -17,16 +17,16 @@ import os
 import re
 import shutil
 import tempfile
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from apputil.files import fsync_directory, fsync_file, remove_partials, write_atomically
-from training import distribution
 from training.config import check_batch_size
 from training.errors import CheckpointWriteError
-from training.objectives import per_example_correct, per_example_loss
-from training.tasks import TrainingBatches
+from training.tasks.catalog import TrainingBatches
+from training.tasks.objectives import per_example_correct, per_example_loss
 
 KEEP = 3
 STATE = "checkpoint"  # the state file of tf.train.latest_checkpoint
@@ -40,7 +40,7 @@ def training_dataset(batches, start_step=0, num_replicas=1, replica_ids=(0,)):
     """`TrainingBatches` from `start_step` on as an endless `tf.data.Dataset`.
 
     Args:
-        batches: A `training.tasks.TrainingBatches`.
+        batches: A `training.tasks.catalog.TrainingBatches`.
         start_step: The global step of the first batch (resuming).
         num_replicas: Replicas the global batch is split over.
         replica_ids: The replicas this pipeline feeds; it yields their
@@ -78,7 +78,8 @@ def _replica_ids(context, replicas):
 
 
 class TFTrainer:
-    """Trains under a `tf.distribute.Strategy` (see `training.trainers`)."""
+    """Trains under the `tf.distribute.Strategy` of a
+    `training.backends.strategies.TensorFlowBackend` (see `training.backends.backend`)."""
 
     def __init__(
         self,
@@ -87,21 +88,20 @@ class TFTrainer:
         inputs,
         targets,
         *,
-        strategy,
+        backend,
         batch_size,
         seed,
         checkpoint_dir=None,
         jit_compile=False,
     ):
-        self.task, self.strategy = task, strategy
-        self.replicas = strategy.num_replicas_in_sync
+        self.task, self.strategy = task, backend.strategy
+        strategy = self.strategy
+        self.replicas = backend.replicas
         check_batch_size(batch_size, self.replicas)
         self.batch_size, self.jit_compile = batch_size, jit_compile
         self.batches = TrainingBatches(task, inputs, targets, batch_size, seed)
-        self.strategy_name = distribution.strategy_name(strategy)
-        self.chief = distribution.is_chief(strategy)
-        self.label = distribution.task_label(strategy)
-        self.distributed = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        self.strategy_name, self.chief = backend.strategy_name, backend.chief
+        self.label, self.distributed = backend.label, backend.distributed
         with strategy.scope():
             self.model, self.optimizer = build()
             self.optimizer.build(self.model.trainable_variables)
@@ -119,7 +119,9 @@ class TFTrainer:
                 self._save_dir = os.path.join(tempfile.mkdtemp(), self.label)
             else:
                 remove_leftovers(checkpoint_dir)
-        self._train_step, self._iterator, self._predict = None, None, None
+        self._train_step: Any = None
+        self._iterator: Any = None
+        self._predict: Any = None
 
     def restore(self):
         """Loads the newest readable checkpoint (an unreadable one falls back to the one before)."""

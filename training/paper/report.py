@@ -19,10 +19,10 @@ matplotlib.use("Agg")  # headless: no display on training machines or CI
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import yaml  # noqa: E402
 
 from apputil.files import write_atomically  # noqa: E402
-from training.suite import data_available, train_argv  # noqa: E402
+from training.paper.suite import data_available, train_argv  # noqa: E402
+from training.run.rundir import RunDir  # noqa: E402
 
 # The report states the spread of this many last evaluations beside each final number:
 # how far the curve still oscillates where the run stopped.
@@ -54,10 +54,10 @@ def portable_dir(path: str) -> str:
 
 def collect(run, runs_dir, data_dir):
     """What the runs folder knows of `run`: status, accuracy, steps, time, hardware, command."""
-    run_dir = os.path.join(runs_dir, run.name)
-    config = _read(os.path.join(run_dir, "config.yaml"), yaml.safe_load) or {}
-    metrics = _read(os.path.join(run_dir, "metrics.json"), json.load)
-    curve = _read(os.path.join(run_dir, "curve.json"), json.load) or {"points": []}
+    run_dir = RunDir(os.path.join(runs_dir, run.name))
+    config = run_dir.read_config()
+    metrics = run_dir.read_metrics()
+    curve = run_dir.read_curve()
     points = curve["points"]
     key = f"{curve.get('split', 'test')}_accuracy"
     steps = config.get("steps", run.steps)
@@ -242,7 +242,7 @@ def plot_length(rows, task, path):
     chosen = [r for r in rows if r.get("task") == task and r.get("test_accuracy") is not None
               and r["name"].startswith(task.replace("mnist", "fashion_mnist"))]  # fmt: skip
     models = sorted({r["model"] for r in chosen})
-    best = {}  # a run made on several machines: its best row
+    best: dict[tuple, dict] = {}  # a run made on several machines: its best row
     for r in chosen:
         key = (r["model"], r["timesteps"])
         best[key] = max(best.get(key, 0), r["test_accuracy"])
@@ -399,7 +399,7 @@ def write(
     A run the runs folder knows nothing of keeps its rows from the report's
     previous `results.json` (a run made on another machine stays reported), and
     a run made on several machines has a row per machine (`merge`); so does a
-    search: `searches` maps each `training.suite.Search` to its
+    search: `searches` maps each `training.paper.suite.Search` to its
     `trials.csv`.
     """
     assets = os.path.join(report_dir, "reproduction")

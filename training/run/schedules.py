@@ -17,10 +17,12 @@ optimizer has taken `s - 1`, and its rate is
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 from keras import ops
 
-from training.config import RunConfig
+from training.config import OptimizerConfig
 
 
 @keras.saving.register_keras_serializable(package="training")
@@ -43,7 +45,7 @@ class RunSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.decay_steps, self.floor = decay_steps, float(floor)
         self.boundaries, self.factor = tuple(int(b) for b in boundaries), float(factor)
         schedules = keras.optimizers.schedules
-        self._inner = None
+        self._inner: Any = None
         if kind == "cosine":
             warmup = self.warmup_steps
             # A warm-up as long as the run leaves nothing to decay: the run ends warming up.
@@ -76,24 +78,24 @@ class RunSchedule(keras.optimizers.schedules.LearningRateSchedule):
         }  # fmt: skip
 
 
-def learning_rate(config: RunConfig, peak: float | None = None, steps: int | None = None):
-    """What the optimizer of `config` is given as its learning rate.
+def learning_rate(optimizer: OptimizerConfig, steps: int):
+    """What the optimizer of `optimizer` is given as its learning rate.
 
     A float for `constant` without warm-up (today's optimizer: its rate is a
     variable, which `--change-on-resume learning_rate` assigns); a `RunSchedule`
     otherwise.
 
     Args:
-        config: A validated `RunConfig`.
-        peak: The peak rate (default `config.learning_rate`; a tuner trial's own).
-        steps: The run's length, the cosine's default `decay_steps` (default
-            `config.steps`).
+        optimizer: The validated `OptimizerConfig` of a run (a tuner trial's
+            has the trial's rate).
+        steps: The run's length, the cosine's `decay_steps` unless
+            `lr_decay_steps` is set.
     """
-    peak = config.learning_rate if peak is None else peak
-    if not config.has_schedule():
+    peak = optimizer.learning_rate
+    if not optimizer.has_schedule():
         return peak
     return RunSchedule(
-        config.lr_schedule, peak, warmup_steps=config.warmup_steps,
-        decay_steps=config.lr_decay_steps or steps or config.steps, floor=config.lr_floor,
-        boundaries=config.boundaries(), factor=config.lr_decay_factor,
+        optimizer.lr_schedule, peak, warmup_steps=optimizer.warmup_steps,
+        decay_steps=optimizer.lr_decay_steps or steps, floor=optimizer.lr_floor,
+        boundaries=optimizer.boundaries(), factor=optimizer.lr_decay_factor,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """The JAX and PyTorch trainer: Keras' own train step, NumPy checkpoints.
 
-The model is compiled with the task's loss and accuracy (`training.objectives`)
+The model is compiled with the task's loss and accuracy (`training.tasks.objectives`)
 and trained with `train_on_batch` on `TrainingBatches`, computed ahead in
 threads (NumPy's generators release the GIL). On JAX a
 `keras.distribution.DataParallel` splits each global batch over the devices.
@@ -12,6 +12,7 @@ newest, so a crash at any moment leaves a complete one.
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import zipfile
@@ -21,22 +22,20 @@ import numpy as np
 
 from apputil.files import atomic_path, remove_partials, write_atomically
 from training.config import check_batch_size
-from training.distribution import (
-    agree,
-    keras_distribution_shape,
-    lost_processes_error,
-    process_rows,
-)
 from training.errors import CheckpointWriteError
-from training.objectives import per_example_correct, per_example_loss
-from training.tasks import TrainingBatches
+from training.tasks.catalog import TrainingBatches
+from training.tasks.objectives import per_example_correct, per_example_loss
 
 INDEX = "checkpoint.json"
 KEEP = 3
 
 
 class KerasTrainer:
-    """Trains with `model.train_on_batch` (see `training.trainers`)."""
+    """Trains with `model.train_on_batch` (see `training.backends.backend`).
+
+    `backend` is a `training.backends.distributions.JaxBackend` or `TorchBackend`: its
+    distribution splits each batch, its cluster is the processes this one trains with.
+    """
 
     def __init__(
         self,
@@ -45,7 +44,7 @@ class KerasTrainer:
         inputs,
         targets,
         *,
-        distribution,
+        backend,
         batch_size,
         seed,
         checkpoint_dir=None,
@@ -54,17 +53,16 @@ class KerasTrainer:
     ):
         del jit_compile  # JAX always compiles the step; PyTorch runs eagerly.
         self.task, self.batch_size = task, batch_size
-        self.distribution = distribution
-        self.strategy_name, self.replicas = keras_distribution_shape(distribution)
+        self.backend, self.distribution = backend, backend.strategy
+        self.strategy_name, self.replicas = backend.strategy_name, backend.replicas
         check_batch_size(batch_size, self.replicas)
-        self.chief = _process_index() == 0
-        self.label = "chief" if self.chief else f"worker{_process_index()}"
-        self.distributed = _process_count() > 1
+        self.chief, self.label, self.distributed = backend.chief, backend.label, backend.distributed
         self.batches = TrainingBatches(task, inputs, targets, batch_size, seed)
         # Each process feeds its own rows of every global batch (the whole batch on one).
-        self._rows = process_rows(distribution, batch_size)
+        self._rows = backend.process_rows(batch_size)
+        self._collective = functools.partial(_collective, backend.cluster)
         self.checkpoint_dir = checkpoint_dir
-        keras.distribution.set_distribution(distribution)
+        keras.distribution.set_distribution(self.distribution)
         spec = task.spec
         self.model, self.optimizer = build()
         self.model.compile(
@@ -79,7 +77,7 @@ class KerasTrainer:
         self.optimizer.build(self.model.trainable_variables)
         self._pool = concurrent.futures.ThreadPoolExecutor(prefetch)
         self._prefetch = prefetch
-        self._pending = collections.deque()
+        self._pending: collections.deque = collections.deque()
         self._next_step = None
 
     def restore(self):
@@ -104,7 +102,7 @@ class KerasTrainer:
     def _restored(self, path):
         step = int(keras.ops.convert_to_numpy(self.optimizer.iterations))
         # Every process must go on from the same step: they read the chief's checkpoints.
-        agree(
+        self.backend.cluster.agree(
             step, "the restored step",
             "every process must read the chief's checkpoints: give them a shared --output-dir "
             "or copy the chief's checkpoints/ to each",
@@ -150,7 +148,7 @@ class KerasTrainer:
         x, y = self._pending.popleft().result()
         self._next_step += 1
         self.model.reset_metrics()
-        with _collective():
+        with self._collective():
             logs = self.model.train_on_batch(x, y, return_dict=True)
             return float(logs["loss"]), float(logs["accuracy"])
 
@@ -161,7 +159,7 @@ class KerasTrainer:
         return x[self._rows], y[self._rows]
 
     def predict(self, x):
-        with _collective():
+        with self._collective():
             return self.model.predict_on_batch(x)
 
     def save_model(self, path):
@@ -194,28 +192,12 @@ class KerasTrainer:
 
 
 @contextlib.contextmanager
-def _collective():
+def _collective(cluster):
     """Turns the failure of a step whose peer process is gone into `ProcessLostError`."""
     try:
         yield
     except Exception as error:  # JAX's runtime errors have no public base class
-        lost = lost_processes_error(error)
+        lost = cluster.lost_processes_error(error)
         if lost is None:
             raise
         raise lost from None
-
-
-def _process_index():
-    if keras.backend.backend() == "jax":
-        import jax  # present: this is the JAX backend
-
-        return jax.process_index()
-    return 0
-
-
-def _process_count():
-    if keras.backend.backend() == "jax":
-        import jax  # present: this is the JAX backend
-
-        return jax.process_count()
-    return 1

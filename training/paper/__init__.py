@@ -1,0 +1,2 @@
+"""The paper's experiments: the reproduction suite (`suite`, with the run configs in
+`configs/`) and the report of its results (`report`)."""
