@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mutation testing with mutmut 3. Not part of CI: every mutant of the library takes
-# about two hours on two cores (docs/testing.md).
+# about two hours on two cores (dev/testing.md).
 #
 #   scripts/mutation.sh                  # every module of keras_antisym/ (setup.cfg [mutmut]);
 #                                        # mutants with a cached verdict are not run again
@@ -20,9 +20,9 @@
 #
 # Writes only mutants/ (mutmut's copy of the tree, its cache of verdicts: a second run
 # tests only new or changed mutants), .mutation-app/ (the same for --app), the report,
-# docs/mutation-report.txt (docs/mutation-report-app.txt for --app; or $MUTATION_REPORT),
-# and the verdicts kept in the repository, docs/mutation-verdicts.json
-# (docs/mutation-verdicts-app.json), restored into a fresh mutants/ before each run
+# dev/mutation-report.txt (dev/mutation-report-app.txt for --app; or $MUTATION_REPORT),
+# and the verdicts kept in the repository, dev/mutation-verdicts.json
+# (dev/mutation-verdicts-app.json), restored into a fresh mutants/ before each run
 # (scripts/mutation_verdicts.py). Delete mutants/ and that file to start over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +46,8 @@ if [ "${1:-}" = "--app" ]; then
     # The application modules have their own configuration (other files mutated, other
     # tests): mutmut reads it from setup.cfg, and a change of its test selection would
     # drop every cached verdict of the library, so they run in a copy of the tree.
-    REPORT="${MUTATION_REPORT:-docs/mutation-report-app.txt}"
-    STORE=docs/mutation-verdicts-app.json
+    REPORT="${MUTATION_REPORT:-dev/mutation-report-app.txt}"
+    STORE=dev/mutation-verdicts-app.json
     modules=("$@")
     if [ ${#modules[@]} -eq 0 ]; then
         # Every module of the application where a number, a file or a request is handled.
@@ -55,7 +55,7 @@ if [ "${1:-}" = "--app" ]; then
     fi
     if [ -z "$backend" ]; then
         mkdir -p .mutation-app
-        for path in apputil keras_antisym training serving benchmarks scripts tests docs; do
+        for path in apputil keras_antisym training serving benchmarks scripts tests docs dev; do
             rm -rf ".mutation-app/$path"
             cp -r "$path" ".mutation-app/$path"
         done
@@ -72,8 +72,8 @@ if [ "${1:-}" = "--app" ]; then
     [[ "$REPORT" = /* ]] || REPORT="$ROOT/$REPORT"
     cd .mutation-app
 else
-    REPORT="${MUTATION_REPORT:-docs/mutation-report.txt}"
-    STORE=docs/mutation-verdicts.json
+    REPORT="${MUTATION_REPORT:-dev/mutation-report.txt}"
+    STORE=dev/mutation-verdicts.json
     modules=("$@")
     if [ ${#modules[@]} -eq 0 ]; then
         modules=(cells layers stability diagnostics initializers _validation _keras_private)
@@ -262,7 +262,7 @@ elapsed=$(($(date +%s) - start))
 
 # `mutmut results --all true` prints one "    <module>.<mutant>: <status>" line per mutant;
 # mutants/backend-verdicts.json (scripts/mutation_backends.py) and the equivalents listed
-# in docs/mutation-equivalents.txt complete it.
+# in dev/mutation-equivalents.txt complete it.
 read -r -d '' SUMMARY <<'PY' || true
 import collections, json, os, sys, time
 elapsed, report, equivalents_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -318,7 +318,7 @@ lines = [
     "'timeout' is also mutmut's name for a",
     "worker that died (exit code 255: the mutated library or its tests failed to import);",
     "'other backend': survived on TensorFlow, killed on JAX or PyTorch by",
-    "scripts/mutation_backends.py; 'equivalent': listed in docs/mutation-equivalents.txt.",
+    "scripts/mutation_backends.py; 'equivalent': listed in dev/mutation-equivalents.txt.",
     "The counts cover every mutant in mutants/ (verdicts are cached across runs).",
     "",
     header,
@@ -345,6 +345,6 @@ print("\n".join(lines[: len(rows) + 10]))
 print(f"report: {report}")
 PY
 "$MUTMUT" results --all true |
-    "$PYTHON" -c "$SUMMARY" "$elapsed" "$REPORT" "$ROOT/docs/mutation-equivalents.txt" \
+    "$PYTHON" -c "$SUMMARY" "$elapsed" "$REPORT" "$ROOT/dev/mutation-equivalents.txt" \
         "${modules[@]}" ${MUTATION_SAMPLE:+"(sample of ${MUTATION_SAMPLE} per module)"}
 exit "${status:-0}"

@@ -243,7 +243,7 @@ def main(argv):
     # Kept in the repository with mutmut's verdicts (mutants/ is not committed).
     import mutation_verdicts
 
-    store = os.path.join(root, "docs", f"mutation-verdicts{'-app' if args.app else ''}.json")
+    store = os.path.join(root, "dev", f"mutation-verdicts{'-app' if args.app else ''}.json")
     print(f"{mutation_verdicts.save('.', store)} verdicts saved to {store}")
     return 0
 

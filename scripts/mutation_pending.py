@@ -2,7 +2,7 @@
 
     python scripts/mutation_pending.py >pending.txt
     MUTATION_NAMES_FILE=pending.txt scripts/mutation.sh --app
-    python scripts/mutation_pending.py --table  # the state, per module (docs/testing.md)
+    python scripts/mutation_pending.py --table  # the state, per module (dev/testing.md)
 
 Every unchecked mutant of a module run in full, and the unchecked part of the seeded sample
 of the modules marked `# sample: N` in scripts/mutation-app.cfg (the same sample as
@@ -95,7 +95,7 @@ KILLED = {1, 3, -24, 24, 152, 255, 36}  # mutmut's exit codes for killed and tim
 
 
 def table(config_text, files, rechecks, equivalents_text):
-    """The Markdown table of docs/testing.md: per module, mutmut's verdicts, the kills of
+    """The Markdown table of dev/testing.md: per module, mutmut's verdicts, the kills of
     the rechecks with newer tests (`mutation_backends.py tensorflow`, while the mutated
     function is unchanged), the listed equivalents, and what is left.
 
@@ -138,9 +138,9 @@ def main(argv):
     config_text = (ROOT / "scripts" / "mutation-app.cfg").read_text()
     # The last run's mutants/ and, for what it lacks (a fresh clone), the committed verdicts.
     files, rechecks = mutation_verdicts.view(
-        ROOT / ".mutation-app" / "mutants", ROOT / "docs" / "mutation-verdicts-app.json"
+        ROOT / ".mutation-app" / "mutants", ROOT / "dev" / "mutation-verdicts-app.json"
     )
-    equivalents = (ROOT / "docs" / "mutation-equivalents.txt").read_text()
+    equivalents = (ROOT / "dev" / "mutation-equivalents.txt").read_text()
     if argv == ["--table"]:
         print(table(config_text, files, rechecks, equivalents))
         return

@@ -8,8 +8,8 @@ of the tree and is not committed; a clone would start from nothing. So
 `mutants/backend-verdicts.json`) to a committed file after each run and
 restores them into a `mutants/` that lacks them before the next:
 
-    python scripts/mutation_verdicts.py save mutants docs/mutation-verdicts.json
-    python scripts/mutation_verdicts.py restore docs/mutation-verdicts.json mutants
+    python scripts/mutation_verdicts.py save mutants dev/mutation-verdicts.json
+    python scripts/mutation_verdicts.py restore dev/mutation-verdicts.json mutants
 
 `save` replaces the stored entry of every source file that `mutants/` holds and
 keeps the others; an entry lists every mutant (None: not checked yet), so that

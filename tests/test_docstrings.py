@@ -46,3 +46,31 @@ def test_the_built_reference_shows_examples_as_code_and_call_arguments_as_lists(
     sections = re.findall(r'<details class="call-arguments".*?</details>', page, re.S)
     assert len(sections) >= 3  # the layer and the two cells
     assert all("<ul>" in section and "<li><code>" in section for section in sections)
+
+
+def test_the_built_site_needs_nothing_from_the_network_and_highlights_every_guide(tmp_path):
+    """Offline, the site reads as online: no page loads a script or a stylesheet from
+    another host, the guides' code is highlighted at build time (Pygments' classes), and
+    the site's stylesheet carries the highlighting and the wide content column."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", str(tmp_path)],
+        cwd=root, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    pages = sorted(tmp_path.rglob("*.html"))
+    assert len(pages) > 10
+    for page in pages:
+        text = page.read_text()
+        loaded = re.findall(r'<(?:script|link)\b[^>]*(?:src|href)="([^"]+)"', text)
+        assert not [url for url in loaded if re.match(r"(https?:)?//", url)], page
+    training = (tmp_path / "training" / "index.html").read_text()
+    blocks = re.findall(r'<div class="highlight"><pre>.*?</pre>', training, re.S)
+    python = [block for block in blocks if "train_and_evaluate" in block]
+    assert python and all('<span class="kn">import</span>' in block for block in python)
+    css = (tmp_path / "css" / "site.css").read_text()
+    assert ".highlight .kn" in css and "max-width: 1100px" in css

@@ -459,16 +459,17 @@ def test_fused_layer_rejects_wrong_rank(layer_class, shape):
 
 
 def test_auto_hoists_only_wide_inputs_on_accelerators(monkeypatch):
-    from keras_antisym import layers
+    from keras_antisym import _fast_path
 
-    wide = layers.HOIST_MIN_INPUT_DIM
+    wide = _fast_path.HOIST_MIN_INPUT_DIM
     for accelerator in (False, True):
-        monkeypatch.setattr(layers, "accelerator_available", lambda a=accelerator: a)
-        assert layers.hoists_inputs("auto", wide) is accelerator
-        assert layers.hoists_inputs("auto", wide - 1) is False
-        assert layers.hoists_inputs("auto", None) is False
-        assert layers.hoists_inputs(True, 1) is True and layers.hoists_inputs(False, 100) is False
-        assert layers.hoists_inputs(True, 0) is False  # nothing to project
+        monkeypatch.setattr(_fast_path, "accelerator_available", lambda a=accelerator: a)
+        assert _fast_path.hoists_inputs("auto", wide) is accelerator
+        assert _fast_path.hoists_inputs("auto", wide - 1) is False
+        assert _fast_path.hoists_inputs("auto", None) is False
+        assert _fast_path.hoists_inputs(True, 1) is True
+        assert _fast_path.hoists_inputs(False, 100) is False
+        assert _fast_path.hoists_inputs(True, 0) is False  # nothing to project
 
 
 @pytest.mark.parametrize("layer_class", [AntisymmetricRNN, GatedAntisymmetricRNN])
@@ -799,7 +800,7 @@ def test_auto_hoisting_on_an_accelerator_follows_the_input_width(
 ):
     """`hoist_inputs="auto"` on a GPU or TPU hoists inputs of at least
     `HOIST_MIN_INPUT_DIM` features, whatever the sequence length."""
-    from keras_antisym import layers
+    from keras_antisym import _fast_path
 
     projected, original = [], AntisymmetricCell.project_inputs
 
@@ -808,7 +809,7 @@ def test_auto_hoisting_on_an_accelerator_follows_the_input_width(
         return original(cell, sequences)
 
     monkeypatch.setattr(AntisymmetricCell, "project_inputs", spy)
-    monkeypatch.setattr(layers, "accelerator_available", lambda: True)
+    monkeypatch.setattr(_fast_path, "accelerator_available", lambda: True)
     layer = AntisymmetricRNN(5, epsilon=0.3, gamma=0.05, return_sequences=True)
     x = _x(batch=2, steps=steps, features=features, seed=features)
     layer(x)
