@@ -692,9 +692,10 @@ def test_a_search_refuses_a_multi_worker_cluster_and_a_batch_the_replicas_cannot
     """Before any trial: keras-tuner runs each trial on one worker, and a trial's batch must
     split over the backend's replicas."""
     from training.backends.strategies import TensorFlowBackend
+    from training.config import LaunchConfig
     from training.search import tuner as search
 
-    cluster = TensorFlowBackend(requested="multi_worker")
+    cluster = TensorFlowBackend(launch=LaunchConfig(strategy="multi_worker"))
     cluster.distributed = True
     with pytest.raises(UsageError, match="`--strategy`, expected a single-worker strategy"):
         search.run(_search_config(tmp_path), cluster)

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from training.config import LaunchConfig
+
 #: Every `--strategy` name; each backend accepts some (`Backend.STRATEGIES`).
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu", "data_parallel")
 
@@ -37,7 +39,8 @@ class Backend:
     Args:
         strategy: A `tf.distribute.Strategy` (TensorFlow), a
             `keras.distribution.Distribution` or None (JAX, PyTorch: one device).
-        requested: The `--strategy` name it was made from.
+        launch: The `training.config.LaunchConfig` it was made from (its
+            `strategy` is the name asked for); a run records it as how it ran.
 
     Attributes:
         name: The Keras backend ("tensorflow", "jax" or "torch").
@@ -52,8 +55,13 @@ class Backend:
     #: The `--strategy` names this backend accepts.
     STRATEGIES: tuple[str, ...] = ()
 
-    def __init__(self, strategy: Any = None, requested: str = "auto"):
-        self.strategy, self.requested = strategy, requested
+    def __init__(self, strategy: Any = None, launch: LaunchConfig | None = None):
+        self.strategy, self.launch = strategy, launch or LaunchConfig()
+
+    @property
+    def requested(self) -> str:
+        """The `--strategy` name this backend was made from."""
+        return self.launch.strategy
 
     strategy_name = "default"
     replicas = 1

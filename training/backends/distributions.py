@@ -9,6 +9,7 @@ from typing import Any
 from training.backends.backend import Backend
 from training.backends.cluster import Cluster, Processes
 from training.backends.strategies import check_strategy
+from training.config import LaunchConfig
 from training.errors import StrategyError
 
 
@@ -18,7 +19,7 @@ class JaxBackend(Backend):
 
     Args:
         strategy: The distribution (None: one device).
-        requested: The `--strategy` name it was made from.
+        launch: The `training.config.LaunchConfig` it was made from.
         cluster: The processes this one trains with (default: this one alone).
     """
 
@@ -26,39 +27,34 @@ class JaxBackend(Backend):
     STRATEGIES = ("auto", "default", "data_parallel")
 
     @classmethod
-    def make(
-        cls,
-        name: str = "auto",
-        cpu_devices: int = 0,
-        cluster: Cluster | None = None,
-        processes: Processes | None = None,
-        connect_timeout: int = 120,
-        heartbeat_timeout: int = 30,
-    ) -> JaxBackend:
-        """The backend of `--strategy name`: the CPU split into `cpu_devices` devices, the
-        processes joined (`processes`, default: from the environment; one without a
-        coordinator), then "auto" picks DataParallel when JAX sees several devices (all
-        processes')."""
+    def make(cls, launch: LaunchConfig, cluster: Cluster | None = None) -> JaxBackend:
+        """The backend of `launch`: the CPU split into `cpu_devices` devices, the processes
+        joined into `cluster` (the coordinator, count and index of `launch`, else of the
+        environment; one without a coordinator), then the strategy: "auto" picks
+        DataParallel when JAX sees several devices (all processes')."""
         import keras
 
+        name = launch.strategy
         check_strategy(name, cls.STRATEGIES, cls.name)
-        split_host_devices(cpu_devices)
+        split_host_devices(launch.cpu_devices)
         cluster = cluster if cluster is not None else Cluster()
-        cluster.join(processes or Processes.resolve(), connect_timeout, heartbeat_timeout)
+        processes = Processes.resolve(launch.coordinator, launch.num_processes, launch.process_id)
+        cluster.join(processes, launch.connect_timeout, launch.heartbeat_timeout)
         cluster.watch_peers()
         distribution = None
         if name != "default":
             devices = keras.distribution.list_devices()
             if name == "data_parallel" or len(devices) > 1:
                 distribution = keras.distribution.DataParallel(devices=devices)
-        return cls(distribution, name, cluster)
+        return cls(distribution, launch, cluster)
 
     def __init__(
-        self, strategy: Any = None, requested: str = "auto", cluster: Cluster | None = None
-    ):
+        self, strategy: Any = None, launch: LaunchConfig | None = None,
+        cluster: Cluster | None = None,
+    ):  # fmt: skip
         import jax
 
-        super().__init__(strategy, requested)
+        super().__init__(strategy, launch)
         self.cluster = cluster if cluster is not None else Cluster()
         if strategy is not None:
             self.strategy_name = type(strategy).__name__
@@ -104,12 +100,13 @@ class TorchBackend(Backend):
     STRATEGIES = ("auto", "default")
 
     @classmethod
-    def make(cls, name: str = "auto") -> TorchBackend:
-        check_strategy(name, cls.STRATEGIES, cls.name)
-        return cls(None, name)
+    def make(cls, launch: LaunchConfig) -> TorchBackend:
+        """The backend of `launch` (its strategy: "auto" or "default", one device)."""
+        check_strategy(launch.strategy, cls.STRATEGIES, cls.name)
+        return cls(None, launch)
 
-    def __init__(self, strategy: Any = None, requested: str = "auto"):
-        super().__init__(None, requested)
+    def __init__(self, strategy: Any = None, launch: LaunchConfig | None = None):
+        super().__init__(None, launch)
         self.cluster = Cluster()
 
     def devices(self) -> list[tuple[str, str]]:

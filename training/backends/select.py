@@ -8,7 +8,7 @@ flags and hand the result down.
 from __future__ import annotations
 
 from training.backends.backend import Backend
-from training.backends.cluster import Cluster, Processes
+from training.backends.cluster import Cluster
 from training.config import LaunchConfig
 
 
@@ -30,13 +30,9 @@ def start(launch: LaunchConfig | None = None, cluster: Cluster | None = None) ->
     if backend == "tensorflow":
         from training.backends.strategies import TensorFlowBackend
 
-        return TensorFlowBackend.make(launch.strategy, launch.tpu, launch.cpu_devices)
+        return TensorFlowBackend.make(launch)
     from training.backends.distributions import JaxBackend, TorchBackend
 
     if backend == "jax":
-        processes = Processes.resolve(launch.coordinator, launch.num_processes, launch.process_id)
-        return JaxBackend.make(
-            launch.strategy, launch.cpu_devices, cluster, processes, launch.connect_timeout,
-            launch.heartbeat_timeout,
-        )  # fmt: skip
-    return TorchBackend.make(launch.strategy)
+        return JaxBackend.make(launch, cluster)
+    return TorchBackend.make(launch)

@@ -10,6 +10,7 @@ from typing import Any
 from apputil.errors import invalid
 from apputil.quiet import native_stderr_silenced
 from training.backends.backend import Backend
+from training.config import LaunchConfig
 from training.errors import StrategyError
 
 #: The `--strategy` names of the TensorFlow backend.
@@ -23,18 +24,18 @@ class TensorFlowBackend(Backend):
     STRATEGIES = TF_STRATEGIES
 
     @classmethod
-    def make(cls, name: str = "auto", tpu: str | None = None, cpu_devices: int = 0) -> Any:
-        """The backend of `--strategy name`: the CPU split into `cpu_devices` logical devices
-        first, then the strategy, made before any other TensorFlow op runs (multi-worker
-        collectives must be configured first)."""
-        split_cpu(cpu_devices)
-        return cls(make_strategy(name, tpu=tpu), name)
+    def make(cls, launch: LaunchConfig) -> TensorFlowBackend:
+        """The backend of `launch`: the CPU split into `cpu_devices` logical devices first,
+        then the strategy (`strategy`, on `tpu`), made before any other TensorFlow op runs
+        (multi-worker collectives must be configured first)."""
+        split_cpu(launch.cpu_devices)
+        return cls(make_strategy(launch.strategy, tpu=launch.tpu), launch)
 
-    def __init__(self, strategy: Any = None, requested: str = "auto"):
+    def __init__(self, strategy: Any = None, launch: LaunchConfig | None = None):
         import tensorflow as tf
 
         strategy = strategy if strategy is not None else tf.distribute.get_strategy()
-        super().__init__(strategy, requested)
+        super().__init__(strategy, launch)
         self.strategy_name = strategy_name(strategy)
         self.replicas = strategy.num_replicas_in_sync
         self.chief = is_chief(strategy)

@@ -272,7 +272,7 @@ def _run_record(config, task, trainer, splits, rundir, device, backend):
         "timesteps": spec.timesteps,
         "dataset": spec.params.get("dataset", config.task.dataset),
         "features": spec.features,
-        "strategy": backend.requested,
+        **backend.launch.flat(),  # how it ran: the strategy, the processes, the CPU split
         "strategy_class": trainer.strategy_name,
         "replicas": trainer.replicas,
         "device": device,
