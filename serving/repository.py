@@ -144,6 +144,10 @@ def no_versions_message(name: str, base_path: str) -> str:
     return f"{message} ({base_path_problem(base_path) or 'version folders are numbered: 1/, 2/'})"
 
 
+#: Seconds `ModelRepository.stop` waits for a scan in progress (loading a version).
+STOP_TIMEOUT_SECONDS = 30.0
+
+
 class ModelRepository:
     """The versions of one model under a base path; the highest loadable one is served.
 
@@ -269,9 +273,17 @@ class ModelRepository:
         self._thread = thread
         thread.start()
 
-    def stop(self) -> None:
-        """Stop watching for new versions."""
+    def stop(self, timeout: float = STOP_TIMEOUT_SECONDS) -> bool:
+        """Stop watching for new versions; returns whether the watcher has ended.
+
+        Waits (up to `timeout` seconds) for a scan in progress to finish, so that no
+        version loads after the server that owns the repository has closed.
+        """
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        return not self.watching
 
     def _watch(self):
         while not self._stop.wait(self.poll_seconds):

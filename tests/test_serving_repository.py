@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import threading
 import time
 
 import pytest
@@ -542,3 +543,53 @@ def test_answers_to_clients_never_show_the_base_path_on_disk(tmp_path):
         assert str(tmp_path) not in answer, answer
     assert "OSError: SavedModel file does not exist at: <base_path>/1/saved_model.pb" in answers[4]
     assert "No saved_model.pb in version folder 2" in answers[4]
+
+
+def test_stop_waits_for_the_scan_in_progress_and_nothing_loads_after_it(tmp_path):
+    """A version appears while the watcher is loading another: `stop()` returns once the
+    watcher has ended (the load in progress finished), and no load starts afterwards."""
+    from serving.repository import ModelRepository
+
+    loading, release, loads = threading.Event(), threading.Event(), []
+
+    def slow(path, version):
+        loads.append(version)
+        loading.set()
+        release.wait(10)
+        raise ValueError("not a model")
+
+    base = str(tmp_path)
+    repository = ModelRepository(base, "m", poll_seconds=0.05, loader=slow)
+    repository.start()  # nothing to load yet: the watcher polls
+    _fake_version(base, "1")
+    assert loading.wait(10)  # the watcher is inside the load of version 1
+    threading.Timer(0.3, release.set).start()
+    assert repository.stop() is True  # returned only after the load in progress ended
+    assert release.is_set() and not repository.watching
+    _fake_version(base, "2")
+    time.sleep(0.3)
+    assert loads == [1]
+
+
+def test_stop_gives_up_after_its_timeout_on_a_scan_that_does_not_end(tmp_path):
+    """A load that hangs: `stop(timeout)` returns False after the timeout, True once the
+    watcher has ended."""
+    from serving.repository import ModelRepository
+
+    loading, release = threading.Event(), threading.Event()
+
+    def stuck(path, version):
+        loading.set()
+        release.wait(10)
+        raise ValueError("not a model")
+
+    base = str(tmp_path)
+    repository = ModelRepository(base, "m", poll_seconds=0.05, loader=stuck)
+    repository.start()
+    _fake_version(base, "1")
+    assert loading.wait(10)
+    started = time.monotonic()
+    assert repository.stop(timeout=0.2) is False  # still loading: it says so
+    assert 0.2 <= time.monotonic() - started < 2 and repository.watching
+    release.set()
+    assert repository.stop(timeout=10) is True and not repository.watching
