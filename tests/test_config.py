@@ -86,7 +86,7 @@ def test_boundaries_are_the_steps_given(warmup, text, steps):
 def test_boundaries_must_increase_after_the_warm_up(warmup, text):
     config = RunConfig.of(lr_schedule="step", lr_boundaries=text, warmup_steps=warmup)
     with pytest.raises(UsageError) as caught:
-        config.optimizer.boundaries()
+        config.optimizer.boundaries(flag)
     assert str(caught.value) == (
         "Received an invalid value for argument `--lr-boundaries`, expected increasing step "
         f"numbers after --warmup-steps ({warmup}), comma-separated (e.g. 3000,5000), "
@@ -107,7 +107,7 @@ def test_resume_changes_read_flag_or_field_spelling(text, names):
 
 def test_a_resume_change_outside_the_changeable_ones_is_refused():
     with pytest.raises(UsageError) as caught:
-        RunConfig.of(change_on_resume="learning_rate,units").validate()
+        RunConfig.of(change_on_resume="learning_rate,units").validate(flag)
     assert str(caught.value) == (
         "Received an invalid value for argument `--change-on-resume`, expected names among "
         f"{', '.join(RESUME_CHANGEABLE)}, got 'learning_rate,units'."
@@ -129,7 +129,9 @@ def test_types_as_a_yaml_file_gives_them(field, value, accepted):
         assert config.validate() is config
         return
     with pytest.raises(UsageError, match=f"argument `{flag(field)}`, expected "):
-        config.validate()
+        config.validate(flag)
+    with pytest.raises(UsageError, match=f"argument `{field}`, expected "):
+        config.validate()  # from Python: the key as the caller wrote it
 
 
 def test_identity_fields_are_what_shapes_a_checkpoint():
@@ -156,4 +158,22 @@ def test_a_batch_that_does_not_split_is_refused(batch, replicas):
     assert str(caught.value) == (
         "Received an invalid value for argument `--batch-size`, expected a multiple of the "
         f"{replicas} replicas, got {batch}."
+    )
+
+
+def test_a_python_caller_reads_its_keys_and_the_command_line_its_flags():
+    """The same refusal, worded for who made the config: `RunConfig.of(...)` names the keys
+    given (also inside the expected range), the commands name their flags."""
+    config = RunConfig.of(lr_schedule="cosine", warmup_steps=4, lr_decay_steps=4)
+    with pytest.raises(UsageError) as from_python:
+        config.validate()
+    assert str(from_python.value) == (
+        "Received an invalid value for argument `lr_decay_steps`, expected an integer above "
+        "warmup_steps (4), got 4."
+    )
+    with pytest.raises(UsageError) as from_flags:
+        config.validate(flag)
+    assert str(from_flags.value) == (
+        "Received an invalid value for argument `--lr-decay-steps`, expected an integer above "
+        "--warmup-steps (4), got 4."
     )

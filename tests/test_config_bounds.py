@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from training.config import LaunchConfig, RunConfig, UsageError, check_types, run_keys
+from training.config import LaunchConfig, RunConfig, UsageError, check_types, flag, run_keys
 
 POSITIVE_INTEGER = "a positive integer"
 NON_NEGATIVE_INTEGER = "a non-negative integer"
@@ -44,7 +44,7 @@ def _validated(**fields):
     keys = set(run_keys())
     run = RunConfig.of(**{k: v for k, v in fields.items() if k in keys})
     launch = LaunchConfig.from_flat({k: v for k, v in fields.items() if k not in keys})
-    assert run.validate() is run and launch.validate() is launch
+    assert run.validate(flag) is run and launch.validate(flag) is launch
     return {**run.to_dict(), **launch.flat()}
 
 

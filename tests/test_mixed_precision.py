@@ -304,7 +304,7 @@ def test_dtype_policy_flag_refuses_other_policies():
     from apputil.errors import UsageError
     from training.config import RunConfig
 
-    with pytest.raises(UsageError, match="--dtype-policy"):
+    with pytest.raises(UsageError, match="argument `dtype_policy`"):
         RunConfig.of(dtype_policy="float16").validate()
 
 

@@ -130,8 +130,8 @@ def test_every_value_is_accepted_or_named(constructor, argument, value):
 
 @settings(max_examples=40, deadline=None)
 @given(argument=st.sampled_from(["learning_rate", "momentum", "units", "steps"]), value=_ANY_VALUE)
-def test_run_config_accepts_or_names_the_flag(argument, value):
-    from training.config import RunConfig, UsageError
+def test_run_config_accepts_or_names_the_key_or_the_flag(argument, value):
+    from training.config import RunConfig, UsageError, flag
 
     rules = {
         "learning_rate": lambda v: _is_real(v) and v > 0,
@@ -141,7 +141,9 @@ def test_run_config_accepts_or_names_the_flag(argument, value):
     }
     config = RunConfig.of(**{argument: value})
     if rules[argument](value):
-        assert config.validate() is config
+        assert config.validate() is config and config.validate(flag) is config
     else:
-        with pytest.raises(UsageError, match=f"argument `--{argument.replace('_', '-')}`"):
+        with pytest.raises(UsageError, match=f"argument `{argument}`"):
             config.validate()
+        with pytest.raises(UsageError, match=f"argument `--{argument.replace('_', '-')}`"):
+            config.validate(flag)

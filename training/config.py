@@ -25,6 +25,7 @@ import math
 import os
 import types
 import typing
+from collections.abc import Callable
 
 from apputil.errors import Literal, UsageError, check, invalid
 
@@ -104,8 +105,8 @@ class _Section:
     def flat(self) -> dict[str, object]:
         return {key: getattr(self, name) for key, name in self.keys().items()}
 
-    def check_types(self) -> None:
-        check_types(self)
+    def check_types(self, argument: Callable[[str], str] = str) -> None:
+        check_types(self, argument=argument)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,12 +130,19 @@ class TaskConfig(_Section):
     )  # fmt: skip
     seed: int = _option(0, "seed of data order, noise and init", group="task", identity=True)
 
-    def validate(self) -> None:
-        check(self.timesteps is None or self.timesteps > 0, "--timesteps", "a positive integer",
-              self.timesteps)  # fmt: skip
-        check(self.data_dir is None or self.download or os.path.isdir(self.data_dir),
-              "--data-dir", "an existing TFDS data directory or a folder of .npz files",
-              self.data_dir)  # fmt: skip
+    def validate(self, argument: Callable[[str], str] = str) -> None:
+        check(
+            self.timesteps is None or self.timesteps > 0,
+            argument("timesteps"),
+            "a positive integer",
+            self.timesteps,
+        )
+        check(
+            self.data_dir is None or self.download or os.path.isdir(self.data_dir),
+            argument("data_dir"),
+            "an existing TFDS data directory or a folder of .npz files",
+            self.data_dir,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,15 +163,23 @@ class ModelConfig(_Section):
         group="model", identity=True,
     )  # fmt: skip
 
-    def validate(self) -> None:
-        check(self.units > 0, "--units", "a positive integer", self.units)
+    def validate(self, argument: Callable[[str], str] = str) -> None:
+        check(self.units > 0, argument("units"), "a positive integer", self.units)
         for name, positive in (("epsilon", True), ("gamma", False), ("sigma_w", False)):
             value = getattr(self, name)
             ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
-            check(ok, flag(name), "a positive float" if positive else "a non-negative float",
-                  value)  # fmt: skip
-        check(self.dtype_policy in DTYPE_POLICIES, "--dtype-policy",
-              f"one of {', '.join(DTYPE_POLICIES)}", self.dtype_policy)  # fmt: skip
+            check(
+                ok,
+                argument(name),
+                "a positive float" if positive else "a non-negative float",
+                value,
+            )
+        check(
+            self.dtype_policy in DTYPE_POLICIES,
+            argument("dtype_policy"),
+            f"one of {', '.join(DTYPE_POLICIES)}",
+            self.dtype_policy,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,59 +225,101 @@ class OptimizerConfig(_Section):
         """Whether the learning rate changes over the run (a schedule or a warm-up)."""
         return self.lr_schedule != "constant" or self.warmup_steps > 0
 
-    def boundaries(self) -> tuple[int, ...]:
+    def boundaries(self, argument: Callable[[str], str] = str) -> tuple[int, ...]:
         """The steps of `lr_boundaries` (empty without); raises `UsageError` if malformed."""
         if self.lr_boundaries is None:
             return ()
         expected = (
-            f"increasing step numbers after --warmup-steps ({self.warmup_steps}), "
+            f"increasing step numbers after {argument('warmup_steps')} ({self.warmup_steps}), "
             f"comma-separated (e.g. 3000,5000)"
         )
         try:
             steps = tuple(int(part) for part in self.lr_boundaries.split(","))
         except ValueError:
-            raise invalid("--lr-boundaries", expected, self.lr_boundaries) from None
+            raise invalid(argument("lr_boundaries"), expected, self.lr_boundaries) from None
         ordered = all(a < b for a, b in zip((self.warmup_steps, *steps), steps, strict=False))
-        check(ordered, "--lr-boundaries", expected, self.lr_boundaries)
+        check(ordered, argument("lr_boundaries"), expected, self.lr_boundaries)
         return steps
 
-    def validate(self) -> None:
-        check(self.batch_size > 0, "--batch-size", "a positive integer", self.batch_size)
+    def validate(self, argument: Callable[[str], str] = str) -> None:
+        check(self.batch_size > 0, argument("batch_size"), "a positive integer", self.batch_size)
         ok = math.isfinite(self.learning_rate) and self.learning_rate > 0
-        check(ok, "--learning-rate", "a positive float", self.learning_rate)
-        check(0 <= self.momentum < 1, "--momentum", "a float in [0, 1)", self.momentum)
-        check(self.clipnorm is None or (math.isfinite(self.clipnorm) and self.clipnorm > 0),
-              "--clipnorm", "a positive float", self.clipnorm)  # fmt: skip
-        self._validate_schedule()
+        check(ok, argument("learning_rate"), "a positive float", self.learning_rate)
+        check(0 <= self.momentum < 1, argument("momentum"), "a float in [0, 1)", self.momentum)
+        check(
+            self.clipnorm is None or (math.isfinite(self.clipnorm) and self.clipnorm > 0),
+            argument("clipnorm"),
+            "a positive float",
+            self.clipnorm,
+        )
+        self._validate_schedule(argument)
 
-    def _validate_schedule(self) -> None:
+    def _validate_schedule(self, argument: Callable[[str], str]) -> None:
         schedule = self.lr_schedule
-        check(schedule in LR_SCHEDULES, "--lr-schedule", f"one of {', '.join(LR_SCHEDULES)}",
-              schedule)  # fmt: skip
-        check(self.warmup_steps >= 0, "--warmup-steps", "a non-negative integer",
-              self.warmup_steps)  # fmt: skip
+        check(
+            schedule in LR_SCHEDULES,
+            argument("lr_schedule"),
+            f"one of {', '.join(LR_SCHEDULES)}",
+            schedule,
+        )
+        check(
+            self.warmup_steps >= 0,
+            argument("warmup_steps"),
+            "a non-negative integer",
+            self.warmup_steps,
+        )
         # The settings of another schedule would be ignored: a mistake to say, not to skip.
         cosine, step = schedule == "cosine", schedule == "step"
-        check(math.isfinite(self.lr_floor) and 0 <= self.lr_floor <= 1, "--lr-floor",
-              "a float in [0, 1] (a fraction of --learning-rate)", self.lr_floor)  # fmt: skip
-        check(cosine or self.lr_floor == 0, "--lr-floor", "0 unless --lr-schedule cosine",
-              self.lr_floor)  # fmt: skip
+        check(
+            math.isfinite(self.lr_floor) and 0 <= self.lr_floor <= 1,
+            argument("lr_floor"),
+            f"a float in [0, 1] (a fraction of {argument('learning_rate')})",
+            self.lr_floor,
+        )
+        check(
+            cosine or self.lr_floor == 0,
+            argument("lr_floor"),
+            f"0 unless {argument('lr_schedule')} cosine",
+            self.lr_floor,
+        )
         if self.lr_decay_steps is not None:
-            check(cosine, "--lr-decay-steps", "none unless --lr-schedule cosine",
-                  self.lr_decay_steps)  # fmt: skip
-            check(self.lr_decay_steps > self.warmup_steps, "--lr-decay-steps",
-                  f"an integer above --warmup-steps ({self.warmup_steps})",
-                  self.lr_decay_steps)  # fmt: skip
-        check(math.isfinite(self.lr_decay_factor) and 0 < self.lr_decay_factor < 1,
-              "--lr-decay-factor", "a float in (0, 1)", self.lr_decay_factor)  # fmt: skip
-        check(step or self.lr_decay_factor == DEFAULT_LR_DECAY_FACTOR, "--lr-decay-factor",
-              f"{DEFAULT_LR_DECAY_FACTOR} (the default) unless --lr-schedule step",
-              self.lr_decay_factor)  # fmt: skip
-        check(step or self.lr_boundaries is None, "--lr-boundaries",
-              "none unless --lr-schedule step", self.lr_boundaries)  # fmt: skip
-        check(not step or self.lr_boundaries, "--lr-boundaries",
-              "comma-separated steps with --lr-schedule step", self.lr_boundaries)  # fmt: skip
-        self.boundaries()
+            check(
+                cosine,
+                argument("lr_decay_steps"),
+                f"none unless {argument('lr_schedule')} cosine",
+                self.lr_decay_steps,
+            )
+            check(
+                self.lr_decay_steps > self.warmup_steps,
+                argument("lr_decay_steps"),
+                f"an integer above {argument('warmup_steps')} ({self.warmup_steps})",
+                self.lr_decay_steps,
+            )
+        check(
+            math.isfinite(self.lr_decay_factor) and 0 < self.lr_decay_factor < 1,
+            argument("lr_decay_factor"),
+            "a float in (0, 1)",
+            self.lr_decay_factor,
+        )
+        check(
+            step or self.lr_decay_factor == DEFAULT_LR_DECAY_FACTOR,
+            argument("lr_decay_factor"),
+            f"{DEFAULT_LR_DECAY_FACTOR} (the default) unless {argument('lr_schedule')} step",
+            self.lr_decay_factor,
+        )
+        check(
+            step or self.lr_boundaries is None,
+            argument("lr_boundaries"),
+            f"none unless {argument('lr_schedule')} step",
+            self.lr_boundaries,
+        )
+        check(
+            not step or self.lr_boundaries,
+            argument("lr_boundaries"),
+            f"comma-separated steps with {argument('lr_schedule')} step",
+            self.lr_boundaries,
+        )
+        self.boundaries(argument)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,26 +361,42 @@ class LoopConfig(_Section):
         names = (self.change_on_resume or "").replace("-", "_").split(",")
         return tuple(name.strip() for name in names if name.strip())
 
-    def validate(self) -> None:
+    def validate(self, argument: Callable[[str], str] = str) -> None:
         for name in ("steps", "checkpoint_every", "log_every", "eval_batch_size"):
             value = getattr(self, name)
-            check(value > 0, flag(name), "a positive integer", value)
+            check(value > 0, argument(name), "a positive integer", value)
         for name in ("diagnostics", "eval_every"):
             value = getattr(self, name)
-            check(value >= 0, flag(name), "a non-negative integer", value)
-        check(0 <= self.validation_fraction < 1, "--validation-fraction", "a float in [0, 1)",
-              self.validation_fraction)  # fmt: skip
+            check(value >= 0, argument(name), "a non-negative integer", value)
+        check(
+            0 <= self.validation_fraction < 1,
+            argument("validation_fraction"),
+            "a float in [0, 1)",
+            self.validation_fraction,
+        )
         if self.keep_best:
-            given = Literal(f"--keep-best with --validation-fraction {self.validation_fraction}")
-            check(self.validation_fraction > 0, "--keep-best",
-                  "a validation split to select on: --validation-fraction above 0 (the "
-                  "test split is read only at the end)", given)  # fmt: skip
-            check(self.eval_every > 0, "--eval-every",
-                  "a positive integer with --keep-best (the evaluations it selects from)",
-                  self.eval_every)  # fmt: skip
+            keep, fraction = argument("keep_best"), argument("validation_fraction")
+            given = Literal(f"{keep} with {fraction} {self.validation_fraction}")
+            check(
+                self.validation_fraction > 0,
+                argument("keep_best"),
+                f"a validation split to select on: {fraction} above 0 (the test split is read "
+                "only at the end)",
+                given,
+            )
+            check(
+                self.eval_every > 0,
+                argument("eval_every"),
+                f"a positive integer with {keep} (the evaluations it selects from)",
+                self.eval_every,
+            )
         for name in self.resume_changes():
-            check(name in RESUME_CHANGEABLE, "--change-on-resume",
-                  f"names among {', '.join(RESUME_CHANGEABLE)}", self.change_on_resume)  # fmt: skip
+            check(
+                name in RESUME_CHANGEABLE,
+                argument("change_on_resume"),
+                f"names among {', '.join(RESUME_CHANGEABLE)}",
+                self.change_on_resume,
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,20 +440,36 @@ class LaunchConfig(_Section):
         """The fields present in an argparse namespace (the rest default)."""
         return cls.from_flat(vars(namespace))
 
-    def validate(self) -> LaunchConfig:
+    def validate(self, argument: Callable[[str], str] = str) -> LaunchConfig:
         """Checks every field's type and range; returns `self` or raises `UsageError`."""
-        check_types(self)
-        check(self.cpu_devices >= 0, "--cpu-devices", "a non-negative integer", self.cpu_devices)
+        check_types(self, argument=argument)
+        check(
+            self.cpu_devices >= 0,
+            argument("cpu_devices"),
+            "a non-negative integer",
+            self.cpu_devices,
+        )
         for name in ("connect_timeout", "heartbeat_timeout"):
             value = getattr(self, name)
-            check(value > 0, flag(name), "a positive integer", value)
-        check(self.num_processes is None or self.num_processes > 0, "--num-processes",
-              "a positive integer", self.num_processes)  # fmt: skip
-        check(self.process_id is None or 0 <= self.process_id < (self.num_processes or 2**31),
-              "--process-id", f"an integer in [0, {self.num_processes or 'N'})",
-              self.process_id)  # fmt: skip
-        check(self.coordinator is None or _is_address(self.coordinator), "--coordinator",
-              "HOST:PORT (a port in 1..65535) or auto", self.coordinator)  # fmt: skip
+            check(value > 0, argument(name), "a positive integer", value)
+        check(
+            self.num_processes is None or self.num_processes > 0,
+            argument("num_processes"),
+            "a positive integer",
+            self.num_processes,
+        )
+        check(
+            self.process_id is None or 0 <= self.process_id < (self.num_processes or 2**31),
+            argument("process_id"),
+            f"an integer in [0, {self.num_processes or 'N'})",
+            self.process_id,
+        )
+        check(
+            self.coordinator is None or _is_address(self.coordinator),
+            argument("coordinator"),
+            "HOST:PORT (a port in 1..65535) or auto",
+            self.coordinator,
+        )
         return self
 
 
@@ -444,16 +534,20 @@ class RunConfig:
             return self.replace(lr_decay_steps=self.loop.steps)
         return self
 
-    def validate(self) -> RunConfig:
+    def validate(self, argument: Callable[[str], str] = str) -> RunConfig:
         """Checks every field's type and range; returns `self` or raises `UsageError`.
 
         Types are checked here, not only by the flags' parsers: values also come
         from YAML files (`seed: 1.5`, `jit_compile: "false"`) and from Python.
+
+        Args:
+            argument: How an error names a setting from its key: as given (`units`,
+                for Python callers), or `flag` (`--units`, for the command line).
         """
         for name in SECTIONS:
-            getattr(self, name).check_types()
+            getattr(self, name).check_types(argument)
         for name in SECTIONS:
-            getattr(self, name).validate()
+            getattr(self, name).validate(argument)
         return self
 
 
@@ -498,15 +592,18 @@ def identity_fields() -> tuple[str, ...]:
     return tuple(key_of(f) for f in option_fields(launch=False) if f.metadata["identity"])
 
 
-def check_types(config: object, skip: tuple[str, ...] = ()) -> None:
-    """Raises `UsageError` naming the flag of the first field of a dataclass of a wrong type."""
+def check_types(
+    config: object, skip: tuple[str, ...] = (), argument: Callable[[str], str] = flag
+) -> None:
+    """Raises `UsageError` naming the first field of a dataclass of a wrong type (by
+    `argument` of its key: its flag by default)."""
     hints = typing.get_type_hints(type(config))
     for field in dataclasses.fields(config):  # type: ignore[arg-type]
         if field.name in skip:
             continue
         value, expected = getattr(config, field.name), hints[field.name]
         if not _is_instance(value, expected):
-            raise invalid(flag(field.metadata.get("key") or field.name), _type_words(expected),
+            raise invalid(argument(field.metadata.get("key") or field.name), _type_words(expected),
                           value)  # fmt: skip
 
 

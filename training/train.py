@@ -23,7 +23,7 @@ import sys
 from apputil import cli, quiet
 from training import options
 from training.backends.cluster import Cluster
-from training.config import LaunchConfig, RunConfig
+from training.config import LaunchConfig, RunConfig, flag
 from training.errors import EXPECTED
 
 
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(parser.prog)
 
     def body():
-        config = RunConfig.from_namespace(args).validate()
-        launch = LaunchConfig.from_namespace(args).validate()
+        config = RunConfig.from_namespace(args).validate(flag)
+        launch = LaunchConfig.from_namespace(args).validate(flag)
         quiet.import_keras()
         # Keras (and TensorFlow on its backend) load only now: `--help` and usage errors
         # answer without them, in a fraction of a second.

@@ -159,8 +159,8 @@ class SearchConfig:
 
     def validate(self):
         """Checks the flags' types and ranges; returns `self` or raises `UsageError`."""
-        self.run.validate()
-        self.launch.validate()
+        self.run.validate(flag)
+        self.launch.validate(flag)
         check_types(self, skip=("run", "space", "launch"))
         for name in ("max_trials", "steps_per_trial", "hyperband_max_epochs"):
             value = getattr(self, name)

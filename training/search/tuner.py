@@ -19,7 +19,7 @@ import keras_tuner
 from apputil.files import write_atomically
 from training.backends import select
 from training.backends.backend import Backend
-from training.config import RunConfig, check_batch_size
+from training.config import RunConfig, check_batch_size, flag
 from training.errors import Interrupted, SearchError, SearchInterrupted
 from training.run.experiment import train_and_evaluate
 from training.run.identity import check_unchanged
@@ -163,7 +163,7 @@ def retrain(
         .replace(
             steps=steps, checkpoint_every=max(1, min(200, steps)), log_every=max(1, min(50, steps))
         )
-        .validate()
+        .validate(flag)
     )
     workdir = config.retrain_dir or os.path.join(config.project_dir, "best")
     return train_and_evaluate(best, workdir, log=log, backend=backend)
