@@ -6,6 +6,9 @@ Every answer the app gives is JSON: 200 with TensorFlow Serving's layouts,
 worker) and 500 only for real faults. Bodies are strict JSON: never NaN or
 Infinity (a prediction that holds them is a 400 naming the output).
 
+`GET /monitoring/prometheus/metrics` answers TensorFlow Serving's request count
+and latency metrics (`serving.metrics`) in Prometheus' text format.
+
 Every `:predict` and `/metadata` answer carries the version that answered in
 the `X-Model-Version` header (TensorFlow Serving's gRPC answers carry it as
 `model_spec.version`): a client that streams state through several requests
@@ -17,10 +20,12 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
+from serving.metrics import CONTENT_TYPE, METRICS_PATH, ServingMetrics
 from serving.payload import (
     DEFAULT_MAX_INPUT_ELEMENTS,
     RestError,
@@ -72,6 +77,8 @@ class RestApp:
         repository: The `ModelRepository` to answer from.
         max_input_elements: The most input numbers one `:predict` may carry.
         overloaded: Returns True when predictions should be refused with 503.
+        metrics: Where requests are counted and timed (default: a new `ServingMetrics`).
+        clock: Seconds of a monotonic clock, for the latencies.
     """
 
     def __init__(
@@ -79,15 +86,25 @@ class RestApp:
         repository: ModelRepository,
         max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS,
         overloaded: Callable[[], bool] | None = None,
+        metrics: ServingMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.repository = repository
         self.max_input_elements = max_input_elements
         self.overloaded = overloaded or (lambda: False)
+        self.metrics = metrics if metrics is not None else ServingMetrics()
+        self.clock = clock
 
     def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
         method = environ["REQUEST_METHOD"]
         # WSGI gives the percent-decoded path as latin-1; model names are UTF-8.
         path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
+        if path == METRICS_PATH and method in ("GET", "HEAD"):
+            data = self.metrics.exposition()
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE),
+                                      ("Content-Length", str(len(data)))])  # fmt: skip
+            return [] if method == "HEAD" else [data]
+        started = self.clock()
         extra: list[tuple[str, str]] = []
         status: HTTPStatus
         try:
@@ -102,6 +119,12 @@ class RestApp:
             log.exception("Internal error on %s %s", method, path)
             status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"Internal: {error}"}
         log.debug("%s %s -> %d", method, path[:200], status)
+        model = _PATH.match(path)
+        if model is not None:
+            api = "predict" if model["verb"] else "GetModelMetadata" if model["metadata"] else (
+                "GetModelStatus"
+            )  # fmt: skip
+            self.metrics.record(model["name"], api, status, self.clock() - started)
         chunks = json_response(start_response, status, body, extra)
         return [] if method == "HEAD" else chunks  # a HEAD answer has headers only
 

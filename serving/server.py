@@ -7,8 +7,10 @@ Serving's `latest` policy), picks up new versions and falls back when the
 served one is deleted, without a restart. Answers
 `GET /v1/models/NAME[/versions/V][/metadata]` and
 `POST /v1/models/NAME[/versions/V]:predict` with TensorFlow Serving's JSON
-formats, status codes and `{"error": ...}` bodies. A WSGI app (serving.rest)
-on waitress (serving.httpd): strict HTTP parsing, timeouts, a connection limit
+formats, status codes and `{"error": ...}` bodies, and
+`GET /monitoring/prometheus/metrics` with its request metrics (`serving.metrics`).
+A WSGI app (serving.rest) on waitress (serving.httpd): strict HTTP parsing,
+timeouts, a connection limit
 and a fixed pool of worker threads. It imports TensorFlow only (no Keras),
 binds 127.0.0.1, has no authentication and does no batching: it is for
 laptops, demos and tests; production uses the container.

@@ -1,0 +1,123 @@
+"""`GET /monitoring/prometheus/metrics`: TensorFlow Serving's request count and latency
+metrics, read back with Prometheus' own parser, against the requests that were sent."""
+
+import math
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving import metrics as serving_metrics
+from tests.serving_helpers import ThreadServer, exported, http_call
+
+PREDICT = {"instances": [[[0.5]] * 64] * 2}
+
+
+def _families(text):
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+@pytest.fixture(scope="module")
+def server():
+    _, base = exported("antisymmetric")
+    served = ThreadServer(base, "antisym")
+    yield served
+    served.stop()
+
+
+def test_every_request_to_a_model_is_counted_by_status_and_timed_by_api(server):
+    url = server.url
+    before = _families(http_call(url + serving_metrics.METRICS_PATH)[1])
+    assert before.keys() == {":tensorflow:serving:request_count",
+                             ":tensorflow:serving:request_latency"}  # fmt: skip
+    sent = [
+        ("POST", "/v1/models/antisym:predict", PREDICT, 200),
+        ("POST", "/v1/models/antisym:predict", PREDICT, 200),
+        ("POST", "/v1/models/antisym:predict", {"instances": "no"}, 400),
+        ("GET", "/v1/models/antisym/metadata", None, 200),
+        ("GET", "/v1/models/antisym", None, 200),
+        ("GET", "/v1/models/other", None, 404),
+        ("GET", "/v1/models/antisym:predict", None, 405),
+        ("GET", "/v1/nothing", None, 404),  # names no model: not counted
+    ]
+    for method, path, body, status in sent:
+        assert http_call(url + path, method, body)[0] == status, path
+    status, text = http_call(url + serving_metrics.METRICS_PATH)
+    assert status == 200
+    families = _families(text)
+
+    counts = {
+        (s.labels["model_name"], s.labels["status"]): s.value
+        for s in families[":tensorflow:serving:request_count"].samples
+    }
+    assert counts == {
+        ("antisym", "OK"): 4, ("antisym", "INVALID_ARGUMENT"): 1,
+        ("antisym", "UNIMPLEMENTED"): 1, ("other", "NOT_FOUND"): 1,
+    }  # fmt: skip
+    latency = families[":tensorflow:serving:request_latency"].samples
+    totals = {
+        (s.labels["model_name"], s.labels["API"], s.labels["entrypoint"]): s.value
+        for s in latency if s.name.endswith("_count")
+    }  # fmt: skip
+    assert totals == {
+        ("antisym", "predict", "REST"): 4, ("antisym", "GetModelMetadata", "REST"): 1,
+        ("antisym", "GetModelStatus", "REST"): 1, ("other", "GetModelStatus", "REST"): 1,
+    }  # fmt: skip
+    # The buckets are TensorFlow Serving's: 10 µs times powers of 1.8, cumulative, +Inf last.
+    predict = [s for s in latency if s.name.endswith("_bucket")
+               and s.labels["API"] == "predict"]  # fmt: skip
+    bounds = [float(s.labels["le"]) for s in predict]
+    assert len(bounds) == 33 and bounds[-1] == math.inf
+    assert bounds[:3] == [10.0, 18.0, pytest.approx(32.4)]
+    assert all(b == pytest.approx(10 * 1.8**i, rel=1e-5) for i, b in enumerate(bounds[:-1]))
+    values = [s.value for s in predict]
+    assert values == sorted(values) and values[-1] == 4
+    total = next(s.value for s in latency if s.name.endswith("_sum")
+                 and s.labels["API"] == "predict")  # fmt: skip
+    assert total > 0  # microseconds of four predictions
+
+
+def test_the_metrics_answer_in_prometheus_text_format_and_count_nothing_themselves(server):
+    import http.client
+
+    host, port = server.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    for _ in range(2):
+        connection.request("GET", serving_metrics.METRICS_PATH)
+        answer = connection.getresponse()
+        body = answer.read().decode()
+        assert answer.status == 200
+        assert answer.getheader("Content-Type") == serving_metrics.CONTENT_TYPE
+    connection.close()
+    assert "# TYPE :tensorflow:serving:request_count counter" in body
+    assert "# TYPE :tensorflow:serving:request_latency histogram" in body
+    assert "monitoring" not in body  # the metrics path names no model
+
+
+@pytest.mark.parametrize(
+    "status, name",
+    [(200, "OK"), (400, "INVALID_ARGUMENT"), (404, "NOT_FOUND"), (405, "UNIMPLEMENTED"),
+     (413, "RESOURCE_EXHAUSTED"), (500, "INTERNAL"), (503, "UNAVAILABLE"), (418, "UNKNOWN")],
+)  # fmt: skip
+def test_http_statuses_are_counted_under_tensorflow_serving_s_status_names(status, name):
+    assert serving_metrics.status_name(status) == name
+
+
+def test_a_latency_falls_in_the_first_bucket_whose_bound_holds_it():
+    metrics = serving_metrics.ServingMetrics()
+    for seconds in (0.0, 10e-6, 10.5e-6, 1e6):  # on the first bound, just past it, beyond all
+        metrics.record("m", "predict", 200, seconds)
+    (histogram,) = [f for f in _families(metrics.exposition().decode()).values()
+                    if f.name == serving_metrics.REQUEST_LATENCY]  # fmt: skip
+    buckets = [s.value for s in histogram.samples if s.name.endswith("_bucket")]
+    assert buckets[:2] == [2, 3] and buckets[-2] == 3 and buckets[-1] == 4
+    (total,) = [s.value for s in histogram.samples if s.name.endswith("_sum")]
+    assert total == pytest.approx(10 + 10.5 + 1e12)
+
+
+def test_label_values_are_escaped_as_prometheus_reads_them():
+    metrics = serving_metrics.ServingMetrics()
+    name = 'a "quoted" \\ name'
+    metrics.record(name, "predict", 400, 0.001)
+    families = _families(metrics.exposition().decode())
+    (sample,) = families[serving_metrics.REQUEST_COUNT].samples
+    assert sample.labels == {"model_name": name, "status": "INVALID_ARGUMENT"}
