@@ -49,6 +49,7 @@ from apputil.errors import Literal, UsageError, invalid
 from apputil.files import fsync_directory, fsync_tree
 from apputil.processes import pid_alive
 from apputil.quiet import import_keras, import_tensorflow
+from serving import warmup
 from serving.names import (
     PADDED_SIGNATURE,
     SEQUENCE_INPUT,
@@ -376,6 +377,7 @@ def export_model(
     staging = tempfile.mkdtemp(prefix=f".tmp-{version}-{os.getpid()}@{_host()}-", dir=export_base)
     try:
         _write(archive, staging)
+        _write_warmup(staging)
         os.chmod(staging, 0o755)  # mkdtemp makes it 0700; the server may run as another user
         fsync_tree(staging)
         try:
@@ -391,6 +393,12 @@ def export_model(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def _write_warmup(staging: str) -> None:
+    """TensorFlow Serving's warmup requests, one per signature of the written SavedModel."""
+    tf = import_tensorflow()
+    warmup.write(staging, dict(tf.saved_model.load(staging).signatures))
 
 
 def _write(archive: keras.export.ExportArchive, staging: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from apputil.quiet import import_tensorflow
 from serving.names import parse_version
 from serving.payload import RestError
+from serving.warmup import replay as replay_warmup
 
 log = logging.getLogger("serving.server")
 
@@ -34,9 +35,11 @@ class Servable:
     Args:
         path: The version folder (holding `saved_model.pb`).
         version: Integer version number.
+        warmup: Replay the version's warmup requests (`serving.warmup`) before it
+            is served; a request it refuses fails the load, as in TensorFlow Serving.
     """
 
-    def __init__(self, path: str, version: int):
+    def __init__(self, path: str, version: int, warmup: bool = True):
         # Heavy, and needed only here: routing and HTTP run without TensorFlow.
         tf = import_tensorflow()
         from google.protobuf import json_format
@@ -64,6 +67,11 @@ class Servable:
             (spec.shape.rank or 0 for fn in self.signatures.values() for spec in _specs(fn)),
             default=0,
         )
+        if warmup:
+            count, seconds = replay_warmup(path, self.signatures)
+            if count:
+                log.info("Warmed up version %s with %d requests in %.2f s", version, count,
+                         seconds)  # fmt: skip
 
     def input_specs(self, signature_name: str) -> dict[str, Any]:
         """`{name: tf.TensorSpec}` of a signature's inputs, or a 400 `RestError`."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -44,7 +45,7 @@ from apputil.net import is_loopback
 from serving.httpd import ServerThread
 from serving.names import check_model_name
 from serving.payload import DEFAULT_MAX_INPUT_ELEMENTS
-from serving.repository import ModelRepository, base_path_problem
+from serving.repository import ModelRepository, Servable, base_path_problem
 from serving.rest import RestApp
 
 log = logging.getLogger("serving.server")
@@ -118,6 +119,8 @@ class ServerSettings:
     header_timeout: float = LIMITS["header_timeout"][0]
     request_timeout: float = LIMITS["request_timeout"][0]
     drain_seconds: float = LIMITS["drain_seconds"][0]
+    #: Replay each version's warmup requests before serving it (`serving.warmup`).
+    warmup: bool = True
 
     def limits(self) -> dict[str, float]:
         """The settings of `LIMITS`, by name."""
@@ -156,8 +159,9 @@ class LocalServer(ServerThread):
                         "it can query the model", settings.host)  # fmt: skip
         self.settings = settings
         self.repository = ModelRepository(
-            settings.model_base_path, settings.model_name, settings.poll_seconds
-        )
+            settings.model_base_path, settings.model_name, settings.poll_seconds,
+            loader=functools.partial(Servable, warmup=settings.warmup),
+        )  # fmt: skip
         # Loads the highest version now; logs a warning when there is none (404s until one
         # appears).
         self.repository.start()
@@ -278,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             "--" + name.replace("_", "-"), type=type(default), default=default,
             help=f"{meaning} (default {default})",
         )  # fmt: skip
+    parser.add_argument(
+        "--no-warmup", dest="warmup", action="store_false",
+        help="serve each version without replaying its warmup requests first",
+    )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
     return run(parser.prog, lambda: _start(args), {OSError: EXIT_FAILURE})
