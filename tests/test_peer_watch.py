@@ -213,3 +213,117 @@ def test_the_lost_message_names_the_processes_and_the_coordinator(lost, which):
         f"lost {which} of 3 (killed, crashed or unreachable); the others stopped: start all "
         "3 processes again to resume from the last checkpoint"
     )
+
+
+def test_the_peer_watch_is_one_named_daemon_thread(exits):
+    """It must never keep a finished process alive, and it is findable by name."""
+    cluster, peer, calls, done = exits
+    cluster.watch_peers()
+    (watch,) = [t for t in threading.enumerate() if t.name == "peer-watch"]
+    assert watch.daemon
+    peer.kill()
+    peer.wait()
+    assert done.wait(5)
+
+
+def test_processes_that_agree_pass_and_one_process_needs_no_gather(monkeypatch):
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    gathered = []
+
+    def allgather(value):
+        gathered.append(int(value))
+        return np.asarray([5, 5])
+
+    monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
+    cluster = Cluster()
+    cluster.agree(5, "the restored step", "hint")  # one process: nothing gathered
+    assert gathered == []
+    cluster.record(Processes("127.0.0.1:1", 2, 0), 2)
+    cluster.agree(5, "the restored step", "hint")  # both hold 5
+    assert gathered == [5]
+
+
+def _listener(answer):
+    """A TCP listener on 127.0.0.1 that accepts and sends `answer` (None: nothing), keeping
+    each connection open; returns (port, stop)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop, held = threading.Event(), []
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                continue
+            held.append(connection)
+            if answer is not None:
+                connection.sendall(answer)
+        for connection in held:
+            connection.close()
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1], stop
+
+
+@pytest.mark.parametrize(
+    "answer, problem",
+    [
+        (None, "something accepts connections there but does not answer"),
+        # An HTTP/2 frame header of type DATA (0), not SETTINGS (4): not a JAX coordinator.
+        (bytes([0, 0, 0, 0, 0, 0, 0, 0, 0]), "something answers there, but not a JAX "
+         "coordinator (no HTTP/2 SETTINGS)"),
+        # Eight bytes and then silence: a frame header is nine.
+        (bytes(8), "something accepts connections there but does not answer"),
+        ("refused", "no coordinator answers: "),
+    ],
+)  # fmt: skip
+def test_process_1_refuses_what_answers_at_the_coordinator_address_unless_it_is_one(
+    monkeypatch, answer, problem
+):
+    """Before JAX connects (and would abort the process), the coordinator must open with
+    an HTTP/2 SETTINGS frame, as gRPC servers do; anything else is one line within the
+    connect timeout."""
+    import time
+
+    import jax
+
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)  # no gloo in this process
+    if answer == "refused":
+        port, stop = free_port(), threading.Event()
+    else:
+        port, stop = _listener(answer)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StrategyError) as refused:
+            Cluster().join(Processes(f"127.0.0.1:{port}", 2, 1), connect_timeout=1)
+    finally:
+        stop.set()
+    assert time.monotonic() - started < 10
+    assert str(refused.value).startswith(
+        f"process 1 of 2 could not join the coordinator at 127.0.0.1:{port} within 1 s "
+        f"({problem}"
+    )
+
+
+def test_an_ipv6_coordinator_port_is_checked_as_ipv6():
+    from training.backends.cluster import check_port_free
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+            port = probe.getsockname()[1]
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    assert check_port_free("::1", port) is None
+    assert check_port_free("[::1]", port) is None
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", port))
+        taken.listen(1)
+        with pytest.raises(StrategyError, match=f"port {port} on ::1 is in use"):
+            check_port_free("::1", port)
