@@ -6,6 +6,7 @@ is checked is the watch's own decision (which pid is gone, who reports it, the m
 the status) and the leave-together handshake.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -246,8 +247,8 @@ def test_processes_that_agree_pass_and_one_process_needs_no_gather(monkeypatch):
 
 
 def _listener(answer):
-    """A TCP listener on 127.0.0.1 that accepts and sends `answer` (None: nothing), keeping
-    each connection open; returns (port, stop)."""
+    """A TCP listener on 127.0.0.1 that accepts and sends `answer` (None: nothing; a tuple:
+    its pieces, 0.1 s apart), keeping each connection open; returns (port, stop)."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
@@ -261,8 +262,10 @@ def _listener(answer):
             except OSError:
                 continue
             held.append(connection)
-            if answer is not None:
-                connection.sendall(answer)
+            for piece in answer if isinstance(answer, tuple) else (answer,):
+                if piece is not None:
+                    connection.sendall(piece)
+                    time.sleep(0.1)
         for connection in held:
             connection.close()
         server.close()
@@ -280,6 +283,9 @@ def _listener(answer):
          "coordinator (no HTTP/2 SETTINGS)"),
         # Eight bytes and then silence: a frame header is nine.
         (bytes(8), "something accepts connections there but does not answer"),
+        # The same DATA header in two pieces: read whole, then judged.
+        ((bytes(4), bytes(5)), "something answers there, but not a JAX coordinator (no "
+         "HTTP/2 SETTINGS)"),
         ("refused", "no coordinator answers: "),
     ],
 )  # fmt: skip
@@ -327,3 +333,119 @@ def test_an_ipv6_coordinator_port_is_checked_as_ipv6():
         taken.listen(1)
         with pytest.raises(StrategyError, match=f"port {port} on ::1 is in use"):
             check_port_free("::1", port)
+
+
+class _Roster(_KeyValueStore):
+    """JAX's coordination client as a join uses it: each process's entry, by index."""
+
+    def __init__(self, entries, calls=None):
+        super().__init__(calls)
+        self.entries = entries
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        super().blocking_key_value_get(key, timeout_ms)
+        index = int(key.rsplit("/", 1)[1])
+        if index not in self.entries:
+            raise RuntimeError("DEADLINE_EXCEEDED")  # JAX's own error: never published
+        return json.dumps(self.entries[index])
+
+
+@pytest.fixture
+def joined_jax(monkeypatch):
+    """JAX's `distributed.initialize` and process count as stand-ins: a join runs every
+    step of its own (address checks, watchdog, roster) and connects nothing."""
+    import jax
+
+    initialized = []
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: initialized.append(kw))
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    return initialized
+
+
+def _cluster_with(store, calls):
+    def fake_exit(status):
+        calls.append(("exit", status))
+
+    return Cluster("prog", exit=fake_exit, client=lambda: store, leave_grace_seconds=0.0)
+
+
+def test_a_join_checks_the_roster_keeps_it_and_a_failed_run_then_leaves_at_once(joined_jax):
+    host = socket.gethostname()
+    calls = []
+    store = _Roster({0: {"count": 2, "host": host, "pid": os.getpid()},
+                     1: {"count": 2, "host": host, "pid": 1}}, calls)  # fmt: skip
+    cluster = _cluster_with(store, calls)
+    port = free_port()
+    assert cluster.join(Processes(f"127.0.0.1:{port}", 2, 0), connect_timeout=5) is True
+    (kwargs,) = joined_jax
+    assert (kwargs["coordinator_address"], kwargs["num_processes"], kwargs["process_id"]) == (
+        f"127.0.0.1:{port}", 2, 0
+    )  # fmt: skip
+    assert kwargs["coordinator_bind_address"] == f"127.0.0.1:{port}"  # loopback: bound there
+    assert kwargs["initialization_timeout"] > 5  # JAX's own timeout never comes first
+    assert cluster.count == 2 and cluster.multi_process
+    assert cluster.roster == {0: store.entries[0], 1: store.entries[1]}
+    published = json.loads(calls[0][2])
+    assert calls[0][:2] == ("set", "keras_antisym/processes/0")
+    assert published == {"count": 2, "host": host, "pid": os.getpid()}
+    calls.clear()
+    assert cluster.finish(0) == 0 and calls == []  # a run that ended well exits normally
+    assert cluster.finish(1) == 1
+    assert calls[0] == ("set", "keras_antisym/leaving/0", "1") and calls[-1] == ("exit", 1)
+
+
+def test_a_join_refuses_processes_that_disagree_on_their_count(joined_jax):
+    calls = []
+    store = _Roster({0: {"count": 2, "host": "h", "pid": 1},
+                     1: {"count": 3, "host": "h", "pid": 2}})  # fmt: skip
+    cluster = _cluster_with(store, calls)
+    with pytest.raises(StrategyError) as refused:
+        cluster.join(Processes(f"127.0.0.1:{free_port()}", 2, 0), connect_timeout=5)
+    assert str(refused.value) == (
+        "process 0 was started with --num-processes 2, process 1 with 3: give every process "
+        "the same count"
+    )
+
+
+def test_one_process_joins_nothing_and_counts_one(joined_jax, monkeypatch):
+    import jax
+
+    monkeypatch.setattr(jax, "process_count", lambda: 1)
+    cluster = Cluster()
+    assert cluster.join(Processes(None, None, None)) is False and joined_jax == []
+    store = _Roster({0: {"count": 1, "host": "h", "pid": 1}})
+    cluster = _cluster_with(store, [])
+    assert cluster.join(Processes(f"127.0.0.1:{free_port()}", 1, 0), connect_timeout=5) is False
+    assert cluster.count == 1 and not cluster.multi_process
+
+
+def test_a_join_that_hangs_gives_up_at_the_connect_timeout_in_one_line(monkeypatch, capsys):
+    """JAX waits for its peers in C++: the watchdog thread ends the process at the deadline
+    (process 0 waits a little longer than the others, who leave first)."""
+    import time
+
+    import jax
+
+    from training.backends import cluster as cluster_module
+
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    released = threading.Event()
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: released.wait(10))
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    calls = []
+    store = _Roster({i: {"count": 2, "host": "h", "pid": i} for i in (0, 1)})
+    cluster = Cluster("prog", exit=lambda status: calls.append(status) or released.set(),
+                      client=lambda: store)  # fmt: skip
+    started = time.monotonic()
+    # The stand-in join returns once the watchdog has fired (a real one ends the process).
+    cluster.join(Processes(f"127.0.0.1:{free_port()}", 2, 0), connect_timeout=1)
+    waited = time.monotonic() - started
+    assert calls == [2]
+    extra = cluster_module.COORDINATOR_EXTRA_SECONDS
+    assert 1 + extra - 0.5 <= waited < 1 + extra + 5
+    assert capsys.readouterr().err.startswith(
+        "prog: error: process 0 of 2 could not join the coordinator at 127.0.0.1:"
+    )
