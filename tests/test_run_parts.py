@@ -83,3 +83,27 @@ def test_best_weights_say_through_the_run_s_log_why_they_are_not_resumed(tmp_pat
     Run(RunConfig(), trainer=None, log=lines.append, callbacks=[best], start_step=10)
     best.on_train_begin()
     assert len(lines) == 1 and lines[0].startswith(f"ignoring unreadable best weights {best.path}")
+
+
+def test_a_run_in_process_writes_its_record_and_metrics_where_it_says(tmp_path, monkeypatch):
+    """A tiny run, in this process: the default folder, the record's keys (sorted, as
+    written), and the metrics that name where it ran and its training time."""
+    import yaml
+
+    from training.config import RunConfig
+    from training.run import experiment
+
+    monkeypatch.chdir(tmp_path)
+    config = RunConfig.of(task="adding", timesteps=5, units=4, batch_size=8, steps=2,
+                          eval_every=1, log_every=1, checkpoint_every=2).validate()  # fmt: skip
+    metrics = experiment.train_and_evaluate(config, log=lambda line: None)
+    run = RunDir.default("adding", "antisymmetric")
+    assert run.read_metrics() == json.loads(json.dumps(metrics))
+    text = open(run.config).read()
+    keys = [line.split(":")[0] for line in text.splitlines() if not line.startswith(" ")]
+    keys = [key for key in keys if key and not key.startswith("-")]
+    assert keys == sorted(keys)
+    record = yaml.safe_load(text)
+    assert record["replicas"] == 1 and record["device"] == metrics["device"]
+    assert metrics["device"].startswith("tensorflow on ")
+    assert metrics["train_seconds"] == run.read_curve()["points"][-1]["train_seconds"]
