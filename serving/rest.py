@@ -105,10 +105,11 @@ class RestApp:
                                       ("Content-Length", str(len(data)))])  # fmt: skip
             return [] if method == "HEAD" else [data]
         started = self.clock()
+        model = _PATH.match(path)  # also what the metrics count the request under
         extra: list[tuple[str, str]] = []
         status: HTTPStatus
         try:
-            status, (body, version) = HTTPStatus.OK, self._route(method, path, environ)
+            status, (body, version) = HTTPStatus.OK, self._route(method, path, model, environ)
             if version is not None:
                 extra = [(VERSION_HEADER, str(version))]
         except RestError as error:
@@ -119,7 +120,6 @@ class RestApp:
             log.exception("Internal error on %s %s", method, path)
             status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"Internal: {error}"}
         log.debug("%s %s -> %d", method, path[:200], status)
-        model = _PATH.match(path)
         if model is not None:
             api = "predict" if model["verb"] else "GetModelMetadata" if model["metadata"] else (
                 "GetModelStatus"
@@ -128,9 +128,10 @@ class RestApp:
         chunks = json_response(start_response, status, body, extra)
         return [] if method == "HEAD" else chunks  # a HEAD answer has headers only
 
-    def _route(self, method: str, path: str, environ: dict) -> tuple[Any, int | None]:
+    def _route(
+        self, method: str, path: str, match: re.Match | None, environ: dict
+    ) -> tuple[Any, int | None]:
         """`(body, the version that answered or None)` of a request, or a `RestError`."""
-        match = _PATH.match(path)
         if match is None or match["verb"] not in (None, ":predict"):
             raise RestError(HTTPStatus.NOT_FOUND, f"Malformed request: {method} {path[:200]}")
         allowed = "POST" if match["verb"] else "GET"
