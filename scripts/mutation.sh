@@ -257,6 +257,11 @@ PY
         fi
     done
 fi
+if [ -z "$backend" ] && [ ! -f mutants/mutmut-stats.json ]; then
+    # Every mutant asked for had its verdict already: the test map (and the functions'
+    # hashes that the report and the rechecks read) is still collected for this tree.
+    "$MUTMUT" run "${modules[0]}.x__generate_only__" >/dev/null 2>&1 || true
+fi
 elapsed=$(($(date +%s) - start))
 "$PYTHON" "$ROOT/scripts/mutation_verdicts.py" save mutants "$STORE"
 

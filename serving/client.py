@@ -1,15 +1,19 @@
-r"""A small client and CLI for TensorFlow Serving's REST API (and `serving.server`).
+r"""A small client and CLI for TensorFlow Serving's REST and gRPC APIs (and `serving.server`).
 
     python -m serving.client --url http://127.0.0.1:8501 --model antisym status
     python -m serving.client --url http://127.0.0.1:8501 --model antisym metadata
     python -m serving.client --url http://127.0.0.1:8501 --model antisym predict \
         --instances-file batch.json [--columnar] [--version 2]
     python -m serving.client --model antisym stream --sequence-file x.npy --chunk 28
+    python -m serving.client --grpc 127.0.0.1:8500 --model antisym stream --sequence-file x.npy
 
-Prints the JSON response. `--instances-file` holds a TensorFlow Serving request
-body as curl would send it (`{"instances": [...]}` or `{"inputs": ...}`, with
-an optional `signature_name`), or a bare JSON list of instances (sent as
-`instances`, or as `inputs` with `--columnar`). `stream` sends a numeric `.npy`
+Prints the JSON response. `--grpc HOST:PORT` sends every command over TensorFlow
+Serving's gRPC API instead (`GrpcClient`: tensors as their bytes, answers
+printed as the REST API's JSON; a predict's instances are sent as columns).
+`--instances-file` holds a TensorFlow Serving request body as curl would send
+it (`{"instances": [...]}` or `{"inputs": ...}`, with an optional
+`signature_name`), or a bare JSON list of instances (sent as `instances`, or as
+`inputs` with `--columnar`). `stream` sends a numeric `.npy`
 sequence (`(T, m)`, or `(batch, T, m)`) to the `stream` signature `--chunk`
 steps at a time, carrying the recurrent states from answer to request, and
 prints one JSON line per chunk. Errors are one line on stderr: status 2 for
@@ -38,6 +42,8 @@ import numpy as np
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import Literal, invalid
+from serving import tensors
+from serving.codes import status_name
 from serving.names import SEQUENCE_INPUT, STREAM_SIGNATURE, check_model_name
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -48,13 +54,21 @@ class ServingError(Exception):
     """A request the server answered with an error (or that never got an answer).
 
     Attributes:
-        status: The HTTP status code, or `None` when no response arrived.
-        message: The server's `{"error": ...}` message, or the transport error.
+        status: The HTTP status code (REST), or `None` over gRPC or when no response
+            arrived.
+        code: The canonical code (`NOT_FOUND`, ...): gRPC's, or the HTTP status'
+            (`serving.codes`); `None` when no response arrived.
+        message: The server's message, or the transport error.
+        url: Where the request went (a URL, or gRPC's `HOST:PORT`).
     """
 
-    def __init__(self, status: int | None, message: str, url: str):
-        super().__init__(f"HTTP {status} from {url}: {message}" if status else f"{url}: {message}")
+    def __init__(self, status: int | None, message: str, url: str, code: str | None = None):
+        if code is None and status is not None:
+            code = status_name(status)
+        where = f"HTTP {status} from {url}" if status else f"{code} from {url}" if code else url
+        super().__init__(f"{where}: {message}")
         self.status = status
+        self.code = code
         self.message = message
         self.url = url
 
@@ -72,7 +86,87 @@ def _check_url(url: object) -> str:
     return url
 
 
-class ServingClient:
+class _StreamingClient:
+    """What the REST and gRPC clients share: the stream of chunks with the states carried
+    from answer to request. A subclass answers `metadata(version)` as the REST API
+    does and `_predict_stream(version, inputs)` with the `stream` signature's outputs."""
+
+    model: str
+
+    def metadata(self, version: int | None = None) -> dict:
+        raise NotImplementedError
+
+    def _where(self, version: int) -> str:
+        raise NotImplementedError
+
+    def _predict_stream(self, version: int, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def stream_states(self, version: int | None = None) -> tuple[int, dict[str, int]]:
+        """`(version, {state input: units})` of the served `stream` signature.
+
+        Raises:
+            NoStreamSignatureError: the version has no `stream` signature.
+        """
+        metadata = self.metadata(version)
+        served = int(metadata["model_spec"]["version"])
+        signatures = metadata["metadata"]["signature_def"]["signature_def"]
+        if STREAM_SIGNATURE not in signatures:
+            raise NoStreamSignatureError(
+                None,
+                f"version {served} of model {self.model!r} has no {STREAM_SIGNATURE!r} "
+                "signature (exported with --no-stream, or a model that cannot stream)",
+                self._where(served),
+            )
+        inputs = signatures[STREAM_SIGNATURE]["inputs"]
+        states = {
+            name: int(info["tensor_shape"]["dim"][-1]["size"])
+            for name, info in sorted(inputs.items())
+            if name != SEQUENCE_INPUT
+        }
+        return served, states
+
+    def stream(self, chunks: Iterable[Any], version: int | None = None) -> Iterator[dict]:
+        """Send `chunks` one after another to the `stream` signature, carrying the states.
+
+        The version is read once and pinned: a newer version loaded meanwhile
+        must not receive states of another model (its removal ends the stream
+        with a NOT_FOUND `ServingError`). Each request is independent on the server,
+        so the retries of overloaded answers are as safe as for `predict`.
+
+        Args:
+            chunks: Arrays or nested lists, each `(t, m)` for one sequence or
+                `(batch, t, m)` for a batch (the same batch size throughout).
+            version: Optional integer version; the served one when `None`.
+
+        Yields:
+            The head's outputs after each chunk (states left out), for one
+            sequence without the batch axis: nested lists over REST, arrays over gRPC.
+        """
+        version, sizes = self.stream_states(version)
+        states: dict[str, Any] | None = None
+        for chunk in chunks:
+            try:
+                batch = np.asarray(chunk, "float32")
+            except (ValueError, TypeError):  # ragged, or not numbers
+                batch = np.zeros(0)
+            single = batch.ndim == 2
+            if single:
+                batch = batch[None]
+            if batch.ndim != 3 or 0 in batch.shape:
+                raise invalid("chunks", "arrays of shape (t, m) or (batch, t, m)", _tolist(chunk))
+            if states is None:
+                states = {name: np.zeros((len(batch), size), "float32")
+                          for name, size in sizes.items()}  # fmt: skip
+            # float32, as the signature takes them.
+            arrays = {name: np.asarray(value, "float32") for name, value in states.items()}
+            outputs = self._predict_stream(version, {SEQUENCE_INPUT: batch, **arrays})
+            states = {name: outputs[name] for name in sizes}
+            answer = {name: value for name, value in outputs.items() if name not in sizes}
+            yield {name: value[0] for name, value in answer.items()} if single else answer
+
+
+class ServingClient(_StreamingClient):
     """Calls one model of a TensorFlow Serving REST endpoint.
 
     Args:
@@ -91,10 +185,7 @@ class ServingClient:
         retries: int = 3,
         backoff: float = 0.2,
     ):
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise invalid("retries", "a non-negative integer", retries)
-        if not timeout or timeout <= 0:
-            raise invalid("timeout", "a positive number of seconds", timeout)
+        _check_retries(retries, timeout)
         self.url = _check_url(url).rstrip("/")
         self.model = check_model_name(model, "model")
         self.timeout = timeout
@@ -170,67 +261,205 @@ class ServingClient:
             body["signature_name"] = signature_name
         return self.request("POST", self._model_url(version) + ":predict", body)
 
-    def stream_states(self, version: int | None = None) -> tuple[int, dict[str, int]]:
-        """`(version, {state input: units})` of the served `stream` signature.
+    def _where(self, version: int) -> str:
+        return self._model_url(version)
 
-        Raises:
-            NoStreamSignatureError: the version has no `stream` signature.
-        """
-        metadata = self.metadata(version)
-        served = int(metadata["model_spec"]["version"])
-        signatures = metadata["metadata"]["signature_def"]["signature_def"]
-        if STREAM_SIGNATURE not in signatures:
-            raise NoStreamSignatureError(
-                None,
-                f"version {served} of model {self.model!r} has no {STREAM_SIGNATURE!r} "
-                "signature (exported with --no-stream, or a model that cannot stream)",
-                self._model_url(served),
-            )
-        inputs = signatures[STREAM_SIGNATURE]["inputs"]
-        states = {
-            name: int(info["tensor_shape"]["dim"][-1]["size"])
-            for name, info in sorted(inputs.items())
-            if name != SEQUENCE_INPUT
+    def _predict_stream(self, version: int, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        body = {"signature_name": STREAM_SIGNATURE, "inputs": inputs}
+        return self.request("POST", self._model_url(version) + ":predict", body)["outputs"]
+
+
+def _check_target(target: object) -> str:
+    """`target` if it is a gRPC `HOST:PORT` (IPv6 in brackets), else a `UsageError`."""
+    text = target if isinstance(target, str) else ""
+    host, _, port = text.rpartition(":")
+    if not (host and port.isdigit() and 0 < int(port) < 65536 and "/" not in text):
+        raise invalid("grpc", "HOST:PORT of a gRPC endpoint, e.g. 127.0.0.1:8500", target)
+    return text
+
+
+class GrpcClient(_StreamingClient):
+    """Calls one model of a TensorFlow Serving gRPC endpoint (`PredictionService`,
+    `ModelService`), with TensorFlow Serving's own protos.
+
+    Tensors travel as their bytes (`serving.tensors`): a float32 array arrives as
+    the same float32 numbers, and nothing is formatted or parsed as text.
+
+    Args:
+        target: `HOST:PORT`, e.g. `127.0.0.1:8500`.
+        model: The model name.
+        timeout: Seconds to wait for each answer (the call's deadline).
+        retries: How many times to retry a call refused as RESOURCE_EXHAUSTED
+            (too many calls at once) or UNAVAILABLE (not reachable yet, draining).
+        backoff: Seconds before the first retry, doubled after each.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        model: str,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        retries: int = 3,
+        backoff: float = 0.2,
+    ):
+        _check_retries(retries, timeout)
+        self.target = _check_target(target)
+        self.model = check_model_name(model, "model")
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        # Heavy, and needed only here: the REST client runs without them.
+        import grpc
+        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+        self._grpc = grpc
+        self.channel = grpc.insecure_channel(self.target)
+        self._prediction = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+        self._models = model_service_pb2_grpc.ModelServiceStub(self.channel)
+        self._input_dtypes: dict[tuple[int, str], dict[str, str]] = {}
+
+    def close(self) -> None:
+        """Close the channel."""
+        self.channel.close()
+
+    def __enter__(self) -> GrpcClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _where(self, version: int) -> str:
+        return self.target
+
+    def call(self, method: Any, request: Any) -> Any:
+        """`method(request)` with the deadline and the retries; a `ServingError` with the
+        canonical code when the server refuses it or cannot be reached."""
+        grpc = self._grpc
+        retried = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                return method(request, timeout=self.timeout)
+            except grpc.RpcError as error:
+                code = error.code()
+                if code in retried and attempt < self.retries:
+                    time.sleep(delay)
+                    delay *= 2
+                    continue
+                raise ServingError(None, error.details() or code.name, self.target,
+                                   code=code.name) from None  # fmt: skip
+        raise AssertionError("unreachable")
+
+    def _spec(self, request: Any, version: int | None, signature_name: str | None = None) -> None:
+        request.model_spec.name = self.model
+        if version is not None:
+            request.model_spec.version.value = int(version)
+        if signature_name is not None:
+            request.model_spec.signature_name = signature_name
+
+    def status(self, version: int | None = None) -> dict:
+        """`ModelService.GetModelStatus`, as the REST API's JSON body."""
+        from google.protobuf import json_format
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        request = get_model_status_pb2.GetModelStatusRequest()
+        self._spec(request, version)
+        return _as_json(json_format, self.call(self._models.GetModelStatus, request))
+
+    def metadata(self, version: int | None = None) -> dict:
+        """`PredictionService.GetModelMetadata` (the signature definitions), as the REST
+        API's JSON body."""
+        from google.protobuf import json_format
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        self._spec(request, version)
+        response = self.call(self._prediction.GetModelMetadata, request)
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(signatures)
+        spec = _as_json(json_format, response.model_spec)
+        spec.setdefault("signature_name", "")
+        return {
+            "model_spec": spec,
+            "metadata": {"signature_def": _as_json(json_format, signatures)},
         }
-        return served, states
 
-    def stream(self, chunks: Iterable[Any], version: int | None = None) -> Iterator[dict]:
-        """Send `chunks` one after another to the `stream` signature, carrying the states.
-
-        The version is read once and pinned: a newer version loaded meanwhile
-        must not receive states of another model (its removal ends the stream
-        with a 404 `ServingError`). Each request is independent on the server,
-        so the retries of 503 answers are as safe as for `predict`.
+    def predict(
+        self,
+        inputs: Any,
+        version: int | None = None,
+        signature_name: str | None = None,
+    ) -> dict:
+        """`PredictionService.Predict`: `{"model_spec": ..., "outputs": {name: array}}`.
 
         Args:
-            chunks: Arrays or nested lists, each `(t, m)` for one sequence or
-                `(batch, t, m)` for a batch (the same batch size throughout).
-            version: Optional integer version; the served one when `None`.
-
-        Yields:
-            The head's outputs after each chunk (states left out), for one
-            sequence without the batch axis.
+            inputs: `{input name: array}`, or one array for a signature of one input.
+                NumPy arrays are sent with their dtype (the signature's must match);
+                nested lists take the signature's dtype (read once per version).
+            version: Optional integer version; the newest when `None`.
+            signature_name: Optional signature; `serving_default` when `None`.
         """
-        version, sizes = self.stream_states(version)
-        states = None
-        for chunk in chunks:
-            chunk = _tolist(chunk)
-            single = _depth(chunk) == 2
-            batch = [chunk] if single else chunk
-            if not isinstance(batch, list) or _depth(batch) != 3:
-                raise invalid("chunks", "arrays of shape (t, m) or (batch, t, m)", chunk)
-            if states is None:
-                states = {name: [[0.0] * size for _ in batch] for name, size in sizes.items()}
-            # float32, as the signature takes them: each number in its shortest exact form.
-            arrays = {name: np.asarray(value, "float32") for name, value in states.items()}
-            body = {
-                "signature_name": STREAM_SIGNATURE,
-                "inputs": {SEQUENCE_INPUT: np.asarray(batch, "float32"), **arrays},
+        from tensorflow_serving.apis import predict_pb2
+
+        signature = signature_name or "serving_default"
+        named = inputs if isinstance(inputs, dict) else None
+        if named is None or any(not isinstance(v, np.ndarray) for v in named.values()):
+            dtypes = self._dtypes(version, signature)
+            if named is None:
+                if len(dtypes) != 1:
+                    raise invalid("inputs", f"a mapping of the inputs {sorted(dtypes)}",
+                                  Literal("one unnamed tensor"))  # fmt: skip
+                named = {next(iter(dtypes)): inputs}
+            named = {name: value if isinstance(value, np.ndarray)
+                     else np.asarray(value, dtypes.get(name, "float32"))
+                     for name, value in named.items()}  # fmt: skip
+        request = predict_pb2.PredictRequest()
+        self._spec(request, version, signature_name)
+        for name, value in named.items():
+            request.inputs[name].CopyFrom(tensors.to_tensor_proto(value))
+        response = self.call(self._prediction.Predict, request)
+        return {
+            "model_spec": {"name": response.model_spec.name,
+                           "version": str(response.model_spec.version.value),
+                           "signature_name": response.model_spec.signature_name},
+            "outputs": {name: tensors.to_array(value, name)
+                        for name, value in response.outputs.items()},
+        }  # fmt: skip
+
+    def _dtypes(self, version: int | None, signature: str) -> dict[str, str]:
+        """`{input: NumPy dtype name}` of a signature of the served (or given) version."""
+        metadata = self.metadata(version)
+        served = int(metadata["model_spec"]["version"])
+        key = (served, signature)
+        if key not in self._input_dtypes:
+            signatures = metadata["metadata"]["signature_def"]["signature_def"]
+            if signature not in signatures:
+                message = f'Serving signature name: "{signature}" not found in signature def'
+                raise ServingError(None, message, self.target, code="FAILED_PRECONDITION")
+            self._input_dtypes[key] = {
+                name: _NUMPY_DTYPES.get(info["dtype"], "float32")
+                for name, info in signatures[signature]["inputs"].items()
             }
-            outputs = self.request("POST", self._model_url(version) + ":predict", body)["outputs"]
-            states = {name: outputs[name] for name in sizes}
-            answer = {name: value for name, value in outputs.items() if name not in sizes}
-            yield {name: value[0] for name, value in answer.items()} if single else answer
+        return self._input_dtypes[key]
+
+    def _predict_stream(self, version: int, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        return self.predict(inputs, version, STREAM_SIGNATURE)["outputs"]
+
+
+_NUMPY_DTYPES = {"DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_HALF": "float16",
+                 "DT_INT32": "int32", "DT_INT64": "int64"}  # fmt: skip
+
+
+def _as_json(json_format: Any, message: Any) -> dict:
+    """A proto as TensorFlow Serving's REST API writes it: field names kept, defaults shown."""
+    return json_format.MessageToDict(
+        message, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+    )
+
+
+def _check_retries(retries: object, timeout: object) -> None:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise invalid("retries", "a non-negative integer", retries)
+    if not timeout or not isinstance(timeout, int | float) or timeout <= 0:
+        raise invalid("timeout", "a positive number of seconds", timeout)
 
 
 class NoStreamSignatureError(ServingError):
@@ -262,14 +491,6 @@ def stream(
     """
     client = ServingClient(url, model, timeout, retries, backoff)
     yield from client.stream(chunks, version)
-
-
-def _depth(value: Any) -> int:
-    """How many list levels `value` has along its first elements."""
-    depth = 0
-    while isinstance(value, list) and value:
-        value, depth = value[0], depth + 1
-    return depth
 
 
 def encode_json(value: Any) -> bytes:
@@ -335,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--url", default="http://127.0.0.1:8501")
+    parser.add_argument(
+        "--grpc", metavar="HOST:PORT",
+        help="call the gRPC API there (e.g. 127.0.0.1:8500) instead of REST at --url",
+    )  # fmt: skip
     parser.add_argument("--model", required=True)
     parser.add_argument("--version", type=int)
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS)
@@ -365,7 +590,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _call(args: argparse.Namespace) -> None:
     """Sends the command's request and prints the JSON answer."""
-    client = ServingClient(args.url, args.model, args.timeout, args.retries)
+    client: ServingClient | GrpcClient
+    if args.grpc is not None:
+        client = GrpcClient(args.grpc, args.model, args.timeout, args.retries)
+    else:
+        client = ServingClient(args.url, args.model, args.timeout, args.retries)
     if args.command == "stream":
         _stream(client, args)
         return
@@ -375,16 +604,29 @@ def _call(args: argparse.Namespace) -> None:
         result = client.metadata(args.version)
     else:
         key, batch, signature_name = _read_request(args.instances_file, args.columnar)
-        result = client.predict(
-            **{key: batch},
-            version=args.version,
-            signature_name=args.signature_name or signature_name,
-        )
+        signature_name = args.signature_name or signature_name
+        if isinstance(client, GrpcClient):  # gRPC has only the columnar format
+            inputs = _rows_to_columns(batch) if key == "instances" else batch
+            result = _tolist(client.predict(inputs, args.version, signature_name))
+        else:
+            result = client.predict(**{key: batch}, version=args.version,
+                                    signature_name=signature_name)  # fmt: skip
     json.dump(result, sys.stdout, indent=2)
     print()
 
 
-def _stream(client: ServingClient, args: argparse.Namespace) -> None:
+def _rows_to_columns(rows: Any) -> Any:
+    """Instances (one per example; objects for several inputs) as columnar inputs."""
+    if isinstance(rows, list) and rows and all(isinstance(row, dict) for row in rows):
+        names = rows[0].keys()
+        if any(row.keys() != names for row in rows):
+            raise invalid("--instances-file", "instances with the same keys",
+                          Literal(", ".join(sorted({str(sorted(r)) for r in rows}))))  # fmt: skip
+        return {name: [row[name] for row in rows] for name in names}
+    return rows
+
+
+def _stream(client: _StreamingClient, args: argparse.Namespace) -> None:
     """Streams `--sequence-file` in `--chunk`-step chunks; one JSON line per answer."""
     if isinstance(args.chunk, bool) or args.chunk < 1:
         raise invalid("--chunk", "a positive number of steps", args.chunk)
@@ -394,7 +636,7 @@ def _stream(client: ServingClient, args: argparse.Namespace) -> None:
     chunks = (sequence[..., start : start + args.chunk, :] for start in starts)
     for start, answer in zip(starts, client.stream(chunks, args.version), strict=False):
         seen = min(start + args.chunk, steps)
-        print(json.dumps({"steps": seen, **answer}), flush=True)
+        print(json.dumps({"steps": seen, **_tolist(answer)}), flush=True)
 
 
 def _read_sequence(path: str | None) -> Any:

@@ -177,7 +177,7 @@ def _demo(args: argparse.Namespace) -> None:
     version = _train_and_export(args)
     port = _free_port()
     command = ["-m", "serving.server", "--model-base-path", args.export_base]
-    command += ["--model-name", MODEL_NAME, "--port", str(port)]
+    command += ["--model-name", MODEL_NAME, "--port", str(port), "--grpc-port", "0"]
     print(f"[serve] {' '.join(command)}", flush=True)
     server = subprocess.Popen([sys.executable, *command])
     try:

@@ -10,7 +10,7 @@ unchanged:
   `NOT_FOUND`, `UNAVAILABLE`, ...);
 * `:tensorflow:serving:request_latency{model_name, API, entrypoint}`: a
   histogram of their wall time in microseconds, `API` one of `predict`,
-  `GetModelMetadata` and `GetModelStatus`, `entrypoint` `REST`, with TensorFlow
+  `GetModelMetadata` and `GetModelStatus`, `entrypoint` `REST` or `GRPC`, with TensorFlow
   Serving's buckets (10 µs times powers of 1.8, 33 of them).
 
 `GET /monitoring/prometheus/metrics` answers them in Prometheus' text format
@@ -21,7 +21,8 @@ its name (Prometheus' client library would add `_total`).
 from __future__ import annotations
 
 import threading
-from http import HTTPStatus
+
+from serving.codes import status_name
 
 #: Where TensorFlow Serving's monitoring config exports the metrics.
 METRICS_PATH = "/monitoring/prometheus/metrics"
@@ -35,23 +36,6 @@ REQUEST_LATENCY = ":tensorflow:serving:request_latency"
 #: Six significant digits, as the text format shows them.
 LATENCY_BOUNDS_US = tuple(float(f"{10.0 * 1.8**index:.6g}") for index in range(32))
 
-#: The canonical status (gRPC's code names, as TensorFlow Serving counts them) of each
-#: HTTP status the REST API answers.
-STATUS_NAMES = {
-    HTTPStatus.OK: "OK",
-    HTTPStatus.BAD_REQUEST: "INVALID_ARGUMENT",
-    HTTPStatus.NOT_FOUND: "NOT_FOUND",
-    HTTPStatus.METHOD_NOT_ALLOWED: "UNIMPLEMENTED",
-    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "RESOURCE_EXHAUSTED",
-    HTTPStatus.SERVICE_UNAVAILABLE: "UNAVAILABLE",
-    HTTPStatus.INTERNAL_SERVER_ERROR: "INTERNAL",
-}
-
-
-def status_name(status: int) -> str:
-    """The canonical status of an HTTP status (`UNKNOWN` for one the API does not use)."""
-    return STATUS_NAMES.get(HTTPStatus(status), "UNKNOWN")
-
 
 class ServingMetrics:
     """The request counts and latencies of one server (thread-safe)."""
@@ -63,16 +47,22 @@ class ServingMetrics:
         self._latency: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}
 
     def record(
-        self, model_name: str, api: str, status: int, seconds: float, entrypoint: str = "REST"
+        self,
+        model_name: str,
+        api: str,
+        status: int | str,
+        seconds: float,
+        entrypoint: str = "REST",
     ) -> None:
-        """Counts one request to `model_name` answered with HTTP `status` in `seconds`."""
+        """Counts one request to `model_name` answered in `seconds` with `status`: an HTTP
+        status (REST) or a canonical code name (gRPC's, `"NOT_FOUND"`)."""
         micros = seconds * 1e6
         bucket = next(
             (i for i, bound in enumerate(LATENCY_BOUNDS_US) if micros <= bound),
             len(LATENCY_BOUNDS_US),
         )
         with self._lock:
-            key = (model_name, status_name(status))
+            key = (model_name, status if isinstance(status, str) else status_name(status))
             self._counts[key] = self._counts.get(key, 0) + 1
             counts, total = self._latency.setdefault(
                 (model_name, api, entrypoint), ([0] * (len(LATENCY_BOUNDS_US) + 1), [0.0])

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from apputil.quiet import import_tensorflow
+from serving.codes import status_name
 from serving.names import LENGTH_INPUT, PADDED_SIGNATURE, SEQUENCE_INPUT
 
 if TYPE_CHECKING:
@@ -45,15 +46,25 @@ class Servable(Protocol):
 
 
 class RestError(Exception):
-    """A request failure answered as `{"error": message}` with an HTTP status."""
+    """A request failure: `{"error": message}` with an HTTP status over REST, the canonical
+    `code` with the message over gRPC.
 
-    def __init__(self, status: int, message: str):
+    Args:
+        status: The HTTP status of the REST answer.
+        message: What went wrong, for the client.
+        code: TensorFlow Serving's canonical code of the failure (`serving.codes`), where
+            it is not the HTTP status' own (an unknown signature: FAILED_PRECONDITION).
+    """
+
+    def __init__(self, status: int, message: str, code: str | None = None):
         super().__init__(message)
         self.status = int(status)
         self.message = message
+        self.code = code if code is not None else status_name(self.status)
 
 
-def _bad(message: str) -> RestError:
+def bad_request(message: str) -> RestError:
+    """A 400 (INVALID_ARGUMENT) `RestError` saying `message`."""
     return RestError(HTTPStatus.BAD_REQUEST, message)
 
 
@@ -66,7 +77,7 @@ def check_body_size(body: bytes, max_elements: int, max_rank: int) -> None:
     """
     tokens = body.count(b",") + body.count(b"[") + body.count(b"{")
     if tokens > (max_rank + 2) * max_elements + 1024:
-        raise _bad(
+        raise bad_request(
             f"Request body has about {tokens} JSON values, more than inputs of at most "
             f"{max_elements} numbers need (--max-input-elements)"
         )
@@ -78,13 +89,15 @@ def _leading_shape(value, rank, name):
     node = value
     for _ in range(rank):
         if not isinstance(node, list):
-            raise _bad(f"Input '{name}' expects a rank-{rank} nested list, got rank {len(shape)}")
+            raise bad_request(
+                f"Input '{name}' expects a rank-{rank} nested list, got rank {len(shape)}"
+            )
         if not node:
-            raise _bad(f"Input '{name}' has an empty dimension (empty batch or sequence)")
+            raise bad_request(f"Input '{name}' has an empty dimension (empty batch or sequence)")
         shape.append(len(node))
         node = node[0]
     if isinstance(node, list):
-        raise _bad(f"Input '{name}' expects a rank-{rank} nested list, got a deeper one")
+        raise bad_request(f"Input '{name}' expects a rank-{rank} nested list, got a deeper one")
     return shape
 
 
@@ -95,7 +108,7 @@ def _flatten(value, shape, name):
         below = []
         for item in level:
             if not isinstance(item, list) or len(item) != size:
-                raise _bad(f"Input '{name}' is not a rectangular array of shape {shape}")
+                raise bad_request(f"Input '{name}' is not a rectangular array of shape {shape}")
             below.extend(item)
         level = below
     return level
@@ -110,7 +123,9 @@ def _check_leaves(leaves, spec, name):
             kind = {"NoneType": "null", "str": "string", "list": "list (ragged nesting)"}.get(
                 kind, kind
             )
-            raise _bad(f"Input '{name}' expects numbers of type {spec.dtype.name}, got a {kind}")
+            raise bad_request(
+                f"Input '{name}' expects numbers of type {spec.dtype.name}, got a {kind}"
+            )
 
 
 class Budget:
@@ -123,7 +138,7 @@ class Budget:
         """Counts `count` numbers of input `name`, or raises a 400 past the limit."""
         if self.used + count > self.limit:
             alone = "" if self.used else " alone"
-            raise _bad(
+            raise bad_request(
                 f"Request has more than {self.limit} input numbers (--max-input-elements); "
                 f"input '{name}'{alone} has {count}"
                 + (f", after {self.used} in the inputs before it" if self.used else "")
@@ -141,10 +156,10 @@ def as_input_array(value: Any, spec: tf.TensorSpec, name: str, budget: Budget) -
         budget: The `Budget` of this request's input numbers (this input is counted).
     """
     if spec.dtype.name not in _NUMPY_DTYPES or spec.shape.rank is None:
-        raise _bad(f"Input '{name}' has an unsupported dtype or unknown rank: {spec}")
+        raise bad_request(f"Input '{name}' has an unsupported dtype or unknown rank: {spec}")
     shape = _leading_shape(value, spec.shape.rank, name)
     if any(want is not None and want != got for want, got in zip(spec.shape, shape, strict=True)):
-        raise _bad(f"Input '{name}' expects shape {_shape_text(spec.shape)}, got {shape}")
+        raise bad_request(f"Input '{name}' expects shape {shape_text(spec.shape)}, got {shape}")
     budget.take(math.prod(shape), name)
     leaves = _flatten(value, shape, name)
     _check_leaves(leaves, spec, name)
@@ -152,25 +167,26 @@ def as_input_array(value: Any, spec: tf.TensorSpec, name: str, budget: Budget) -
     try:
         array = np.array(leaves, dtype=wide).reshape(shape)
     except OverflowError:
-        raise _bad(f"Input '{name}' has values out of {spec.dtype.name} range") from None
+        raise bad_request(f"Input '{name}' has values out of {spec.dtype.name} range") from None
     target = _NUMPY_DTYPES[spec.dtype.name]
     with np.errstate(over="ignore"):  # float64 to float32: huge values become inf
         cast = array.astype(target)
     if spec.dtype.is_integer and not np.array_equal(cast, array):
-        raise _bad(f"Input '{name}' has values out of {spec.dtype.name} range")
+        raise bad_request(f"Input '{name}' has values out of {spec.dtype.name} range")
     if not spec.dtype.is_integer and not np.isfinite(cast).all():
-        raise _bad(
+        raise bad_request(
             f"Input '{name}' contains NaN, Infinity or values out of {spec.dtype.name} range"
         )
     return cast
 
 
-def _shape_text(shape):
+def shape_text(shape: Any) -> str:
+    """A `tf.TensorShape` as TensorFlow Serving writes it: `[-1, 64, 1]`."""
     return "[" + ", ".join("-1" if d is None else str(d) for d in shape.as_list()) + "]"
 
 
 def _reject_constant(name):
-    raise _bad(f"JSON Parse error: {name} is not a valid JSON number")
+    raise bad_request(f"JSON Parse error: {name} is not a valid JSON number")
 
 
 def decode_json(body: bytes | str) -> Any:
@@ -180,9 +196,9 @@ def decode_json(body: bytes | str) -> Any:
         text = body.decode("utf-8") if isinstance(body, bytes | bytearray) else body
         return json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        raise _bad("JSON Parse error: nesting too deep") from None
+        raise bad_request("JSON Parse error: nesting too deep") from None
     except (ValueError, UnicodeDecodeError) as error:
-        raise _bad(f"JSON Parse error: {error}") from None
+        raise bad_request(f"JSON Parse error: {error}") from None
 
 
 def parse_predict_request(
@@ -202,14 +218,14 @@ def parse_predict_request(
     check_body_size(body, max_elements, servable.max_rank)
     request = decode_json(body)
     if not isinstance(request, dict):
-        raise _bad("JSON Value is not an object")
+        raise bad_request("JSON Value is not an object")
     signature_name = request.get("signature_name", DEFAULT_SIGNATURE)
     if not isinstance(signature_name, str):
-        raise _bad("'signature_name' must be a string")
+        raise bad_request("'signature_name' must be a string")
     specs = servable.input_specs(signature_name)
     has_rows, has_columns = "instances" in request, "inputs" in request
     if has_rows == has_columns:
-        raise _bad(
+        raise bad_request(
             "Missing 'inputs' or 'instances' key"
             if not has_rows
             else "Request must contain either 'instances' or 'inputs', not both"
@@ -220,16 +236,22 @@ def parse_predict_request(
     if not has_rows and len(specs) == 1 and not isinstance(columns, dict):
         columns = {next(iter(specs)): columns}
     if not isinstance(columns, dict):
-        raise _bad(f"Expected inputs {sorted(specs)}, got a single unnamed tensor")
+        raise bad_request(f"Expected inputs {sorted(specs)}, got a single unnamed tensor")
     if set(columns) != set(specs):
-        raise _bad(_inputs_mismatch(columns, specs))
+        raise bad_request(inputs_mismatch(columns, specs))
     budget = Budget(max_elements)
     arrays = {name: as_input_array(columns[name], specs[name], name, budget) for name in specs}
+    check_together(signature_name, arrays)
+    return signature_name, arrays, has_rows
+
+
+def check_together(signature_name: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """A 400 for inputs each valid alone but not together: different batch sizes, or
+    `padded` lengths beyond the sequence's steps (`check_lengths`)."""
     if len({a.shape[0] for a in arrays.values() if a.ndim}) > 1:
-        raise _bad("Inputs have different batch sizes")
+        raise bad_request("Inputs have different batch sizes")
     if signature_name == PADDED_SIGNATURE:
         check_lengths(arrays)
-    return signature_name, arrays, has_rows
 
 
 def check_lengths(arrays: Mapping[str, np.ndarray]) -> None:
@@ -244,13 +266,13 @@ def check_lengths(arrays: Mapping[str, np.ndarray]) -> None:
     outside = np.flatnonzero((lengths < 1) | (lengths > steps))
     if outside.size:
         row = int(outside[0])
-        raise _bad(
+        raise bad_request(
             f"Input '{LENGTH_INPUT}' of row {row} is {int(lengths[row])}; each row's length "
             f"must be in 1..{steps} (the steps of input '{SEQUENCE_INPUT}')"
         )
 
 
-def _inputs_mismatch(sent, specs):
+def inputs_mismatch(sent: Any, specs: Any) -> str:
     """TensorFlow Serving's message for inputs that are not the signature's (predict_util.cc)."""
     sent, wanted = sorted(sent), sorted(specs)
     extra = [name for name in sent if name not in specs]
@@ -265,44 +287,52 @@ def _inputs_mismatch(sent, specs):
 def _rows_to_columns(instances, specs):
     """Row format (`[instance, ...]`) to `{input: [value, ...]}`."""
     if not isinstance(instances, list):
-        raise _bad("'instances' must be a JSON list")
+        raise bad_request("'instances' must be a JSON list")
     if not instances:
-        raise _bad("'instances' is an empty list (empty batch)")
+        raise bad_request("'instances' is an empty list (empty batch)")
     names = list(specs)
     if all(isinstance(row, dict) for row in instances):
         if any(set(row) != set(instances[0]) for row in instances):
-            raise _bad(f"Every instance must have exactly the keys {names}")
+            raise bad_request(f"Every instance must have exactly the keys {names}")
         if set(instances[0]) != set(names):
-            raise _bad(_inputs_mismatch(instances[0], specs))
+            raise bad_request(inputs_mismatch(instances[0], specs))
         return {name: [row[name] for row in instances] for name in names}
     if len(names) != 1 or any(isinstance(row, dict) for row in instances):
-        raise _bad(
+        raise bad_request(
             f"Instances must be objects with keys {names} (or all plain values for one input)"
         )
     return {names[0]: instances}
 
 
+def run_signature(
+    servable: Servable, signature_name: str, arrays: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """`{output name: array}` of a signature called on checked inputs, or a 400 `RestError`
+    with the line of TensorFlow's error that says what is wrong (a failed assertion)."""
+    tf = import_tensorflow()  # loaded already with the servable; the signatures take tensors
+    function = servable.signatures[signature_name]
+    try:
+        outputs = function(**{k: tf.constant(v) for k, v in arrays.items()})
+    except (tf.errors.InvalidArgumentError, ValueError, TypeError) as error:
+        raise bad_request(error_text(error)) from None
+    return {name: tensor.numpy() for name, tensor in outputs.items()}
+
+
 def predict(
     servable: Servable, signature_name: str, arrays: Mapping[str, np.ndarray], row_format: bool
 ) -> dict:
-    """Run a signature and format its outputs as TensorFlow Serving does.
+    """Run a signature and format its outputs as TensorFlow Serving's REST API does.
 
     Returns:
         `{"predictions": [...]}` for the row format (one object per instance
         when the signature has several outputs) or `{"outputs": ...}` for the
         columnar format (an object of named outputs when there are several).
     """
-    tf = import_tensorflow()  # loaded already with the servable; the signatures take tensors
-    function = servable.signatures[signature_name]
-    try:
-        outputs = function(**{k: tf.constant(v) for k, v in arrays.items()})
-    except (tf.errors.InvalidArgumentError, ValueError, TypeError) as error:
-        raise _bad(error_text(error)) from None
-    outputs = {name: tensor.numpy() for name, tensor in outputs.items()}
+    outputs = run_signature(servable, signature_name, arrays)
     for name, value in sorted(outputs.items()):
         if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
             row = int(np.argwhere(~np.isfinite(value))[0][0]) if value.ndim else 0
-            raise _bad(
+            raise bad_request(
                 f"Output '{name}' of signature '{signature_name}' holds NaN or Infinity "
                 f"(row {row}), which JSON cannot carry: the inputs (a state, say) drive the "
                 f"model out of {value.dtype.name} range"

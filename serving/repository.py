@@ -43,7 +43,7 @@ class Servable:
         # Heavy, and needed only here: routing and HTTP run without TensorFlow.
         tf = import_tensorflow()
         from google.protobuf import json_format
-        from tensorflow.core.protobuf import saved_model_pb2  # type: ignore[import-untyped]
+        from tensorflow.core.protobuf import saved_model_pb2
 
         self.version = version
         self._module = tf.saved_model.load(path)  # kept alive: signatures reference it
@@ -79,6 +79,7 @@ class Servable:
             raise RestError(
                 HTTPStatus.BAD_REQUEST,
                 f'Serving signature name: "{signature_name}" not found in signature def',
+                code="FAILED_PRECONDITION",
             )
         return self.signatures[signature_name].structured_input_signature[1]
 

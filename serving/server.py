@@ -37,16 +37,20 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import Literal, invalid
 from apputil.net import is_loopback
 from serving.httpd import ServerThread
+from serving.metrics import ServingMetrics
 from serving.names import check_model_name
 from serving.payload import DEFAULT_MAX_INPUT_ELEMENTS
 from serving.repository import ModelRepository, Servable, base_path_problem
 from serving.rest import RestApp
+
+if TYPE_CHECKING:
+    from serving.grpcd import GrpcServer
 
 log = logging.getLogger("serving.server")
 
@@ -121,6 +125,8 @@ class ServerSettings:
     drain_seconds: float = LIMITS["drain_seconds"][0]
     #: Replay each version's warmup requests before serving it (`serving.warmup`).
     warmup: bool = True
+    #: TensorFlow Serving's gRPC API on this port (0: any free one), None: REST only.
+    grpc_port: int | None = None
 
     def limits(self) -> dict[str, float]:
         """The settings of `LIMITS`, by name."""
@@ -141,16 +147,18 @@ class ServerSettings:
                           Literal(problem))  # fmt: skip
         for name, value in {"poll_seconds": self.poll_seconds, **self.limits()}.items():
             _check_positive(argument(name), value)
-        if not 0 <= self.port <= 65535:
-            raise invalid(argument("port"), "0 to 65535", self.port)
+        for name, port in (("port", self.port), ("grpc_port", self.grpc_port)):
+            if port is not None and not 0 <= port <= 65535:
+                raise invalid(argument(name), "0 to 65535", port)
         return self
 
 
 class LocalServer(ServerThread):
     """The local server of checked `ServerSettings`: the version watcher
-    (`serving.repository`), the REST app (`serving.rest`) and the HTTP transport
-    (`serving.httpd`), assembled once. `serve_forever()` serves; `close()` stops
-    watching and closes the socket.
+    (`serving.repository`), the REST app (`serving.rest`) on the HTTP transport
+    (`serving.httpd`) and, with a `grpc_port`, the gRPC API (`serving.grpcd`), with one
+    set of metrics, assembled once. `serve_forever()` serves; `drain(seconds)` drains
+    both APIs; `close()` stops watching and closes the sockets.
     """
 
     def __init__(self, settings: ServerSettings):
@@ -166,6 +174,7 @@ class LocalServer(ServerThread):
         # appears).
         self.repository.start()
         self.app = RestApp(self.repository, int(settings.max_input_elements), self.overloaded)
+        self.grpc: GrpcServer | None = None
         try:
             super().__init__(
                 self.app,
@@ -186,15 +195,59 @@ class LocalServer(ServerThread):
         except OSError:  # the address cannot be bound: nothing left running
             self.repository.stop()
             raise
+        if settings.grpc_port is not None:
+            try:
+                self.grpc = _grpc_server(settings, self.repository, self.app.metrics)
+            except OSError:
+                self.repository.stop()
+                self.server_close()
+                raise
+            self.grpc.start()
+
+    @property
+    def grpc_address(self) -> tuple[str, int] | None:
+        """`(host, port)` of the gRPC API, None without one."""
+        return None if self.grpc is None else (self.grpc.host, self.grpc.port)
+
+    def drain(self, seconds: float) -> None:
+        """Both APIs stop taking requests and answer those in progress within `seconds`
+        (a second call stops at once); safe in a signal handler."""
+        super().drain(seconds)
+        if self.grpc is not None:
+            self.grpc.drain(seconds)
+
+    def serve_forever(self) -> None:
+        """Serves until `shutdown()` or the end of a drain, then waits for the gRPC calls
+        in progress; `dropped` counts the requests of both APIs left unanswered."""
+        super().serve_forever()
+        if self.grpc is not None:
+            self.dropped += self.grpc.wait_drained()
 
     def overloaded(self) -> bool:
         """Whether more requests wait for a worker than `max_queued_requests` (503)."""
         return self.queued() > self.settings.max_queued_requests
 
     def close(self) -> None:
-        """Stops watching for versions and closes the socket."""
+        """Stops watching for versions and closes the sockets."""
         self.repository.stop()
+        if self.grpc is not None:
+            self.grpc.close()
         self.server_close()
+
+
+def _grpc_server(
+    settings: ServerSettings, repository: ModelRepository, metrics: ServingMetrics
+) -> GrpcServer:
+    """The gRPC API of `settings`, counting in `metrics`; OSError when it cannot bind."""
+    # Imported here: grpcio and TensorFlow Serving's protos are needed only with gRPC.
+    from serving.grpcd import GrpcApp, GrpcServer
+
+    app = GrpcApp(repository, int(settings.max_input_elements), metrics)
+    return GrpcServer(
+        app, settings.host, int(settings.grpc_port or 0), threads=int(settings.threads),
+        max_queued_requests=int(settings.max_queued_requests),
+        max_message_bytes=int(settings.max_body_bytes), idle_seconds=settings.channel_timeout,
+    )  # fmt: skip
 
 
 def make_server(
@@ -203,6 +256,7 @@ def make_server(
     host: str = "127.0.0.1",
     port: int = 8501,
     poll_seconds: float = 1.0,
+    grpc_port: int | None = None,
     **limits: float,
 ) -> LocalServer:
     """Load the highest version and bind a server; call `serve_forever()` on it.
@@ -213,6 +267,8 @@ def make_server(
         host: Interface to bind; 127.0.0.1 keeps it local (there is no authentication).
         port: TCP port, 0 for any free one (see `server.server_address`).
         poll_seconds: Seconds between scans for new versions.
+        grpc_port: Serve TensorFlow Serving's gRPC API on this port too (0: any free
+            one, see `server.grpc_address`); None (the default): REST only.
         **limits: Overrides of `LIMITS` (see docs/serving.md).
 
     Returns:
@@ -227,7 +283,7 @@ def make_server(
     if unknown:
         raise TypeError(f"Unknown limits {sorted(unknown)}, expected some of {sorted(LIMITS)}")
     settings = ServerSettings(model_base_path, model_name, host, port, poll_seconds,
-                              **limits)  # type: ignore[arg-type]  # fmt: skip
+                              grpc_port=grpc_port, **limits)  # type: ignore[arg-type]  # fmt: skip
     return LocalServer(settings.checked())
 
 
@@ -251,7 +307,11 @@ def _serve(server: LocalServer, name: str) -> int:
     host, port = server.server_address
     try:
         with _draining_on_signals(server):
-            # One parseable line: tests and scripts started with --port 0 read the port from it.
+            # Parseable lines: tests and scripts started with --port 0 (--grpc-port 0) read the
+            # ports from them; the URL's comes last, so a reader waiting for it has both.
+            if server.grpc_address is not None:
+                grpc_host, grpc_port = server.grpc_address
+                print(f"Serving {name} over gRPC on {grpc_host}:{grpc_port}", flush=True)
             print(f"Serving {name} on http://{host}:{port}", flush=True)
             server.serve_forever()
     finally:
@@ -271,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         "--model-name", required=True, help="name in /v1/models/NAME (no '/' or ':')"
     )
     parser.add_argument("--port", type=int, default=8501, help="REST port (0: any free port)")
+    parser.add_argument(
+        "--grpc-port", type=int, default=8500,
+        help="gRPC port (0: any free port; default 8500, TensorFlow Serving's --port)",
+    )  # fmt: skip
     parser.add_argument(
         "--host", default="127.0.0.1", help="interface to bind (no authentication: keep local)"
     )

@@ -118,6 +118,7 @@ class ServerProcess:
 
     def __init__(self, base_path, name, block_keras=True, extra_args=(), nofile=None):
         args = ["--model-base-path", base_path, "--model-name", name, "--port", "0"]
+        args += ["--grpc-port", "0"]
         args += list(extra_args)
         if block_keras:
             code = NO_KERAS_PRELUDE + "runpy.run_module('serving.server', run_name='__main__')"
@@ -135,6 +136,7 @@ class ServerProcess:
             preexec_fn=(lambda: _limit_files(nofile)) if nofile else None,
         )
         self.log = []
+        self.grpc_target = None  # HOST:PORT of its gRPC API, from the line after the URL's
         self.url = self._wait_for_url()
 
     def _wait_for_url(self):
@@ -146,6 +148,9 @@ class ServerProcess:
                 match = re.match(r"Serving \S+ on (http://\S+)", line)
                 if match and "url" not in found:
                     found["url"] = match[1]
+                match = re.match(r"Serving \S+ over gRPC on (\S+)", line)
+                if match:
+                    self.grpc_target = match[1]
 
         threading.Thread(target=read, daemon=True).start()
         deadline = time.monotonic() + SERVER_START_SECONDS

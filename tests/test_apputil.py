@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from apputil import cli, errors, files
+from apputil import cli, errors, files, net
 from tests.helpers import ended_pid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +40,27 @@ def test_a_shown_value_is_cut_at_120_characters_with_an_ellipsis():
     longer = ["x" * 57, "y" * 57]  # 122 characters: the first 117 and "..."
     assert errors.shown(longer) == repr(longer)[:117] + "..."
     assert len(errors.shown(longer)) == 120
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("localhost", True),
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),  # the whole 127/8 block
+        ("::1", True),
+        ("[::1]", True),  # IPv6 as written in a URL
+        ("0.0.0.0", False),
+        ("10.0.0.1", False),
+        ("[::]", False),
+        ("example.com", False),
+        (" 127.0.0.1", False),  # not an address: only the brackets are taken off
+        ("X127.0.0.1", False),
+        ("", False),
+    ],
+)
+def test_loopback_hosts_are_localhost_and_the_loopback_addresses_only(host, expected):
+    assert net.is_loopback(host) is expected
 
 
 def test_check_raises_only_when_the_condition_fails():

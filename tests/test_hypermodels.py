@@ -357,9 +357,10 @@ def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
     steps_per_trial // rounds, at least 1), scores the validation split, and reports to
     keras-tuner's callbacks at the last epoch. It logs once, at the end, and checkpoints
     only there (a trial is not resumed)."""
-    trained, scored = [], []
+    trained, scored, lines = [], [], []
 
     def train(run):
+        run.log("a line of the run")  # the trial's lines go to the hypermodel's log
         config, trainer = run.config, run.trainer
         iterations = int(trainer.optimizer.iterations.numpy())
         trained.append((run.start_step, config.loop.steps, iterations))
@@ -376,12 +377,13 @@ def test_a_trial_trains_its_rounds_steps_and_reports_the_validation_metrics(
     task = tasks.get_task("digits")
     config = SHARED.replace(model="antisymmetric", eval_batch_size=64, seed=5)
     hypermodel = hypermodels.RNNHyperModel(
-        task, config, space, steps_per_trial=steps_per_trial, rounds=4
+        task, config, space, steps_per_trial=steps_per_trial, rounds=4, log=lines.append
     )
     model = hypermodel.build(hp)
     callback = _Callback()
     logs = hypermodel.fit(hp, model, callbacks=[callback], **fit_kwargs)
     assert trained == [(start, stop, start)]
+    assert lines == ["a line of the run"]
     (_, (val_x, val_y)) = hypermodel.data()
     assert scored == [(len(val_y), 64, 5)]
     assert logs == {"val_accuracy": 0.25, "val_loss": 0.5}

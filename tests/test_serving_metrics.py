@@ -6,6 +6,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving import codes
 from serving import metrics as serving_metrics
 from tests.serving_helpers import ThreadServer, exported, http_call
 
@@ -99,7 +100,7 @@ def test_the_metrics_answer_in_prometheus_text_format_and_count_nothing_themselv
      (413, "RESOURCE_EXHAUSTED"), (500, "INTERNAL"), (503, "UNAVAILABLE"), (418, "UNKNOWN")],
 )  # fmt: skip
 def test_http_statuses_are_counted_under_tensorflow_serving_s_status_names(status, name):
-    assert serving_metrics.status_name(status) == name
+    assert codes.status_name(status) == name
 
 
 def test_a_latency_falls_in_the_first_bucket_whose_bound_holds_it():

@@ -54,6 +54,7 @@ class _FakeServer:
     def __init__(self, settings, calls):
         self.settings, self.calls = settings, calls
         self.server_address = ("127.0.0.1", 8555)
+        self.grpc_address = ("127.0.0.1", settings.grpc_port)
         self.dropped, self.events = calls.dropped, []
         calls.append(settings)
         calls.server = self
@@ -98,17 +99,19 @@ def test_every_flag_reaches_make_server_with_its_type(made, tmp_path, capsys):
               "channel_timeout": 9, "header_timeout": 2.5, "request_timeout": 3.5,
               "drain_seconds": 1.5}  # fmt: skip
     argv = ["--model-base-path", str(tmp_path), "--model-name", "antisym", "--port", "0",
-            "--host", "localhost", "--poll-seconds", "0.25"]  # fmt: skip
+            "--host", "localhost", "--poll-seconds", "0.25", "--grpc-port", "8557"]  # fmt: skip
     for name, value in limits.items():
         argv += ["--" + name.replace("_", "-"), str(value)]
     assert server_module.main(argv) == 0
     (settings,) = made
     assert settings == server_module.ServerSettings(
-        str(tmp_path), "antisym", "localhost", 0, 0.25, **limits
+        str(tmp_path), "antisym", "localhost", 0, 0.25, grpc_port=8557, **limits
     )
     for name, value in settings.limits().items():
         assert type(value) is type(limits[name]), name  # threads: int, timeouts: float
-    assert capsys.readouterr().out == "Serving antisym on http://127.0.0.1:8555\n"
+    assert capsys.readouterr().out == (
+        "Serving antisym over gRPC on 127.0.0.1:8557\nServing antisym on http://127.0.0.1:8555\n"
+    )
     assert made.server.events == ["served", "closed"]
 
 
@@ -116,7 +119,8 @@ def test_defaults_are_the_documented_ones(made, tmp_path):
     assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 0
     (settings,) = made
     assert (settings.model_base_path, settings.model_name, settings.host, settings.port,
-            settings.poll_seconds) == (str(tmp_path), "m", "127.0.0.1", 8501, 1.0)  # fmt: skip
+            settings.grpc_port, settings.poll_seconds) == (
+        str(tmp_path), "m", "127.0.0.1", 8501, 8500, 1.0)  # TensorFlow Serving's ports  # fmt: skip
     assert settings.limits() == _documented_limits()
     assert set(settings.limits()) == set(server_module.LIMITS)
 
@@ -135,7 +139,7 @@ def test_the_url_line_is_flushed_before_serving(made, tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(_FakeServer, "serve_forever", lambda self: seen.append(pipe.flushed))
     assert server_module.main(["--model-base-path", str(tmp_path), "--model-name", "m"]) == 0
-    assert seen == ["Serving m on http://127.0.0.1:8555\n"]
+    assert seen == ["Serving m over gRPC on 127.0.0.1:8500\nServing m on http://127.0.0.1:8555\n"]
 
 
 def test_a_drain_that_left_requests_unanswered_exits_1(made, tmp_path):
@@ -262,6 +266,7 @@ def test_serves_until_a_signal_then_drains_closes_and_gives_the_handlers_back(
 ):
     _, base = exported("antisymmetric")
     real_server, made, answers = server_module.LocalServer, [], []
+
     def record(settings):
         made.append(real_server(settings))
         return made[-1]
@@ -271,7 +276,7 @@ def test_serves_until_a_signal_then_drains_closes_and_gives_the_handlers_back(
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     client.start()
     status = server_module.main(
-        ["--model-base-path", base, "--model-name", "antisym", "--port", "0"]
+        ["--model-base-path", base, "--model-name", "antisym", "--port", "0", "--grpc-port", "0"]
     )
     client.join(timeout=60)
     assert status == 0

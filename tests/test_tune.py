@@ -647,6 +647,8 @@ def test_a_tuner_s_hypermodel_trains_on_the_backend_it_is_given(tmp_path, tuner)
     if tuner == "hyperband":
         assert (made.oracle.max_epochs, made.oracle.factor) == (4, 3)
         assert made.hypermodel.rounds == 4
+    else:  # one round: a trial is steps_per_trial steps
+        assert made.hypermodel.rounds == 1
 
 
 def _search_config(tmp_path, **run):
@@ -686,6 +688,50 @@ def test_a_search_record_without_a_newer_run_setting_reads_as_its_default(tmp_pa
     )
 
 
+def test_a_search_starts_in_a_project_folder_that_exists_without_a_record(tmp_path):
+    """An empty folder made beforehand (a mounted volume) is a new search, not an error."""
+    from training.search import tuner as search
+
+    config = _search_config(tmp_path)
+    os.makedirs(config.project_dir)
+    search.check_same_search(config)
+    record = json.loads((tmp_path / "p" / "search.json").read_text())
+    assert record == json.loads(json.dumps(config.identity()))
+
+
+def test_a_signal_between_trials_ends_the_search_in_one_line_in_process(
+    tmp_path, capsys, monkeypatch
+):
+    """SIGINT as the search reports its backend (outside any trial): `main` answers with
+    the signal's line and the shell's status."""
+
+    class Interrupting:
+        """stdout that sends SIGINT to this process when the search reports its backend."""
+
+        def __init__(self, stream):
+            self.stream = stream
+
+        def write(self, text):
+            if text.startswith("trials run on "):
+                os.kill(os.getpid(), signal.SIGINT)
+            return self.stream.write(text)
+
+        def flush(self):
+            self.stream.flush()
+
+    monkeypatch.setattr(sys, "stdout", Interrupting(sys.stdout))
+    argv = [*TINY, "--model", "antisymmetric", "--max-trials", "1", "--steps-per-trial", "2"]
+    previous = signal.getsignal(signal.SIGINT)
+    status = tune.main([*argv, "--directory", str(tmp_path), "--project-name", "p"])
+    assert signal.getsignal(signal.SIGINT) is previous  # the handler is put back
+    assert status == 128 + signal.SIGINT
+    assert capsys.readouterr().err == (
+        "python -m training.tune: error: stopped by SIGINT outside a trial; run the same "
+        "command to continue the search (its finished trials are kept)\n"
+    )
+    assert not (tmp_path / "p" / "search.json").exists()  # stopped before it was recorded
+
+
 def test_a_search_refuses_a_multi_worker_cluster_and_a_batch_the_replicas_cannot_split(
     tmp_path,
 ):
@@ -716,7 +762,9 @@ def test_the_best_summary_names_the_best_completed_trial_and_the_search(tmp_path
                   **{"learning_rate": 0.1, "tuner/epochs": 2, "tuner/round": 0})  # fmt: skip
     other = _trial("01", "COMPLETED", 0.5, {"val_loss": 0.9}, learning_rate=0.2)
     failed = _trial("02", "FAILED", None, learning_rate=0.3)
-    oracle = SimpleNamespace(trials={t.trial_id: t for t in (best, other, failed)})
+    # Stopped before its end, with a score better than any: not a completed trial.
+    stopped = _trial("04", "STOPPED", 0.9, learning_rate=0.4)
+    oracle = SimpleNamespace(trials={t.trial_id: t for t in (best, other, failed, stopped)})
     tuner = SimpleNamespace(oracle=oracle, project_dir=config.project_dir)
     rows = search.trial_rows(oracle, "antisymmetric")
     assert search.best_summary(config, tuner, rows) == {
@@ -731,13 +779,13 @@ def test_the_best_summary_names_the_best_completed_trial_and_the_search(tmp_path
         "tuner": "hyperband",
         "steps_per_trial": 7,
         "validation_fraction": 0.1,
-        "trials": 3,
+        "trials": 4,
         "completed_trials": 2,
         "space": config.space.to_dict(),
         "project_dir": config.project_dir,
     }
     with pytest.raises(SearchError, match=f"no trial of {config.project_dir} completed"):
-        search.best_summary(config, tuner, [r for r in rows if r["trial_id"] == "02"])
+        search.best_summary(config, tuner, [r for r in rows if r["trial_id"] in ("02", "04")])
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,272 @@
+"""TensorFlow Serving's gRPC API over a `ModelRepository`: `PredictionService.Predict`,
+`PredictionService.GetModelMetadata` and `ModelService.GetModelStatus`.
+
+The requests and answers are TensorFlow Serving's own protos (the
+`tensorflow-serving-api` package), so a client written for a TensorFlow
+Serving container talks to the local server unchanged, and the other way round.
+Inputs are checked as over REST (`serving.payload`, `serving.tensors`): the
+same signatures, the same limit of input numbers, the same messages; failures
+carry TensorFlow Serving's canonical codes (`INVALID_ARGUMENT`, `NOT_FOUND`,
+`FAILED_PRECONDITION`, ...). Every answer is counted in the server's metrics
+under the entrypoint `GRPC`.
+
+`GrpcServer` runs the services on grpcio's server: a fixed pool of worker
+threads, at most `threads + max_queued_requests` calls at once (more are
+refused with RESOURCE_EXHAUSTED, as over REST with 503), request messages of at
+most `max_body_bytes`, idle connections closed after `channel_timeout`. A
+drain stops taking calls and lets the ones in progress finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf import json_format
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from serving import tensors
+from serving.metrics import ServingMetrics
+from serving.payload import (
+    DEFAULT_MAX_INPUT_ELEMENTS,
+    DEFAULT_SIGNATURE,
+    Budget,
+    RestError,
+    bad_request,
+    check_together,
+    inputs_mismatch,
+    run_signature,
+)
+
+if TYPE_CHECKING:
+    from serving.repository import ModelRepository
+
+log = logging.getLogger("serving.server")
+
+#: The only metadata field TensorFlow Serving answers.
+SIGNATURE_DEF_FIELD = "signature_def"
+
+
+class GrpcApp(
+    prediction_service_pb2_grpc.PredictionServiceServicer,
+    model_service_pb2_grpc.ModelServiceServicer,
+):
+    """The servicer of both services: answers from a `ModelRepository`.
+
+    Classify, Regress, MultiInference and HandleReloadConfigRequest stay
+    UNIMPLEMENTED, as the stubs' base classes answer.
+
+    Args:
+        repository: The `ModelRepository` to answer from.
+        max_input_elements: The most input numbers one `Predict` may carry.
+        metrics: Where calls are counted and timed (default: a new `ServingMetrics`).
+        clock: Seconds of a monotonic clock, for the latencies.
+    """
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS,
+        metrics: ServingMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.repository = repository
+        self.max_input_elements = max_input_elements
+        self.metrics = metrics if metrics is not None else ServingMetrics()
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.in_flight = 0  # calls being answered: those a drain's end would cut off
+
+    def Predict(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """`PredictionService.Predict`: a signature run on the request's `TensorProto`s."""
+        return self._answer("predict", request.model_spec.name, context,
+                            lambda: self._predict(request))  # fmt: skip
+
+    def GetModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """`PredictionService.GetModelMetadata`: the served version's signature definitions."""
+        return self._answer("GetModelMetadata", request.model_spec.name, context,
+                            lambda: self._metadata(request))  # fmt: skip
+
+    def GetModelStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """`ModelService.GetModelStatus`: every version folder and its state."""
+        return self._answer("GetModelStatus", request.model_spec.name, context,
+                            lambda: self._status(request))  # fmt: skip
+
+    def _answer(
+        self, api: str, name: str, context: grpc.ServicerContext, respond: Callable[[], Any]
+    ) -> Any:
+        """`respond()`, or the call aborted with its error's canonical code; counted and
+        timed either way."""
+        started = self.clock()
+        with self._lock:
+            self.in_flight += 1
+        code, message = "OK", ""
+        try:
+            return respond()
+        except RestError as error:
+            code, message = error.code, error.message
+        except Exception as error:  # a real fault: answer INTERNAL and keep serving
+            log.exception("Internal error on gRPC %s for model %r", api, name[:200])
+            code, message = "INTERNAL", f"Internal: {error}"
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+            log.debug("gRPC %s %s -> %s", api, name[:200], code)
+            self.metrics.record(name, api, code, self.clock() - started, entrypoint="GRPC")
+        context.abort(grpc.StatusCode[code], message)  # raises: grpc answers with the code
+        raise AssertionError("unreachable")
+
+    def _servable(self, spec: Any) -> Any:
+        """The servable a `ModelSpec` asks for (a version, a label, or the served one)."""
+        return self.repository.get(spec.name, _version(spec))
+
+    def _predict(self, request: Any) -> Any:
+        servable = self._servable(request.model_spec)
+        signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+        specs = servable.input_specs(signature_name)
+        if set(request.inputs) != set(specs):
+            raise bad_request(inputs_mismatch(request.inputs, specs))
+        budget = Budget(self.max_input_elements)
+        arrays = {
+            name: tensors.input_array(request.inputs[name], specs[name], name, budget)
+            for name in specs
+        }
+        check_together(signature_name, arrays)
+        wanted = list(request.output_filter)
+        outputs = run_signature(servable, signature_name, arrays)
+        for alias in wanted:
+            if alias not in outputs:
+                raise bad_request(
+                    f"output tensor alias not found in signature: {alias} Outputs expected to "
+                    f"be in the set {{{','.join(sorted(outputs))}}}."
+                )
+        response = predict_pb2.PredictResponse()
+        _fill_spec(response.model_spec, request.model_spec.name, servable.version)
+        response.model_spec.signature_name = signature_name
+        for name in wanted or sorted(outputs):
+            response.outputs[name].CopyFrom(tensors.to_tensor_proto(outputs[name]))
+        return response
+
+    def _metadata(self, request: Any) -> Any:
+        fields = list(request.metadata_field)
+        if not fields:
+            raise bad_request("GetModelMetadataRequest must specify at least one metadata_field")
+        for field in fields:
+            if field != SIGNATURE_DEF_FIELD:
+                raise bad_request(f"Metadata field {field} is not supported")
+        servable = self._servable(request.model_spec)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        _fill_spec(response.model_spec, request.model_spec.name, servable.version)
+        signatures = json_format.ParseDict(
+            servable.signature_def, get_model_metadata_pb2.SignatureDefMap()
+        )
+        response.metadata[SIGNATURE_DEF_FIELD].Pack(signatures)
+        return response
+
+    def _status(self, request: Any) -> Any:
+        spec = request.model_spec
+        body = self.repository.status(spec.name, _version(spec))  # the proto as JSON
+        return json_format.ParseDict(body, get_model_status_pb2.GetModelStatusResponse())
+
+
+def _version(spec: Any) -> str | None:
+    """The version number a `ModelSpec` names (as in a REST path), None for the served one."""
+    if not spec.name:
+        raise bad_request("Missing ModelSpec")
+    if spec.WhichOneof("version_choice") == "version_label":
+        raise bad_request(f"Unrecognized servable version label: {spec.version_label}")
+    return str(spec.version.value) if spec.HasField("version") else None
+
+
+def _fill_spec(spec: Any, name: str, version: int) -> None:
+    spec.name = name
+    spec.version.value = version
+
+
+class GrpcServer:
+    """`GrpcApp` on a grpcio server bound to `host:port`, with the local server's limits.
+
+    Args:
+        app: The servicer.
+        host: Interface to bind.
+        port: TCP port (0: any free one; see `port` after binding).
+        threads: Worker threads answering calls.
+        max_queued_requests: Calls that may wait for a worker; more are refused
+            with RESOURCE_EXHAUSTED.
+        max_message_bytes: The largest request message accepted.
+        idle_seconds: Seconds an idle connection is kept open.
+
+    Raises:
+        OSError: the address cannot be bound (also when another process holds the
+            port: the socket is not shared with SO_REUSEPORT).
+    """
+
+    def __init__(
+        self,
+        app: GrpcApp,
+        host: str,
+        port: int,
+        threads: int,
+        max_queued_requests: int,
+        max_message_bytes: int,
+        idle_seconds: float,
+    ):
+        self.app = app
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc-worker"),
+            maximum_concurrent_rpcs=threads + max_queued_requests,
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.max_connection_idle_ms", int(idle_seconds * 1000)),
+            ],
+        )
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(app, self.server)
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(app, self.server)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            bound = self.server.add_insecure_port(address)
+        except RuntimeError as error:  # grpcio raises where older versions returned 0
+            raise OSError(f"cannot bind gRPC to {address}: {error}") from None
+        if not bound:
+            raise OSError(f"cannot bind gRPC to {address}: the address is in use")
+        self.host, self.port = host, bound
+        self._stopped: threading.Event | None = None
+        self._drain_deadline: float | None = None
+
+    def start(self) -> None:
+        """Start answering calls (from grpcio's own threads)."""
+        self.server.start()
+
+    def drain(self, seconds: float) -> None:
+        """Refuse new calls and let those in progress finish within `seconds`; a second
+        call cancels them at once. Returns at once (safe in a signal handler: grpcio
+        stops from its own thread)."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + seconds
+            self._stopped = self.server.stop(grace=seconds)
+        else:
+            self.server.stop(grace=None)
+
+    def wait_drained(self) -> int:
+        """After `drain`: waits for its end; returns how many calls it cut off."""
+        if self._stopped is None or self._drain_deadline is None:
+            return 0
+        self._stopped.wait(max(self._drain_deadline - time.monotonic(), 0.0) + 1.0)
+        return self.app.in_flight
+
+    def close(self) -> None:
+        """Stop at once (cancelling calls in progress) and release the port."""
+        self.server.stop(grace=None).wait(10)

@@ -1,0 +1,583 @@
+"""TensorFlow Serving's gRPC API in the local server: Predict (every signature),
+GetModelMetadata and GetModelStatus with TensorFlow Serving's own protos and stubs, its
+status codes, the limits, the drain, the metrics, and the client's `--grpc`."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import keras
+import numpy as np
+import pytest
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN
+from serving import tensors
+from serving.client import GrpcClient, ServingClient, ServingError
+from serving.client import main as client_main
+from serving.export import export_model
+from serving.grpcd import GrpcApp, GrpcServer
+from serving.metrics import ServingMetrics
+from serving.payload import RestError
+from tests.serving_helpers import REPO_ROOT, ServerProcess, ThreadServer, http_call, work_dir
+
+pytestmark = pytest.mark.timeout(300)
+
+T, M, UNITS = 12, 3, 4
+
+
+def _model():
+    """A seeded stack with three states (two cells and an LSTM's two) and a 3-class head."""
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential(
+        [
+            keras.Input((T, M)),
+            AntisymmetricRNN(UNITS, epsilon=0.3, gamma=0.01, return_sequences=True),
+            keras.layers.LSTM(UNITS, return_sequences=True, name="lstm"),
+            GatedAntisymmetricRNN(UNITS, epsilon=0.3),
+            keras.layers.Dense(3, name="classification_head"),
+        ],
+        name="stacked",
+    )
+    for weight in model.weights:  # away from zero biases: a wrong state would show
+        weight.assign(weight + np.random.default_rng(1).normal(0, 0.2, weight.shape))
+    return model
+
+
+@pytest.fixture(scope="module")
+def served():
+    """`(model, ThreadServer)`: the stack exported as version 3, served over REST and gRPC."""
+    model = _model()
+    base = work_dir("grpc", "stacked")
+    export_model(model, base, 3)
+    server = ThreadServer(base, "stacked", grpc_port=0)
+    try:
+        yield model, server
+    finally:
+        server.stop()
+
+
+def _target(server):
+    host, port = server.server.grpc_address
+    return f"{host}:{port}"
+
+
+@pytest.fixture(scope="module")
+def stubs(served):
+    _, server = served
+    channel = grpc.insecure_channel(_target(server))
+    try:
+        yield (
+            prediction_service_pb2_grpc.PredictionServiceStub(channel),
+            model_service_pb2_grpc.ModelServiceStub(channel),
+        )
+    finally:
+        channel.close()
+
+
+def _request(inputs, name="stacked", signature=None, version=None):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    if signature is not None:
+        request.model_spec.signature_name = signature
+    if version is not None:
+        request.model_spec.version.value = version
+    for key, value in inputs.items():
+        request.inputs[key].CopyFrom(tensors.to_tensor_proto(value))
+    return request
+
+
+def _outputs(response):
+    return {name: tensors.to_array(value) for name, value in response.outputs.items()}
+
+
+def _x(batch=2, steps=T, seed=0):
+    return np.random.default_rng(seed).normal(size=(batch, steps, M)).astype("float32")
+
+
+def _state_names(served_server):
+    metadata = ServingClient(served_server.url, "stacked").metadata()
+    inputs = metadata["metadata"]["signature_def"]["signature_def"]["stream"]["inputs"]
+    return {name: int(info["tensor_shape"]["dim"][-1]["size"])
+            for name, info in inputs.items() if name != "sequence"}  # fmt: skip
+
+
+def test_predict_answers_every_signature_exactly_as_the_rest_api(served, stubs):
+    """The same float32 numbers as REST's JSON (bit for bit), and Keras' within 1e-5."""
+    model, server = served
+    predict, _ = stubs
+    x = _x()
+    states = {name: np.random.default_rng(len(name)).normal(size=(2, size)).astype("float32")
+              for name, size in _state_names(server).items()}  # fmt: skip
+    assert len(states) == 4  # the two cells' and the LSTM's h and c
+    cases = {
+        "serving_default": {"sequence": x},
+        "stream": {"sequence": x[:, :5], **states},
+        "padded": {"sequence": x, "length": np.array([T, 7], "int32")},
+    }
+    url = f"{server.url}/v1/models/stacked:predict"
+    for signature, inputs in cases.items():
+        response = predict.Predict(_request(inputs, signature=signature), timeout=60)
+        assert (response.model_spec.name, response.model_spec.version.value,
+                response.model_spec.signature_name) == ("stacked", 3, signature)  # fmt: skip
+        got = _outputs(response)
+        body = {"signature_name": signature, "inputs": {k: v.tolist() for k, v in inputs.items()}}
+        status, rest = http_call(url, "POST", body)
+        assert status == 200, rest
+        assert sorted(got) == sorted(rest["outputs"]), signature
+        for name, value in got.items():
+            expected = np.asarray(rest["outputs"][name]).astype(value.dtype)
+            np.testing.assert_array_equal(value, expected, err_msg=f"{signature} {name}")
+    whole = _outputs(predict.Predict(_request({"sequence": x}), timeout=60))
+    np.testing.assert_allclose(whole["logits"], model.predict(x, verbose=0), atol=1e-5, rtol=0)
+    assert whole["class_id"].tolist() == np.argmax(whole["logits"], axis=-1).tolist()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, T])
+def test_a_grpc_stream_chunk_by_chunk_equals_keras_on_the_whole_sequence(served, chunk):
+    model, server = served
+    x = _x(seed=chunk)
+    with GrpcClient(_target(server), "stacked", timeout=60) as client:
+        answers = list(client.stream(x[:, start : start + chunk] for start in range(0, T, chunk)))
+        single = list(client.stream([x[1]]))  # one sequence, no batch axis
+    assert len(answers) == -(-T // chunk)
+    expected = model.predict(x, verbose=0)
+    np.testing.assert_allclose(answers[-1]["logits"], expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(single[0]["logits"], expected[1], atol=1e-5, rtol=0)
+    assert sorted(answers[-1]) == ["class_id", "logits", "probabilities"]  # no states
+
+
+def test_metadata_and_status_are_the_rest_bodies(served):
+    _, server = served
+    rest = ServingClient(server.url, "stacked")
+    with GrpcClient(_target(server), "stacked") as client:
+        assert client.metadata() == rest.metadata()
+        assert client.metadata(version=3) == rest.metadata(version=3)
+        assert client.status() == rest.status()
+        assert client.status() == {"model_version_status": [
+            {"version": "3", "state": "AVAILABLE",
+             "status": {"error_code": "OK", "error_message": ""}}]}  # fmt: skip
+
+
+def test_lists_take_the_signature_s_dtypes_and_arrays_their_own(served):
+    _, server = served
+    x = _x(batch=1)
+    with GrpcClient(_target(server), "stacked") as client:
+        from_lists = client.predict(
+            {"sequence": x.tolist(), "length": [5]}, signature_name="padded"
+        )
+        bare = client.predict(x.tolist())  # one input: sent under its name
+        with pytest.raises(ServingError) as refused:
+            client.predict({"sequence": x.astype("float64")})
+    with GrpcClient(_target(server), "stacked") as client:
+        arrays = client.predict(
+            {"sequence": x, "length": np.array([5], "int32")}, signature_name="padded"
+        )
+    for name, value in arrays["outputs"].items():
+        np.testing.assert_array_equal(from_lists["outputs"][name], value)
+    assert bare["model_spec"] == {"name": "stacked", "version": "3",
+                                  "signature_name": "serving_default"}  # fmt: skip
+    assert arrays["outputs"]["logits"].dtype == np.float32
+    assert refused.value.code == "INVALID_ARGUMENT" and refused.value.status is None
+    assert refused.value.message == "Input 'sequence' expects dtype DT_FLOAT, got DT_DOUBLE"
+
+
+def _proto(dtype=1, shape=(1, T, M), content=None, **fields):
+    """A hand-made TensorProto: what a client other than ours may send."""
+    from tensorflow.core.framework import tensor_pb2
+
+    proto = tensor_pb2.TensorProto(dtype=dtype, **fields)
+    for size in shape:
+        proto.tensor_shape.dim.add(size=size)
+    if content is not None:
+        proto.tensor_content = content
+    return proto
+
+
+def _bad_calls():
+    """`(name, make the request, code, message)` of calls refused with a status."""
+    good = _x(batch=1)
+
+    def predict(inputs=None, **spec):
+        return "Predict", _request({"sequence": good} if inputs is None else inputs, **spec)
+
+    def raw(proto, signature=None):
+        request = _request({}, signature=signature)
+        request.inputs["sequence"].CopyFrom(proto)
+        return "Predict", request
+
+    metadata = get_model_metadata_pb2.GetModelMetadataRequest
+    return [
+        ("unknown model", predict(name="other"), "NOT_FOUND",
+         "Servable not found for request: Latest(other)"),
+        ("no model name", predict(name=""), "INVALID_ARGUMENT", "Missing ModelSpec"),
+        ("version not served", predict(version=2), "NOT_FOUND",
+         "Servable not found for request: Specific(stacked, 2): no version folder 2 under the "
+         "model's base path"),
+        ("version label", ("Predict", _label_request()), "INVALID_ARGUMENT",
+         "Unrecognized servable version label: canary"),
+        ("unknown signature", predict(signature="nope"), "FAILED_PRECONDITION",
+         'Serving signature name: "nope" not found in signature def'),
+        ("missing input", predict({"seq": good}), "INVALID_ARGUMENT",
+         "input size does not match signature: 1!=1 len({seq}) != len({sequence}). Sent extra: "
+         "{seq}. Missing but required: {sequence}."),
+        ("wrong dtype", predict({"sequence": good.astype("float64")}), "INVALID_ARGUMENT",
+         "Input 'sequence' expects dtype DT_FLOAT, got DT_DOUBLE"),
+        ("wrong shape", predict({"sequence": good[:, :, :2]}), "INVALID_ARGUMENT",
+         f"Input 'sequence' expects shape [-1, {T}, {M}], got [1, {T}, 2]"),
+        ("wrong rank", predict({"sequence": good[0]}), "INVALID_ARGUMENT",
+         f"Input 'sequence' expects shape [-1, {T}, {M}], got [{T}, {M}]"),
+        ("empty batch", predict({"sequence": good[:0]}), "INVALID_ARGUMENT",
+         "Input 'sequence' has an empty dimension (empty batch or sequence)"),
+        ("NaN", predict({"sequence": np.full((1, T, M), np.nan, "float32")}), "INVALID_ARGUMENT",
+         "Input 'sequence' contains NaN or Infinity"),
+        ("short content", raw(_proto(content=b"\0" * 8)), "INVALID_ARGUMENT",
+         f"Input 'sequence' has 8 bytes of tensor_content; shape [1, {T}, {M}] of float32 "
+         f"takes {4 * T * M}"),
+        ("few values", raw(_proto(float_val=[1.0, 2.0])), "INVALID_ARGUMENT",
+         f"Input 'sequence' has 2 values in float_val; shape [1, {T}, {M}] takes {T * M}"),
+        ("unknown rank", raw(_proto(shape=(), tensor_shape={"unknown_rank": True})),
+         "INVALID_ARGUMENT", "Input 'sequence' has an unknown rank"),
+        ("length out of range",
+         predict({"sequence": good, "length": np.array([T + 1], "int32")}, signature="padded"),
+         "INVALID_ARGUMENT",
+         f"Input 'length' of row 0 is {T + 1}; each row's length must be in 1..{T} (the steps "
+         "of input 'sequence')"),
+        ("batches differ",
+         predict({"sequence": _x(batch=2), "length": np.array([3], "int32")}, signature="padded"),
+         "INVALID_ARGUMENT", "Inputs have different batch sizes"),
+        ("unknown output", ("Predict", _filtered(["logits", "value"])), "INVALID_ARGUMENT",
+         "output tensor alias not found in signature: value Outputs expected to be in the set "
+         "{class_id,logits,probabilities}."),
+        ("metadata without field", ("GetModelMetadata", metadata(model_spec={"name": "stacked"})),
+         "INVALID_ARGUMENT", "GetModelMetadataRequest must specify at least one metadata_field"),
+        ("metadata of another field",
+         ("GetModelMetadata", metadata(model_spec={"name": "stacked"}, metadata_field=["x"])),
+         "INVALID_ARGUMENT", "Metadata field x is not supported"),
+        ("status of a missing version",
+         ("GetModelStatus", get_model_status_pb2.GetModelStatusRequest(
+             model_spec={"name": "stacked", "version": {"value": 9}})),
+         "NOT_FOUND", "Could not find version 9 of model stacked"),
+    ]  # fmt: skip
+
+
+def _label_request():
+    request = _request({"sequence": _x(batch=1)})
+    request.model_spec.version_label = "canary"
+    return request
+
+
+def _filtered(names):
+    request = _request({"sequence": _x(batch=1)})
+    request.output_filter.extend(names)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("method", "request_", "code", "message"),
+    [(*call, code, message) for _, call, code, message in _bad_calls()],
+    ids=[case[0] for case in _bad_calls()],
+)
+def test_bad_calls_get_tensorflow_serving_s_codes_and_the_server_keeps_serving(
+    served, stubs, method, request_, code, message
+):
+    predict, models = stubs
+    stub = models if method == "GetModelStatus" else predict
+    with pytest.raises(grpc.RpcError) as refused:
+        getattr(stub, method)(request_, timeout=60)
+    assert (refused.value.code().name, refused.value.details()) == (code, message)
+    assert predict.Predict(_request({"sequence": _x(batch=1)}), timeout=60).outputs
+
+
+def test_an_output_filter_answers_only_the_outputs_named(stubs):
+    predict, _ = stubs
+    response = predict.Predict(_filtered(["probabilities"]), timeout=60)
+    assert list(response.outputs) == ["probabilities"]
+    np.testing.assert_allclose(tensors.to_array(response.outputs["probabilities"]).sum(-1), 1,
+                               rtol=1e-5)  # fmt: skip
+
+
+def test_the_other_apis_of_the_services_are_unimplemented(stubs):
+    predict, _ = stubs
+    with pytest.raises(grpc.RpcError) as refused:
+        predict.Classify(classification_pb2.ClassificationRequest(), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_grpc_calls_are_counted_under_the_grpc_entrypoint(stubs):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    predict, models = stubs
+    metrics = ServingMetrics()
+    app = GrpcApp(_Repository(), metrics=metrics)
+    server = GrpcServer(app, "127.0.0.1", 0, threads=2, max_queued_requests=2,
+                        max_message_bytes=1 << 20, idle_seconds=30)  # fmt: skip
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            stub.Predict(_small_request(), timeout=30)
+            stub.Predict(_small_request(), timeout=30)
+            with pytest.raises(grpc.RpcError):
+                stub.Predict(_small_request(name="other"), timeout=30)
+            model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+                get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "m"}), timeout=30
+            )
+    finally:
+        server.close()
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+    counts = {(s.labels["model_name"], s.labels["status"]): s.value
+              for s in families[":tensorflow:serving:request_count"].samples}  # fmt: skip
+    assert counts == {("m", "OK"): 3, ("other", "NOT_FOUND"): 1}
+    totals = {(s.labels["model_name"], s.labels["API"], s.labels["entrypoint"]): s.value
+              for s in families[":tensorflow:serving:request_latency"].samples
+              if s.name.endswith("_count")}  # fmt: skip
+    assert totals == {("m", "predict", "GRPC"): 2, ("other", "predict", "GRPC"): 1,
+                      ("m", "GetModelStatus", "GRPC"): 1}  # fmt: skip
+
+
+class _Servable:
+    """A stand-in version: one signature `y = 2 x` that waits on `gate` when it is given."""
+
+    version = 1
+    signature_def = {"signature_def": {}}
+    max_rank = 2
+
+    def __init__(self, gate=None):
+        import tensorflow as tf
+
+        self.gate, self.started = gate, threading.Semaphore(0)
+
+        def double(x):
+            self.started.release()
+            if self.gate is not None:
+                self.gate.wait(30)
+            return {"y": x * 2}
+
+        self.signatures = {"serving_default": double}
+        self._spec = {"x": tf.TensorSpec([None, 2], tf.float32)}
+
+    def input_specs(self, signature_name):
+        return self._spec
+
+
+class _Repository:
+    """A stand-in `ModelRepository` of one model `m` answering from `servable`."""
+
+    def __init__(self, servable=None):
+        self.servable = servable or _Servable()
+
+    def get(self, name, version=None):
+        if name != "m":
+            raise RestError(404, f"Servable not found for request: Latest({name})")
+        return self.servable
+
+    def status(self, name, version=None):
+        return {
+            "model_version_status": [
+                {
+                    "version": "1",
+                    "state": "AVAILABLE",
+                    "status": {"error_code": "OK", "error_message": ""},
+                }
+            ]
+        }
+
+
+def _small_request(name="m"):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    request.inputs["x"].CopyFrom(tensors.to_tensor_proto(np.ones((1, 2), "float32")))
+    return request
+
+
+def _serve(repository, **limits):
+    settings = dict(threads=1, max_queued_requests=1, max_message_bytes=1 << 20, idle_seconds=30)
+    settings.update(limits)
+    server = GrpcServer(GrpcApp(repository), "127.0.0.1", 0, **settings)
+    server.start()
+    return server
+
+
+def _call_in_thread(stub, results):
+    def call():
+        try:
+            response = stub.Predict(_small_request(), timeout=30)
+            results.append(tensors.to_array(response.outputs["y"]).tolist())
+        except grpc.RpcError as error:
+            results.append(error.code().name)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_calls_beyond_the_workers_and_the_queue_are_refused_resource_exhausted():
+    """One worker and one queued call: of two more calls while the worker is held, one
+    waits and one is refused at once (whichever arrives second), not queued."""
+    gate = threading.Event()
+    servable = _Servable(gate)
+    server = _serve(_Repository(servable), threads=1, max_queued_requests=1)
+    results = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            calls = [_call_in_thread(stub, results)]
+            assert servable.started.acquire(timeout=30)  # the worker holds the first call
+            calls += [_call_in_thread(stub, results), _call_in_thread(stub, results)]
+            deadline = time.monotonic() + 30
+            while "RESOURCE_EXHAUSTED" not in results and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert results == ["RESOURCE_EXHAUSTED"]  # refused while the others still wait
+            gate.set()
+            for call in calls:
+                call.join(30)
+    finally:
+        server.close()
+    assert sorted(map(str, results)) == ["RESOURCE_EXHAUSTED", "[[2.0, 2.0]]", "[[2.0, 2.0]]"]
+
+
+def test_a_drain_answers_the_call_in_progress_and_refuses_new_ones():
+    gate = threading.Event()
+    servable = _Servable(gate)
+    server = _serve(_Repository(servable), threads=2)
+    results = []
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        call = _call_in_thread(stub, results)
+        assert servable.started.acquire(timeout=30)
+        server.drain(10)
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as fresh:
+            with pytest.raises(grpc.RpcError) as refused:
+                prediction_service_pb2_grpc.PredictionServiceStub(fresh).Predict(
+                    _small_request(), timeout=5
+                )
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        gate.set()
+        assert server.wait_drained() == 0
+        call.join(30)
+    assert results == [[[2.0, 2.0]]]
+
+
+def test_a_drain_that_runs_out_of_time_counts_the_call_it_cut_off():
+    gate = threading.Event()
+    servable = _Servable(gate)
+    server = _serve(_Repository(servable))
+    results = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            call = _call_in_thread(stub, results)
+            assert servable.started.acquire(timeout=30)
+            server.drain(0.2)
+            assert server.wait_drained() == 1
+            call.join(30)
+    finally:
+        gate.set()
+        server.close()
+    # No answer: the client sees the server go (grpcio's words for it vary with timing).
+    assert results in (["UNAVAILABLE"], ["CANCELLED"])
+
+
+def test_a_request_larger_than_max_body_bytes_is_resource_exhausted(served):
+    _, server = served
+    small = ThreadServer(server.server.settings.model_base_path, "stacked", grpc_port=0,
+                         max_body_bytes=200)  # fmt: skip
+    try:
+        with GrpcClient(_target(small), "stacked", retries=0) as client:
+            with pytest.raises(ServingError) as refused:
+                client.predict({"sequence": _x(batch=4)})  # 4 x 12 x 3 float32: 576 bytes
+            assert refused.value.code == "RESOURCE_EXHAUSTED"
+            assert client.predict({"sequence": _x(batch=1)})["outputs"]  # 144 bytes: fine
+    finally:
+        small.stop()
+
+
+def test_the_client_cli_speaks_grpc_and_prints_the_rest_api_s_json(served, capsys, tmp_path):
+    _, server = served
+    target = ["--grpc", _target(server), "--model", "stacked"]
+    assert client_main([*target, "status"]) == 0
+    assert json.loads(capsys.readouterr().out) == ServingClient(server.url, "stacked").status()
+    x = _x(batch=2)
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps({"instances": [{"sequence": s.tolist(), "length": 4} for s in x],
+                                "signature_name": "padded"}))  # fmt: skip
+    assert client_main([*target, "predict", "--instances-file", str(rows)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    body = {"signature_name": "padded", "inputs": {"sequence": x.tolist(), "length": [4, 4]}}
+    _, rest = http_call(f"{server.url}/v1/models/stacked:predict", "POST", body)
+    assert printed["model_spec"] == {"name": "stacked", "version": "3",
+                                     "signature_name": "padded"}  # fmt: skip
+    assert printed["outputs"] == rest["outputs"]
+    sequence = tmp_path / "x.npy"
+    np.save(sequence, x[0])
+    assert client_main([*target, "stream", "--sequence-file", str(sequence), "--chunk", "5"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["steps"] for line in lines] == [5, 10, T]
+    model, _ = served
+    np.testing.assert_allclose(lines[-1]["logits"], model.predict(x[:1], verbose=0)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("target", "status", "line"),
+    [
+        ("127.0.0.1", 2, "Received an invalid value for argument `grpc`, expected HOST:PORT of a "
+         "gRPC endpoint, e.g. 127.0.0.1:8500, got '127.0.0.1'."),
+        ("http://127.0.0.1:8500", 2, "expected HOST:PORT of a gRPC endpoint"),
+        ("127.0.0.1:0", 2, "expected HOST:PORT of a gRPC endpoint"),
+        ("127.0.0.1:9", 1, "UNAVAILABLE from 127.0.0.1:9: "),
+    ],
+)  # fmt: skip
+def test_a_bad_or_unreachable_grpc_target_is_one_line(capsys, target, status, line):
+    argv = ["--grpc", target, "--model", "m", "--retries", "0", "--timeout", "5", "status"]
+    assert client_main(argv) == status
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and line in err, err
+
+
+def test_the_server_command_serves_grpc_and_a_taken_grpc_port_is_one_line(served):
+    _, server = served
+    base = server.server.settings.model_base_path
+    process = ServerProcess(base, "stacked")
+    try:
+        assert process.grpc_target is not None
+        with GrpcClient(process.grpc_target, "stacked", timeout=60) as client:
+            assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
+    finally:
+        process.stop()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "serving.server", "--model-base-path", base, "--model-name",
+             "stacked", "--port", "0", "--grpc-port", str(port)],
+            cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    (line,) = [line for line in done.stderr.splitlines() if ": error: " in line]
+    assert line.startswith("python -m serving.server: error: cannot bind gRPC to 127.0.0.1:")
+
+
+def test_a_grpc_port_out_of_range_is_refused_naming_the_flag(capsys, tmp_path):
+    from serving import server as server_module
+
+    argv = ["--model-base-path", str(tmp_path), "--model-name", "m", "--grpc-port", "65536"]
+    assert server_module.main(argv) == 2
+    assert capsys.readouterr().err == (
+        "python -m serving.server: error: Received an invalid value for argument "
+        "`--grpc-port`, expected 0 to 65535, got 65536.\n"
+    )

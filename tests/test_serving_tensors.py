@@ -1,0 +1,77 @@
+"""`serving.tensors`: TensorProto to and from NumPy, bytes exact, checked against the spec."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from serving import tensors
+from serving.payload import Budget, RestError
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
+def test_every_signature_dtype_round_trips_bit_for_bit(dtype):
+    rng = np.random.default_rng(0)
+    array = (rng.normal(size=(2, 3, 4)) * 1000).astype(dtype)
+    proto = tensors.to_tensor_proto(array)
+    assert proto.tensor_content == array.astype(array.dtype.newbyteorder("<")).tobytes()
+    back = tensors.to_array(proto)
+    assert back.dtype == array.dtype and back.shape == array.shape
+    assert back.tobytes() == array.tobytes()
+    # TensorFlow reads the proto as the same tensor.
+    np.testing.assert_array_equal(tf.make_ndarray(proto), array)
+
+
+def test_a_float32_keeps_every_bit_where_a_decimal_string_would_not():
+    tiny = np.array([np.float32(0.1), np.nextafter(np.float32(1), np.float32(2)), 3e-45],
+                    "float32")  # fmt: skip
+    assert tensors.to_array(tensors.to_tensor_proto(tiny)).tobytes() == tiny.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "values"),
+    [(tf.float32, [0.5, -1.25, 3.0, 4.0]), (tf.float64, [1e300, 2.0, -3.0, 0.0]),
+     (tf.int32, [1, -2, 3, 2**31 - 1]), (tf.int64, [2**40, -1, 0, 7]),
+     (tf.float16, [0.5, 1.0, -2.0, 65504.0])],
+)  # fmt: skip
+def test_tensors_in_typed_value_fields_are_read_as_tensorflow_reads_them(dtype, values):
+    """Other clients send `float_val` and friends instead of `tensor_content`."""
+    proto = tf.make_tensor_proto(values, dtype=dtype, shape=[2, 2])
+    proto.ClearField("tensor_content")
+    field = {tf.float32: "float_val", tf.float64: "double_val", tf.int32: "int_val",
+             tf.int64: "int64_val", tf.float16: "half_val"}[dtype]  # fmt: skip
+    if not getattr(proto, field):
+        expected = np.array(values, dtype.as_numpy_dtype)
+        raw = expected.view(np.uint16) if dtype == tf.float16 else expected
+        getattr(proto, field).extend(raw.tolist())
+    array = tensors.to_array(proto)
+    np.testing.assert_array_equal(array, np.array(values, dtype.as_numpy_dtype).reshape(2, 2))
+    np.testing.assert_array_equal(array, tf.make_ndarray(proto))
+    spec = tf.TensorSpec([None, 2], dtype)
+    np.testing.assert_array_equal(tensors.input_array(proto, spec, "x", Budget(4)), array)
+
+
+def test_an_unsupported_dtype_is_refused_naming_the_argument():
+    with pytest.raises(TypeError, match="argument `array`, expected an array of .*got dtype bool"):
+        tensors.to_tensor_proto(np.array([True]))
+
+
+def test_inputs_are_counted_against_the_budget_before_they_are_read():
+    proto = tensors.to_tensor_proto(np.zeros((3, 4), "float32"))
+    spec = tf.TensorSpec([None, 4], tf.float32)
+    budget = Budget(20)
+    tensors.input_array(proto, spec, "a", budget)
+    assert budget.used == 12
+    with pytest.raises(RestError) as refused:
+        tensors.input_array(proto, spec, "b", budget)
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert refused.value.message == (
+        "Request has more than 20 input numbers (--max-input-elements); input 'b' has 12, "
+        "after 12 in the inputs before it"
+    )
+
+
+def test_an_input_of_an_unknown_dtype_number_is_named():
+    proto = tensors.to_tensor_proto(np.zeros((1, 2), "float32"))
+    proto.dtype = 7  # DT_STRING
+    with pytest.raises(RestError, match="Input 'x' expects dtype DT_FLOAT, got DataType 7"):
+        tensors.input_array(proto, tf.TensorSpec([None, 2], tf.float32), "x", Budget(10))
