@@ -10,10 +10,12 @@ the 96 of a noise-padded CIFAR-10 row, the paper's T = 1,000 task)
 this exports a `T = 1,000` AntisymmetricRNN classifier (batch 1), serves it
 with `python -m serving.server` in its own process and times, in one run and
 interleaved in blocks of updates, both kinds of update from one keep-alive
-connection: JSON encoding of the request, the HTTP round trip, the prediction
-and the decoding of the answer. The same two signatures are also timed called
-in this process on tensors (no HTTP, no JSON): the part of an update that the
-graph itself costs, and the ratio a front end with no cost of its own would show.
+connection: over REST (JSON encoding of the request, the HTTP round trip, the
+prediction and the decoding of the answer) and then over gRPC (`GrpcClient`:
+TensorProtos of the arrays' bytes, TensorFlow Serving's protos). The same two
+signatures are also timed called in this process on tensors (no HTTP, no JSON):
+the part of an update that the graph itself costs, and the ratio a front end
+with no cost of its own would show.
 Prints p50 and p99 of each and the ratios of the medians; writes
 `serving_stream.json` and `serving_stream.md` under `--output` (default
 `runs/benchmarks`).
@@ -75,24 +77,29 @@ class _Server:
 
     def __init__(self, base: str):
         command = [sys.executable, "-m", "serving.server", "--model-base-path", base]
-        command += ["--model-name", "bench", "--port", "0"]
+        command += ["--model-name", "bench", "--port", "0", "--grpc-port", "0"]
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
             command, cwd=common.ROOT, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         self.lines: list[str] = []
+        self.grpc = ""
         found = threading.Event()
         threading.Thread(target=self._read, args=(found,), daemon=True).start()
         if not found.wait(SERVER_START_SECONDS):
             self.stop()
             raise common.ChildError("serving.server did not start:\n" + "".join(self.lines[-20:]))
         self.host, self.port = self.address
+        self.grpc_target = self.grpc  # printed before the URL: read already
 
     def _read(self, found: threading.Event) -> None:
         assert self.process.stdout is not None  # started with stdout=PIPE
         for line in self.process.stdout:
             self.lines.append(line)
+            grpc = re.match(r"Serving \S+ over gRPC on (\S+)", line)
+            if grpc:
+                self.grpc = grpc[1]
             match = re.match(r"Serving \S+ on http://([^:]+):(\d+)", line)
             if match and not found.is_set():
                 self.address = match[1], int(match[2])
@@ -186,6 +193,24 @@ def measure(shape: dict, connection: http.client.HTTPConnection) -> dict:
     return _updates(shape, lambda window: post({"instances": window.tolist()}), send_chunk)
 
 
+def measure_grpc(shape: dict, client: Any) -> dict:
+    """Raw seconds of each update over gRPC (a `serving.client.GrpcClient`): tensors as
+    their bytes, the states carried as the arrays of the answers."""
+    version, sizes = client.stream_states()
+    signatures = client.metadata(version)["metadata"]["signature_def"]["signature_def"]
+    (input_name,) = signatures["serving_default"]["inputs"]
+    state = {name: np.zeros((1, size), "float32") for name, size in sizes.items()}
+
+    def send_chunk(chunk):
+        outputs = client.predict({"sequence": chunk, **state}, version, "stream")["outputs"]
+        state.update((name, outputs[name]) for name in sizes)
+
+    def send_whole(window):
+        client.predict({input_name: window}, version)
+
+    return _updates(shape, send_whole, send_chunk)
+
+
 def measure_in_process(shape: dict, base: str) -> dict:
     """Raw seconds of the two signatures called here on tensors (the graph's own cost)."""
     from apputil.quiet import import_tensorflow
@@ -230,19 +255,24 @@ def _stats(seconds: list[float]) -> dict:
 
 
 def _measure_width(shape: dict) -> dict:
-    """Both kinds of update for one input width, through the server and in process."""
+    """Both kinds of update for one input width: through the server over REST and over
+    gRPC, and in process."""
+    from serving.client import GrpcClient
+
     with tempfile.TemporaryDirectory(prefix="serving-stream-") as folder:
         base = _export(shape, folder)
         server = _Server(base)
         connection = http.client.HTTPConnection(server.host, server.port, timeout=60)
         try:
-            served = measure(shape, connection)
+            rest = measure(shape, connection)
+            with GrpcClient(server.grpc_target, "bench", timeout=60, retries=0) as client:
+                grpc = measure_grpc(shape, client)
         finally:
             connection.close()
             server.stop()
         graph = measure_in_process(shape, base)
     result = {"shape": shape}
-    for where, times in (("server", served), ("in_process", graph)):
+    for where, times in (("rest", rest), ("grpc", grpc), ("in_process", graph)):
         stats = {name: _stats(values) for name, values in times.items()}
         ratio = stats["whole"]["median"] / stats["stream"]["median"]
         result[where] = {"latency": stats, "ratio_of_medians": ratio}
@@ -258,28 +288,32 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.output, exist_ok=True)
     measured = [_measure_width(dict(base_shape, features=width)) for width in widths]
     results: dict[str, Any] = {
-        "environment": {**common.environment(), "cpu": _cpu_name()}, "widths": measured
+        "environment": {**common.environment(), "cpu": _cpu_name()},
+        "widths": measured,
     }
     rows = []
     for each in measured:
-        shape, served, graph = each["shape"], each["server"], each["in_process"]
+        shape = each["shape"]
         for name, label in (
             ("whole", f"whole sequence resent ({shape['steps']} steps)"),
             ("stream", f"one {shape['chunk']}-step chunk streamed"),
         ):
-            s, g = served["latency"][name], graph["latency"][name]
-            milliseconds = [f"{value * 1e3:.2f} ms" for value in (s["p50"], s["p99"], g["p50"])]
-            rows.append((shape["features"], label, *milliseconds, s["repeats"]))
+            r, g, p = (each[where]["latency"][name] for where in ("rest", "grpc", "in_process"))
+            values = (r["p50"], r["p99"], g["p50"], g["p99"], p["p50"])
+            rows.append((shape["features"], label, *(f"{v * 1e3:.2f} ms" for v in values),
+                         r["repeats"]))  # fmt: skip
     lines = common.table(
-        ["features", "update (batch 1)", "p50", "p99", "signature alone, p50", "repeats"], rows
-    )
+        ["features", "update (batch 1)", "REST p50", "REST p99", "gRPC p50", "gRPC p99",
+         "signature alone, p50", "repeats"],
+        rows,
+    )  # fmt: skip
     lines.append("")
     for each in measured:
+        ratios = {where: each[where]["ratio_of_medians"] for where in each if where != "shape"}
         lines.append(
             f"{each['shape']['features']} feature(s) per step: streaming is "
-            f"{each['server']['ratio_of_medians']:.1f}x cheaper per update through the server "
-            f"({each['in_process']['ratio_of_medians']:.1f}x for the signatures alone; "
-            "ratios of the medians)"
+            f"{ratios['rest']:.1f}x cheaper per update over REST, {ratios['grpc']:.1f}x over "
+            f"gRPC ({ratios['in_process']:.1f}x for the signatures alone; ratios of the medians)"
         )
     env = results["environment"]
     lines.append(f"CPU: {env['cpu']}, {env['cpus']} cores")

@@ -14,18 +14,20 @@ each whole request before the app sees it. On top, this module:
 - never invites a refused request's body: `Expect: 100-continue` with a
   Content-Length over the cap (or any other error in the head) gets the error at
   once, not "100 Continue";
-- drains on request (`ServerThread.drain`, for SIGTERM): stops accepting, answers
-  what is in flight with `Connection: close`, then stops;
+- drains on request (`ServerThread.drain`, for SIGTERM): stops the kernel from
+  completing new connections (`stop_handshakes`), accepts those it completed, closes
+  the listener, answers what is in flight with `Connection: close`, then stops;
 - reads and drops what a refused client still sends for a few seconds before
   closing ("lingering close"), so that it reads the error instead of a reset.
 """
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
 import json
 import logging
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +48,7 @@ LINGER_FACTOR = 4  # drop at most this many times the body cap while lingering
 # A draining server waits this long for the first request of a connection that has sent
 # nothing yet: a client writes its request just after connecting.
 FIRST_REQUEST_GRACE = 1.0
+SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)  # Linux's number
 
 
 class StrictParser(HTTPRequestParser):
@@ -171,6 +174,34 @@ class LingeringChannel(HTTPChannel):
         if not data or self.linger_left <= 0 or time.monotonic() > self.linger_until:
             self.linger_until = 0.0
             super().handle_close()
+
+
+# A classic BPF socket filter of one instruction, `ret #0`: keep no byte of any packet.
+_DROP_ALL = struct.pack("HBBI", 0x06, 0, 0, 0)  # BPF_RET | BPF_K, k = 0
+
+
+def stop_handshakes(listener: socket.socket) -> str:
+    """Make the kernel complete no new connection on `listener`; returns how.
+
+    On Linux a socket filter that drops every packet is attached to it: SYNs no
+    longer reach it (the client sends its SYN again a second later), while the
+    connections it completed already wait in its backlog, for `accept`. Elsewhere
+    (or where the filter is refused) the backlog shrinks to its minimum
+    (`listen(0)`), which leaves a shorter window. Returns `"filter"`, `"backlog"`
+    or `"none"` (both failed: the socket is closed or not listening).
+    """
+    program = ctypes.create_string_buffer(_DROP_ALL)
+    fprog = struct.pack("HL", 1, ctypes.addressof(program))  # struct sock_fprog
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+        return "filter"
+    except (OSError, AttributeError):
+        pass
+    try:
+        listener.listen(0)
+        return "backlog"
+    except OSError:
+        return "none"
 
 
 def _close_after(requests) -> None:
@@ -327,12 +358,11 @@ class ServerThread:
         server.draining = True
         # Connections the kernel completed are clients that sent (or will send) a
         # request believing they were accepted: take them before closing the socket,
-        # which would reset them.
-        # First shrink the backlog to its minimum: the kernel then stops completing new
-        # handshakes (their SYNs wait, and find the port closed), so few can slip in
-        # between the last accept and the close.
-        with contextlib.suppress(OSError):
-            server.socket.listen(0)
+        # which would reset them. First the kernel is told to complete no more: new
+        # SYNs are dropped, so a client retries its SYN and then finds the port closed
+        # (refused, safe to retry) or the restarted server; none is completed between
+        # the last accept and the close.
+        stop_handshakes(server.socket)
         accepted = server.accept_pending()
         server.accepting = False
         server.del_channel()

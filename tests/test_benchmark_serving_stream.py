@@ -107,6 +107,49 @@ def test_measure_carries_each_answers_states_into_the_next_chunk():
         assert body["inputs"]["state_1"] == [[-float(number)] * 6]
 
 
+class _GrpcClient:
+    """`serving.client.GrpcClient`'s calls as `measure_grpc` makes them, answered as the
+    server would: each stream answer's states count the chunks so far."""
+
+    def __init__(self):
+        self.calls, self.count = [], 0
+
+    def stream_states(self):
+        return 7, {"state_0": 4, "state_1": 6}
+
+    def metadata(self, version):
+        assert version == 7
+        inputs = {"sequence": {}}
+        return {"metadata": {"signature_def": {"signature_def": {
+            "serving_default": {"inputs": inputs}}}}}  # fmt: skip
+
+    def predict(self, inputs, version, signature_name=None):
+        self.calls.append(({k: v.copy() for k, v in inputs.items()}, version, signature_name))
+        if signature_name is None:
+            return {"outputs": {"logits": np.zeros((1, 10), "float32")}}
+        self.count += 1
+        return {"outputs": {"logits": np.zeros((1, 10), "float32"),
+                            "state_0": np.full((1, 4), self.count, "float32"),
+                            "state_1": np.full((1, 6), -self.count, "float32")}}  # fmt: skip
+
+
+def test_measure_grpc_sends_arrays_to_the_pinned_version_and_carries_the_states():
+    client = _GrpcClient()
+    times = serving_stream.measure_grpc(SHAPE, client)
+    assert set(times) == {"whole", "stream"} and len(times["stream"]) == 6
+    assert {version for _, version, _ in client.calls} == {7}
+    streams = [inputs for inputs, _, signature in client.calls if signature == "stream"]
+    wholes = [inputs for inputs, _, signature in client.calls if signature is None]
+    assert len(streams) == len(wholes) == 2 + 2 * 4
+    assert all(set(inputs) == {"sequence"} and inputs["sequence"].shape == (1, 10, 2)
+               and inputs["sequence"].dtype == np.float32 for inputs in wholes)  # fmt: skip
+    assert streams[0]["sequence"].shape == (1, 3, 2)
+    assert streams[0]["state_0"].tolist() == [[0.0] * 4]
+    for number, inputs in enumerate(streams[1:], start=1):  # the previous answer's states
+        assert inputs["state_0"].tolist() == [[float(number)] * 4]
+        assert inputs["state_1"].tolist() == [[-float(number)] * 6]
+
+
 def test_a_failed_request_stops_the_benchmark_with_the_servers_answer():
     post = serving_stream._poster(_Connection(status=400), "/v1/models/bench:predict")
     with pytest.raises(serving_stream.common.ChildError, match=r"HTTP 400: \{'outputs'"):
@@ -140,8 +183,10 @@ def test_main_tables_every_width_with_the_ratios_of_the_medians(monkeypatch, tmp
         m = shape["features"]
         return {
             "shape": shape,
-            "server": {"latency": {"whole": _latency(0.010 * m), "stream": _latency(0.002)},
-                       "ratio_of_medians": 5.0 * m},
+            "rest": {"latency": {"whole": _latency(0.010 * m), "stream": _latency(0.002)},
+                     "ratio_of_medians": 5.0 * m},
+            "grpc": {"latency": {"whole": _latency(0.005 * m), "stream": _latency(0.0005)},
+                     "ratio_of_medians": 10.0 * m},
             "in_process": {"latency": {"whole": _latency(0.004), "stream": _latency(0.001)},
                            "ratio_of_medians": 4.0},
         }  # fmt: skip
@@ -155,20 +200,25 @@ def test_main_tables_every_width_with_the_ratios_of_the_medians(monkeypatch, tmp
     assert capsys.readouterr().out == text
     lines = text.splitlines()
     assert lines[0] == (
-        "| features | update (batch 1) | p50 | p99 | signature alone, p50 | repeats |"
+        "| features | update (batch 1) | REST p50 | REST p99 | gRPC p50 | gRPC p99 "
+        "| signature alone, p50 | repeats |"
     )
     assert lines[2] == (
-        "| 1 | whole sequence resent (1000 steps) | 10.00 ms | 15.00 ms | 4.00 ms | 4 |"
+        "| 1 | whole sequence resent (1000 steps) | 10.00 ms | 15.00 ms | 5.00 ms | 7.50 ms "
+        "| 4.00 ms | 4 |"
     )
-    assert lines[3] == "| 1 | one 28-step chunk streamed | 2.00 ms | 3.00 ms | 1.00 ms | 4 |"
+    assert lines[3] == (
+        "| 1 | one 28-step chunk streamed | 2.00 ms | 3.00 ms | 0.50 ms | 0.75 ms | 1.00 ms | 4 |"
+    )
     assert lines[6] == (
-        "| 96 | whole sequence resent (1000 steps) | 960.00 ms | 1440.00 ms | 4.00 ms | 4 |"
+        "| 96 | whole sequence resent (1000 steps) | 960.00 ms | 1440.00 ms | 480.00 ms "
+        "| 720.00 ms | 4.00 ms | 4 |"
     )
     assert len(lines) == 2 + 3 * 3 + 2
     assert lines[8] == ""  # the table, a blank line, the ratios
     assert lines[10] == (
-        "28 feature(s) per step: streaming is 140.0x cheaper per update through the server "
-        "(4.0x for the signatures alone; ratios of the medians)"
+        "28 feature(s) per step: streaming is 140.0x cheaper per update over REST, 280.0x over "
+        "gRPC (4.0x for the signatures alone; ratios of the medians)"
     )
     assert lines[-1].startswith("CPU: Some CPU, ") and lines[-1].endswith(" cores")
     results = json.loads((tmp_path / "serving_stream.json").read_text())
@@ -186,7 +236,7 @@ def test_one_width_measured_for_real_through_a_served_export():
              "block": 2}  # fmt: skip
     result = serving_stream._measure_width(shape)
     assert result["shape"] == shape
-    for where in ("server", "in_process"):
+    for where in ("rest", "grpc", "in_process"):
         latency = result[where]["latency"]
         for kind in ("whole", "stream"):
             stats = latency[kind]

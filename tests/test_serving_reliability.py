@@ -118,39 +118,44 @@ def _wait_count(traffic, count, timeout):
         time.sleep(0.05)
 
 
-def test_sigterm_restart_under_traffic_answers_every_request():
+@pytest.mark.parametrize(
+    "restarts", [1, pytest.param(20, marks=pytest.mark.slow, id="20-in-a-row")]
+)
+def test_sigterm_restart_under_traffic_answers_every_request(restarts):
     """SIGTERM under 4 clients: in-flight requests answered, exit 0; the restarted
-    server takes over on the same port; no request sent goes unanswered."""
+    server takes over on the same port; no request sent goes unanswered, also over 20
+    restarts in a row."""
     _, base = exported("antisymmetric")
     port = _free_port()
     args = ["--port", str(port), "--drain-seconds", "10"]
-    first = ServerProcess(base, "antisym", extra_args=args)
-    second = None
+    servers = [ServerProcess(base, "antisym", extra_args=args)]
     try:
         with _Traffic(port, "antisym") as traffic:
             _wait_count(traffic, 150, 60)
-            before = traffic.sent
-            start = time.monotonic()
-            first.process.send_signal(signal.SIGTERM)
-            status = first.process.wait(timeout=30)
-            drained = time.monotonic() - start
-            second = ServerProcess(base, "antisym", extra_args=args)
-            _wait_count(traffic, traffic.sent + 150, 60)
-        summary = (
-            f"{traffic.sent} requests ({before} before SIGTERM), {traffic.answered} answered, "
-            f"{len(traffic.unanswered)} unanswered, {traffic.refused} refused connects retried; "
-            f"first server exited {status} {drained:.2f} s after SIGTERM"
-        )
-        print("\n" + summary)
-        assert status == 0, "".join(first.log[-20:])
-        assert not traffic.unanswered, (summary, traffic.unanswered[:5])
+            for restart in range(restarts):
+                before = traffic.sent
+                start = time.monotonic()
+                servers[-1].process.send_signal(signal.SIGTERM)
+                status = servers[-1].process.wait(timeout=30)
+                drained = time.monotonic() - start
+                servers.append(ServerProcess(base, "antisym", extra_args=args))
+                _wait_count(traffic, traffic.sent + 150, 60)
+                summary = (
+                    f"restart {restart + 1}: {traffic.sent} requests ({before} before SIGTERM), "
+                    f"{traffic.answered} answered, {len(traffic.unanswered)} unanswered, "
+                    f"{traffic.refused} refused connects retried; the server exited {status} "
+                    f"{drained:.2f} s after SIGTERM"
+                )
+                print("\n" + summary)
+                log = "".join(servers[-2].log[-20:])
+                assert status == 0, log
+                assert not traffic.unanswered, (summary, traffic.unanswered[:5])
+                assert any("draining" in line for line in servers[-2].log), log
         assert traffic.statuses == {200: traffic.answered}, traffic.statuses
-        assert any("draining" in line for line in first.log), "".join(first.log[-20:])
     finally:
-        first.stop()
-        if second is not None:
-            second.stop()
-    assert second.process.returncode == 0  # stopped by SIGTERM with nothing in flight
+        for server in servers:
+            server.stop()
+    assert servers[-1].process.returncode == 0  # stopped by SIGTERM with nothing in flight
 
 
 # --- Expect: 100-continue ------------------------------------------------------------
