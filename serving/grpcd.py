@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -42,15 +42,13 @@ from serving.payload import (
     DEFAULT_MAX_INPUT_ELEMENTS,
     DEFAULT_SIGNATURE,
     Budget,
+    Repository,
     RestError,
     bad_request,
     check_together,
     inputs_mismatch,
     run_signature,
 )
-
-if TYPE_CHECKING:
-    from serving.repository import ModelRepository
 
 log = logging.getLogger("serving.server")
 
@@ -76,7 +74,7 @@ class GrpcApp(
 
     def __init__(
         self,
-        repository: ModelRepository,
+        repository: Repository,
         max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS,
         metrics: ServingMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -129,7 +127,7 @@ class GrpcApp(
 
     def _servable(self, spec: Any) -> Any:
         """The servable a `ModelSpec` asks for (a version, a label, or the served one)."""
-        return self.repository.get(spec.name, _version(spec))
+        return self.repository.get(spec.name, *_version(spec))
 
     def _predict(self, request: Any) -> Any:
         servable = self._servable(request.model_spec)
@@ -176,17 +174,19 @@ class GrpcApp(
 
     def _status(self, request: Any) -> Any:
         spec = request.model_spec
-        body = self.repository.status(spec.name, _version(spec))  # the proto as JSON
+        body = self.repository.status(spec.name, *_version(spec))  # the proto as JSON
         return json_format.ParseDict(body, get_model_status_pb2.GetModelStatusResponse())
 
 
-def _version(spec: Any) -> str | None:
-    """The version number a `ModelSpec` names (as in a REST path), None for the served one."""
+def _version(spec: Any) -> tuple[str | None, str | None]:
+    """`(version, label)` a `ModelSpec` names, as a REST path does (None, None: the served
+    one)."""
     if not spec.name:
         raise bad_request("Missing ModelSpec")
-    if spec.WhichOneof("version_choice") == "version_label":
-        raise bad_request(f"Unrecognized servable version label: {spec.version_label}")
-    return str(spec.version.value) if spec.HasField("version") else None
+    choice = spec.WhichOneof("version_choice")
+    if choice == "version_label":
+        return None, spec.version_label
+    return (str(spec.version.value) if choice == "version" else None), None
 
 
 def _fill_spec(spec: Any, name: str, version: int) -> None:

@@ -45,6 +45,17 @@ class Servable(Protocol):
     def input_specs(self, signature_name: str) -> Mapping[str, tf.TensorSpec]: ...
 
 
+class Repository(Protocol):
+    """What answers requests by model name (`serving.repository.ModelRepository` for one
+    model, `serving.model_config.Models` for several, with labels)."""
+
+    def get(self, name: str, version: str | None = None, label: str | None = None) -> Any: ...
+
+    def status(
+        self, name: str, version: str | None = None, label: str | None = None
+    ) -> dict: ...
+
+
 class RestError(Exception):
     """A request failure: `{"error": message}` with an HTTP status over REST, the canonical
     `code` with the message over gRPC.

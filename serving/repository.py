@@ -1,14 +1,18 @@
-"""The versions of one exported model on disk, loaded with TensorFlow Serving's `latest` policy.
+"""The versions of one exported model on disk, loaded as TensorFlow Serving's version
+policies say.
 
-`ModelRepository` serves the highest version under its base path that loads
-(version folder names follow `serving.names`),
-retries versions that failed to load (with back-off, at once when their files
-change), falls back to the next lower version when the served one is deleted,
-and keeps watching through any error.
+`ModelRepository` serves the versions under its base path (version folder
+names follow `serving.names`) that its `VersionPolicy` asks for: by default the
+highest one that loads (`latest`), or the N highest that load, given ones
+(`specific`) or every one (`all`). It retries versions that failed to load
+(with back-off, at once when their files change), falls back to the next lower
+version when a served one is deleted (`latest`), and keeps watching through any
+error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -157,18 +161,62 @@ def no_versions_message(name: str, base_path: str) -> str:
 STOP_TIMEOUT_SECONDS = 30.0
 
 
+@dataclasses.dataclass(frozen=True)
+class VersionPolicy:
+    """TensorFlow Serving's `model_version_policy`: which versions of a model are served.
+
+    Args:
+        kind: `"latest"` (the `num_versions` highest versions that load; a version
+            that fails to load gives its place to the next lower one), `"specific"`
+            (the `versions` listed, each that loads) or `"all"` (every version).
+        num_versions: How many versions `latest` serves (at least 1).
+        versions: The versions `specific` serves (at least one).
+    """
+
+    kind: str = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("latest", "specific", "all"):
+            raise ValueError(f"Received an invalid value for argument `kind`, expected "
+                             f"latest, specific or all, got {self.kind!r}.")  # fmt: skip
+        if self.kind == "latest" and self.num_versions < 1:
+            raise ValueError(f"Received an invalid value for argument `num_versions`, expected "
+                             f"at least 1, got {self.num_versions}.")  # fmt: skip
+        if self.kind == "specific" and not self.versions:
+            raise ValueError("Received an invalid value for argument `versions`, expected "
+                             "at least one version, got ().")  # fmt: skip
+
+    def wants(self, version: int, kept: int) -> bool:
+        """Whether `version` should be served, with `kept` higher ones served already."""
+        if self.kind == "latest":
+            return kept < self.num_versions
+        return self.kind == "all" or version in self.versions
+
+    def describe(self) -> str:
+        """The policy as its proto's text reads: `latest 2`, `specific 1, 3`, `all`."""
+        if self.kind == "latest":
+            return f"latest {self.num_versions}"
+        if self.kind == "specific":
+            return "specific " + ", ".join(map(str, sorted(self.versions)))
+        return "all"
+
+
 class ModelRepository:
-    """The versions of one model under a base path; the highest loadable one is served.
+    """The versions of one model under a base path, served as `policy` says (by default
+    the highest loadable one).
 
     Every version folder is reported by `status` with its state: AVAILABLE (served),
     END with an error (failed to load, no saved_model.pb, two folders naming one
-    version) or END (an older version, not loaded).
+    version) or END (not served: an older version, or one the policy leaves out).
 
     Args:
         base_path: Folder with one numbered sub-folder per version (`serving.names`).
         name: The model name in URLs.
         poll_seconds: Seconds between scans of `base_path`.
         loader: `loader(path, version)` returns a servable (tests swap it).
+        policy: Which versions to serve (`VersionPolicy`; default: the latest one).
     """
 
     def __init__(
@@ -177,12 +225,14 @@ class ModelRepository:
         name: str,
         poll_seconds: float = 1.0,
         loader: Callable[[str, int], Any] = Servable,
+        policy: VersionPolicy | None = None,
     ):
         self.base_path = base_path
         self.name = name
         self.poll_seconds = poll_seconds
+        self.policy = policy if policy is not None else VersionPolicy()
         self._loader = loader
-        self._current: Any = None
+        self._served: dict[int, Any] = {}  # version -> servable, highest first
         self._failed: dict[int, Any] = {}  # version -> _Failure
         # version -> (error_code, error_message) of folders not loadable
         self._listing: dict[int, tuple[str, str]] = {}
@@ -222,23 +272,25 @@ class ModelRepository:
         return loadable, broken
 
     def refresh(self) -> None:
-        """One scan: serve the highest version that loads, as TF Serving's `latest` does."""
+        """One scan: serve the versions the policy asks for that load (for `latest`, the
+        highest ones; a served version is kept, not loaded again)."""
         loadable, broken = self.scan()
         self._failed = {v: f for v, f in self._failed.items() if v in loadable}
-        current = self._current
+        served = self._served
         if not loadable and not broken and (self._listing or not self._scanned):
             log.warning(no_versions_message(self.name, self.base_path))
         for version, (_, message) in broken.items():
             if self._listing.get(version) != broken[version]:  # logged once, not every scan
                 log.error("Version %s of %s is not loaded: %s", version, self.name, message)
-        servable = None
-        for version, folder in loadable.items():
-            if current is not None and version == current.version:
-                servable = current  # nothing higher loaded: keep serving it
-                break
-            servable = self._try_load(version, folder)
+        kept: dict[int, Any] = {}
+        for version, folder in loadable.items():  # highest first
+            if not self.policy.wants(version, len(kept)):
+                if self.policy.kind == "latest":
+                    break  # enough: lower versions are not loaded
+                continue
+            servable = served.get(version) or self._try_load(version, folder)
             if servable is not None:
-                break
+                kept[version] = servable
         listing = dict(broken)
         for version in loadable:
             failure = self._failed.get(version)
@@ -246,11 +298,11 @@ class ModelRepository:
         with self._lock:
             self._listing = dict(sorted(listing.items(), reverse=True))
             self._scanned = True
-        if servable is not current:
-            if servable is None:
-                gone = current.version
-                log.warning("Version %s of %s is gone and no other loads", gone, self.name)
-            self._set_current(servable)
+        if kept.keys() != served.keys():
+            if served and not kept:
+                log.warning("Version %s of %s is gone and no other loads",
+                            ", ".join(map(str, served)), self.name)  # fmt: skip
+            self._set_served(kept)
 
     def _try_load(self, version, folder):
         path = os.path.join(self.base_path, folder)
@@ -269,11 +321,25 @@ class ModelRepository:
         self._failed.pop(version, None)
         return servable
 
-    def _set_current(self, servable):
+    def _set_served(self, kept):
         with self._lock:
-            self._current = servable
-        if servable is not None:
-            log.info("Serving version %s of model %s", servable.version, self.name)
+            before, self._served = self._served, kept
+        for version in kept:
+            if version not in before:
+                log.info("Serving version %s of model %s", version, self.name)
+        for version in before:
+            if version not in kept and kept:
+                log.info("Version %s of model %s is no longer served", version, self.name)
+
+    def set_policy(self, policy: VersionPolicy) -> None:
+        """Serve as `policy` says from the next scan on."""
+        self.policy = policy
+
+    @property
+    def served_versions(self) -> list[int]:
+        """The versions served now, highest first."""
+        with self._lock:
+            return list(self._served)
 
     def start(self) -> None:
         """Load the highest version now and keep watching in a daemon thread."""
@@ -319,8 +385,8 @@ class ModelRepository:
         if name != self.name:
             raise RestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: {request}")
 
-    def _why_unavailable(self, version: int | None = None, served: int | None = None) -> str:
-        """Why nothing (or not `version`, while `served` is) is served: for 404 messages."""
+    def _why_unavailable(self, version: int | None = None, served: Any = None) -> str:
+        """Why nothing (or not `version`, while `served` are) is served: for 404 messages."""
         with self._lock:
             listing = self._listing
         if self._last_error and not listing:
@@ -333,6 +399,9 @@ class ModelRepository:
             code, message = listing[version]
             if code != "OK":
                 return f"version {version} is not loaded: {code}: {self.hide_paths(message)}"
+            if self.policy.kind != "latest" or self.policy.num_versions > 1:
+                return (f"version {version} is not loaded: the served versions are {served} "
+                        f"(policy {self.policy.describe()})")  # fmt: skip
             return f"version {version} is not loaded: the served version is {served}"
         code, message = next(iter(listing.values()))
         return f"no version loads; the highest: {code}: {self.hide_paths(message)}"
@@ -344,17 +413,19 @@ class ModelRepository:
             text = text.replace(path.rstrip(os.sep) or path, BASE_PATH_SHOWN)
         return text
 
-    def status(self, name: str, version: str | None = None) -> dict:
+    def status(self, name: str, version: str | None = None, label: str | None = None) -> dict:
         """The `GET /v1/models/NAME[/versions/V]` body: every version folder, highest first.
 
         Raises:
-            RestError: 404 for another model, an unknown version or no version folders.
+            RestError: 404 for another model, an unknown version or no version folders;
+                400 for a `label` (a model alone has none: `serving.model_config`).
         """
         request = f"Latest({name})" if version is None else f"Specific({name}, {version})"
         self._check_name(name, request)
+        _no_label(label)
         number = None if version is None else parse_version(version)
         with self._lock:
-            listing, current = self._listing, self._current
+            listing, served = self._listing, self._served
         if version is not None and number not in listing:
             raise RestError(
                 HTTPStatus.NOT_FOUND, f"Could not find version {version} of model {name}"
@@ -365,33 +436,38 @@ class ModelRepository:
         for each, (code, message) in listing.items():
             if version is not None and each != number:
                 continue
-            served = current is not None and each == current.version
             entries.append({
                 "version": str(each),
-                "state": "AVAILABLE" if served else "END",
+                "state": "AVAILABLE" if each in served else "END",
                 "status": {"error_code": code, "error_message": self.hide_paths(message)},
             })  # fmt: skip
         return {"model_version_status": entries}
 
-    def get(self, name: str, version: str | None = None) -> Any:
-        """The servable for `name` and optional `version` string, or a 404 `RestError`."""
+    def get(self, name: str, version: str | None = None, label: str | None = None) -> Any:
+        """The servable for `name` and optional `version` string, or a 404 `RestError`
+        (400 for a `label`: a model alone has none)."""
         self._check_name(name, f"Latest({name})")
+        _no_label(label)
         with self._lock:
-            current = self._current
-        if current is None:
+            served = self._served
+        if not served:
             raise RestError(
                 HTTPStatus.NOT_FOUND,
                 f"Servable not found for request: Latest({name}): {self._why_unavailable()}",
             )
-        if version is not None:
-            number = parse_version(version)
-            if number != current.version:
-                why = (
-                    "not a version" if number is None
-                    else self._why_unavailable(number, current.version)
-                )  # fmt: skip
-                raise RestError(
-                    HTTPStatus.NOT_FOUND,
-                    f"Servable not found for request: Specific({name}, {version}): {why}",
-                )
-        return current
+        if version is None:
+            return served[max(served)]
+        number = parse_version(version)
+        if number not in served:
+            shown = ", ".join(map(str, served))
+            why = "not a version" if number is None else self._why_unavailable(number, shown)
+            raise RestError(
+                HTTPStatus.NOT_FOUND,
+                f"Servable not found for request: Specific({name}, {version}): {why}",
+            )
+        return served[number]
+
+
+def _no_label(label: str | None) -> None:
+    if label is not None:
+        raise RestError(HTTPStatus.BAD_REQUEST, f"Unrecognized servable version label: {label}")

@@ -1,4 +1,7 @@
-"""TensorFlow Serving's REST API as a WSGI app over a `ModelRepository`.
+"""TensorFlow Serving's REST API as a WSGI app over a `ModelRepository` (or `Models`).
+
+`/v1/models/NAME`, `/v1/models/NAME/versions/V` and `/v1/models/NAME/labels/LABEL`
+each take `/metadata` or `:predict` (a label names a version: `serving.model_config`).
 
 Every answer the app gives is JSON: 200 with TensorFlow Serving's layouts,
 `{"error": ...}` with 400 (bad input), 404 (unknown model, version or path),
@@ -23,24 +26,23 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from serving.metrics import CONTENT_TYPE, METRICS_PATH, ServingMetrics
 from serving.payload import (
     DEFAULT_MAX_INPUT_ELEMENTS,
+    Repository,
     RestError,
     model_metadata,
     parse_predict_request,
     predict,
 )
 
-if TYPE_CHECKING:
-    from serving.repository import ModelRepository
-
 log = logging.getLogger("serving.server")
 
 _PATH = re.compile(
-    r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[0-9]+))?"
+    r"^/v1/models/(?P<name>[^/:]+)"
+    r"(?:/versions/(?P<version>[0-9]+)|/labels/(?P<label>[^/:]+))?"
     r"(?:(?P<metadata>/metadata)|(?P<verb>:[A-Za-z]+))?/?$"
 )
 #: The response header that names the version that answered.
@@ -83,7 +85,7 @@ class RestApp:
 
     def __init__(
         self,
-        repository: ModelRepository,
+        repository: Repository,
         max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS,
         overloaded: Callable[[], bool] | None = None,
         metrics: ServingMetrics | None = None,
@@ -140,11 +142,12 @@ class RestApp:
                 HTTPStatus.METHOD_NOT_ALLOWED,
                 f"Method {method} not allowed for {path[:200]}, use {allowed}",
             )
+        name, version, label = match["name"], match["version"], match["label"]
         if not match["verb"] and not match["metadata"]:  # every version folder, loaded or not
-            return self.repository.status(match["name"], match["version"]), None
-        servable = self.repository.get(match["name"], match["version"])
+            return self.repository.status(name, version, label), None
+        servable = self.repository.get(name, version, label)
         if not match["verb"]:
-            return model_metadata(servable, match["name"]), servable.version
+            return model_metadata(servable, name), servable.version
         if self.overloaded():
             raise RestError(
                 HTTPStatus.SERVICE_UNAVAILABLE, "Server overloaded: too many queued requests"

@@ -1,14 +1,18 @@
-"""A local server for exported SavedModels that speaks TensorFlow Serving's REST subset.
+"""A local server for exported SavedModels that speaks TensorFlow Serving's REST and gRPC APIs.
 
     python -m serving.server --model-base-path models/antisym --model-name antisym --port 8501
+    python -m serving.server --model-config-file serving/models.config --grpc-port 8500
 
 Serves the highest version under `--model-base-path` that loads (TensorFlow
 Serving's `latest` policy), picks up new versions and falls back when the
-served one is deleted, without a restart. Answers
-`GET /v1/models/NAME[/versions/V][/metadata]` and
-`POST /v1/models/NAME[/versions/V]:predict` with TensorFlow Serving's JSON
-formats, status codes and `{"error": ...}` bodies, and
-`GET /monitoring/prometheus/metrics` with its request metrics (`serving.metrics`).
+served one is deleted, without a restart; or the models of a TensorFlow
+Serving model config file, with their version policies and labels, re-read
+every `--model-config-file-poll-wait-seconds` (`serving.model_config`). Answers
+`GET /v1/models/NAME[/versions/V | /labels/L][/metadata]` and
+`POST /v1/models/NAME[/versions/V | /labels/L]:predict` with TensorFlow Serving's JSON
+formats, status codes and `{"error": ...}` bodies,
+`GET /monitoring/prometheus/metrics` with its request metrics (`serving.metrics`),
+and TensorFlow Serving's gRPC API on `--grpc-port` (`serving.grpcd`).
 A WSGI app (serving.rest) on waitress (serving.httpd): strict HTTP parsing,
 timeouts, a connection limit
 and a fixed pool of worker threads. It imports TensorFlow only (no Keras),
@@ -44,9 +48,10 @@ from apputil.errors import Literal, invalid
 from apputil.net import is_loopback
 from serving.httpd import ServerThread
 from serving.metrics import ServingMetrics
+from serving.model_config import ModelConfig, ModelConfigError, Models, read_model_config
 from serving.names import check_model_name
 from serving.payload import DEFAULT_MAX_INPUT_ELEMENTS
-from serving.repository import ModelRepository, Servable, base_path_problem
+from serving.repository import Servable, base_path_problem
 from serving.rest import RestApp
 
 if TYPE_CHECKING:
@@ -108,8 +113,8 @@ class ServerSettings:
     fields (`--max-body-bytes` is `max_body_bytes`).
     """
 
-    model_base_path: str
-    model_name: str
+    model_base_path: str | None = None
+    model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8501
     poll_seconds: float = 1.0
@@ -127,10 +132,46 @@ class ServerSettings:
     warmup: bool = True
     #: TensorFlow Serving's gRPC API on this port (0: any free one), None: REST only.
     grpc_port: int | None = None
+    #: Serve the models of this TensorFlow Serving model config file (instead of one
+    #: model by `model_base_path` and `model_name`; `serving.model_config`).
+    model_config_file: str | None = None
+    #: Seconds between re-reads of `model_config_file` (0: read it once).
+    model_config_file_poll_wait_seconds: float = 60.0
 
     def limits(self) -> dict[str, float]:
         """The settings of `LIMITS`, by name."""
         return {name: getattr(self, name) for name in LIMITS}
+
+    def model_configs(self, argument: Callable[[str], str] = str) -> list[ModelConfig]:
+        """The models to serve: the config file's, or the one of `model_base_path` and
+        `model_name`; a `UsageError` naming the setting at fault."""
+        if self.model_config_file is not None:
+            for name in ("model_base_path", "model_name"):
+                if getattr(self, name) is not None:
+                    raise invalid(argument(name), f"none with {argument('model_config_file')} "
+                                  "(the file names the models)", getattr(self, name))  # fmt: skip
+            try:
+                return read_model_config(self.model_config_file)
+            except ModelConfigError as error:
+                raise invalid(argument("model_config_file"), "a TensorFlow Serving model "
+                              "config file (ModelServerConfig, text format)",
+                              Literal(str(error))) from None  # fmt: skip
+        if self.model_base_path is None:
+            raise invalid(argument("model_base_path"), "a folder of numbered version folders "
+                          f"(or {argument('model_config_file')})", None)  # fmt: skip
+        check_model_name(self.model_name, argument("model_name"))
+        problem = base_path_problem(self.model_base_path)
+        if problem:
+            raise invalid(argument("model_base_path"), "a folder of numbered version folders",
+                          Literal(problem))  # fmt: skip
+        return [ModelConfig(str(self.model_name), self.model_base_path)]
+
+    @property
+    def shown_name(self) -> str:
+        """The models' names as the start-up line gives them (`a,b` for several)."""
+        if self.model_config_file is None:
+            return str(self.model_name)
+        return ",".join(config.name for config in self.model_configs())
 
     def checked(self, argument: Callable[[str], str] = str) -> ServerSettings:
         """`self`, or a `UsageError` naming the first bad setting as `argument(name)` says
@@ -140,13 +181,14 @@ class ServerSettings:
         version folder itself, the port must be a TCP port and every other
         number positive and finite.
         """
-        check_model_name(self.model_name, argument("model_name"))
-        problem = base_path_problem(self.model_base_path)
-        if problem:
-            raise invalid(argument("model_base_path"), "a folder of numbered version folders",
-                          Literal(problem))  # fmt: skip
+        self.model_configs(argument)
         for name, value in {"poll_seconds": self.poll_seconds, **self.limits()}.items():
             _check_positive(argument(name), value)
+        poll = self.model_config_file_poll_wait_seconds
+        if not (isinstance(poll, int | float) and poll >= 0 and math.isfinite(poll)):
+            raise invalid(
+                argument("model_config_file_poll_wait_seconds"), "0 or more seconds", poll
+            )
         for name, port in (("port", self.port), ("grpc_port", self.grpc_port)):
             if port is not None and not 0 <= port <= 65535:
                 raise invalid(argument(name), "0 to 65535", port)
@@ -155,7 +197,8 @@ class ServerSettings:
 
 class LocalServer(ServerThread):
     """The local server of checked `ServerSettings`: the version watcher
-    (`serving.repository`), the REST app (`serving.rest`) on the HTTP transport
+    (`serving.repository`, one per model of `serving.model_config`), the REST app
+    (`serving.rest`) on the HTTP transport
     (`serving.httpd`) and, with a `grpc_port`, the gRPC API (`serving.grpcd`), with one
     set of metrics, assembled once. `serve_forever()` serves; `drain(seconds)` drains
     both APIs; `close()` stops watching and closes the sockets.
@@ -166,14 +209,29 @@ class LocalServer(ServerThread):
             log.warning("Binding %s: this server has no authentication, anyone who can reach "
                         "it can query the model", settings.host)  # fmt: skip
         self.settings = settings
-        self.repository = ModelRepository(
-            settings.model_base_path, settings.model_name, settings.poll_seconds,
-            loader=functools.partial(Servable, warmup=settings.warmup),
-        )  # fmt: skip
-        # Loads the highest version now; logs a warning when there is none (404s until one
-        # appears).
-        self.repository.start()
-        self.app = RestApp(self.repository, int(settings.max_input_elements), self.overloaded)
+        loader = functools.partial(Servable, warmup=settings.warmup)
+        if settings.model_config_file is not None:
+            self.models = Models.from_file(
+                settings.model_config_file, settings.poll_seconds, loader
+            )
+        else:
+            self.models = Models(settings.model_configs(), settings.poll_seconds, loader)
+        # Loads each model's versions now; logs a warning for a model with none (404s
+        # until one appears). A label of a version that did not load is a usage error.
+        try:
+            self.models.start()
+        except ModelConfigError as error:
+            self.models.stop()
+            raise invalid("model_config_file", "labels of versions that load",
+                          Literal(str(error))) from None  # fmt: skip
+        if (
+            settings.model_config_file is not None
+            and settings.model_config_file_poll_wait_seconds > 0
+        ):
+            self.models.watch(
+                settings.model_config_file, settings.model_config_file_poll_wait_seconds
+            )
+        self.app = RestApp(self.models, int(settings.max_input_elements), self.overloaded)
         self.grpc: GrpcServer | None = None
         try:
             super().__init__(
@@ -193,13 +251,13 @@ class LocalServer(ServerThread):
                 asyncore_use_poll=True,  # select() fails on descriptors above 1,023
             )
         except OSError:  # the address cannot be bound: nothing left running
-            self.repository.stop()
+            self.models.stop()
             raise
         if settings.grpc_port is not None:
             try:
-                self.grpc = _grpc_server(settings, self.repository, self.app.metrics)
+                self.grpc = _grpc_server(settings, self.models, self.app.metrics)
             except OSError:
-                self.repository.stop()
+                self.models.stop()
                 self.server_close()
                 raise
             self.grpc.start()
@@ -229,20 +287,18 @@ class LocalServer(ServerThread):
 
     def close(self) -> None:
         """Stops watching for versions and closes the sockets."""
-        self.repository.stop()
+        self.models.stop()
         if self.grpc is not None:
             self.grpc.close()
         self.server_close()
 
 
-def _grpc_server(
-    settings: ServerSettings, repository: ModelRepository, metrics: ServingMetrics
-) -> GrpcServer:
+def _grpc_server(settings: ServerSettings, models: Models, metrics: ServingMetrics) -> GrpcServer:
     """The gRPC API of `settings`, counting in `metrics`; OSError when it cannot bind."""
     # Imported here: grpcio and TensorFlow Serving's protos are needed only with gRPC.
     from serving.grpcd import GrpcApp, GrpcServer
 
-    app = GrpcApp(repository, int(settings.max_input_elements), metrics)
+    app = GrpcApp(models, int(settings.max_input_elements), metrics)
     return GrpcServer(
         app, settings.host, int(settings.grpc_port or 0), threads=int(settings.threads),
         max_queued_requests=int(settings.max_queued_requests),
@@ -251,15 +307,18 @@ def _grpc_server(
 
 
 def make_server(
-    model_base_path: str,
-    model_name: str,
+    model_base_path: str | None = None,
+    model_name: str | None = None,
     host: str = "127.0.0.1",
     port: int = 8501,
     poll_seconds: float = 1.0,
     grpc_port: int | None = None,
+    model_config_file: str | None = None,
+    model_config_file_poll_wait_seconds: float = 60.0,
     **limits: float,
 ) -> LocalServer:
-    """Load the highest version and bind a server; call `serve_forever()` on it.
+    """Load the highest version (or the models of a config file) and bind a server; call
+    `serve_forever()` on it.
 
     Args:
         model_base_path: Folder with one numbered sub-folder per version (`serving.names`).
@@ -269,6 +328,11 @@ def make_server(
         poll_seconds: Seconds between scans for new versions.
         grpc_port: Serve TensorFlow Serving's gRPC API on this port too (0: any free
             one, see `server.grpc_address`); None (the default): REST only.
+        model_config_file: Serve the models of this TensorFlow Serving model config file
+            (their policies and labels: `serving.model_config`) instead of
+            `model_base_path` and `model_name`.
+        model_config_file_poll_wait_seconds: Seconds between re-reads of `model_config_file`
+            (0: read once).
         **limits: Overrides of `LIMITS` (see docs/serving.md).
 
     Returns:
@@ -282,8 +346,12 @@ def make_server(
     unknown = set(limits) - set(LIMITS)
     if unknown:
         raise TypeError(f"Unknown limits {sorted(unknown)}, expected some of {sorted(LIMITS)}")
-    settings = ServerSettings(model_base_path, model_name, host, port, poll_seconds,
-                              grpc_port=grpc_port, **limits)  # type: ignore[arg-type]  # fmt: skip
+    settings = ServerSettings(
+        model_base_path, model_name, host, port, poll_seconds, grpc_port=grpc_port,
+        model_config_file=model_config_file,
+        model_config_file_poll_wait_seconds=model_config_file_poll_wait_seconds,
+        **limits,  # type: ignore[arg-type]
+    )  # fmt: skip
     return LocalServer(settings.checked())
 
 
@@ -326,10 +394,16 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model-base-path", required=True, help="e.g. models/antisym")
+    parser.add_argument("--model-base-path", help="e.g. models/antisym")
+    parser.add_argument("--model-name", help="name in /v1/models/NAME (no '/' or ':')")
     parser.add_argument(
-        "--model-name", required=True, help="name in /v1/models/NAME (no '/' or ':')"
+        "--model-config-file",
+        help="serve the models of this TensorFlow Serving model config instead",
     )
+    parser.add_argument(
+        "--model-config-file-poll-wait-seconds", type=float, default=60.0,
+        help="seconds between re-reads of --model-config-file (0: read once; default 60)",
+    )  # fmt: skip
     parser.add_argument("--port", type=int, default=8501, help="REST port (0: any free port)")
     parser.add_argument(
         "--grpc-port", type=int, default=8500,
@@ -363,13 +437,13 @@ def _start(args: argparse.Namespace) -> int:
     )
     if not args.verbose:  # waitress warns on every queued request; the 503s tell overload
         logging.getLogger("waitress.queue").setLevel(logging.ERROR)
-    if not os.path.isdir(args.model_base_path):
+    if args.model_base_path is not None and not os.path.isdir(args.model_base_path):
         raise invalid("--model-base-path", "an existing folder", args.model_base_path)
     names = {field.name for field in dataclasses.fields(ServerSettings)}
     settings = ServerSettings(**{name: getattr(args, name) for name in names})
     # Checked before the slow model load, naming the flags.
     settings.checked(lambda name: "--" + name.replace("_", "-"))
-    return _serve(LocalServer(settings), args.model_name)
+    return _serve(LocalServer(settings), settings.shown_name)
 
 
 if __name__ == "__main__":

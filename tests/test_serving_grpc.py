@@ -379,12 +379,12 @@ class _Repository:
     def __init__(self, servable=None):
         self.servable = servable or _Servable()
 
-    def get(self, name, version=None):
+    def get(self, name, version=None, label=None):
         if name != "m":
             raise RestError(404, f"Servable not found for request: Latest({name})")
         return self.servable
 
-    def status(self, name, version=None):
+    def status(self, name, version=None, label=None):
         return {
             "model_version_status": [
                 {

@@ -532,7 +532,7 @@ class _StatusRepository:
     def __init__(self, answer):
         self.answer = answer
 
-    def status(self, name, version=None):
+    def status(self, name, version=None, label=None):
         if isinstance(self.answer, Exception):
             raise self.answer
         return {"name": name, **self.answer}
@@ -569,7 +569,7 @@ def test_rest_app_says_when_to_retry_only_when_overloaded():
     # Overload refuses predictions only; other answers carry no Retry-After.
     status, headers, _ = _wsgi(app, "GET", "/v1/models/m:predict")
     assert status == "405 Method Not Allowed" and "Retry-After" not in headers
-    app.repository.get = lambda name, version=None: object()
+    app.repository.get = lambda name, version=None, label=None: object()
     status, headers, body = _wsgi(app, "POST", "/v1/models/m:predict")
     assert status == "503 Service Unavailable" and headers["Retry-After"] == "1"
     assert body == {"error": "Server overloaded: too many queued requests"}
@@ -658,7 +658,7 @@ def _servable_app(**kwargs):
     from serving.rest import RestApp
 
     repository = _StatusRepository({})
-    repository.get = lambda name, version=None: _Servable()
+    repository.get = lambda name, version=None, label=None: _Servable()
     return RestApp(repository, **kwargs)
 
 

@@ -211,7 +211,10 @@ def _invalid(argument, expected, got):
          _invalid("--model-base-path", "a folder of numbered version folders",
                   "'{tmp_path}' holds a saved_model.pb itself: it is a version folder, the base "
                   "path is its parent (versions are numbered sub-folders)")),
-        (["--port", "1"], "the following arguments are required: --model-name"),
+        (["--port", "1"], "argument `--model-name`, expected a name usable in /v1/models/NAME"),
+        (["--model-name", "m", "--model-config-file", "x.config"],
+         "argument `--model-base-path`, expected none with --model-config-file (the file names "
+         "the models), got "),
     ],
 )  # fmt: skip
 def test_bad_flags_are_one_line_before_the_model_loads(made, tmp_path, capsys, flags, message):
@@ -228,12 +231,11 @@ def test_bad_flags_are_one_line_before_the_model_loads(made, tmp_path, capsys, f
     assert made == []  # refused before any model was loaded
 
 
-def test_the_base_path_is_required(made, capsys):
-    with pytest.raises(SystemExit) as exited:
-        server_module.main(["--model-name", "m"])
-    assert exited.value.code == 2
-    assert capsys.readouterr().err.endswith(
-        f"{PROG}: error: the following arguments are required: --model-base-path\n"
+def test_the_base_path_or_a_model_config_file_is_required(made, capsys):
+    assert server_module.main(["--model-name", "m"]) == 2
+    assert capsys.readouterr().err == (
+        f"{PROG}: error: Received an invalid value for argument `--model-base-path`, expected "
+        "a folder of numbered version folders (or --model-config-file), got None.\n"
     )
     assert made == []
 
@@ -284,7 +286,7 @@ def test_serves_until_a_signal_then_drains_closes_and_gives_the_handlers_back(
     assert code == 200 and len(body["predictions"]) == 3
     assert f"Serving antisym on http://127.0.0.1:{port}\n" in capsys.readouterr().out
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
-    assert not made[0].repository.watching
+    assert not made[0].models.watching
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
@@ -343,11 +345,12 @@ def test_make_server_passes_every_limit_on_with_its_type(tmp_path, monkeypatch):
     made = server_module.make_server(str(tmp_path), "m", port=0)
     try:
         assert made.settings == server_module.ServerSettings(str(tmp_path), "m", port=0)
-        repository = made.repository
+        repository = made.models.repository("m")
+        assert made.models.names == ["m"]
         assert (repository.base_path, repository.name, repository.poll_seconds) == (
             str(tmp_path), "m", 1.0
         )  # fmt: skip
-        assert repository.watching and made.app.repository is repository
+        assert repository.watching and made.app.repository is made.models
         assert (made.server.request_timeout, made.server.header_timeout) == (30.0, 10.0)
         adj = made.adj
         assert (adj.threads, adj.connection_limit, adj.channel_timeout) == (4, 999, 30)
