@@ -366,7 +366,7 @@ def test_make_server_passes_every_limit_on_with_its_type(tmp_path, monkeypatch):
         made.dispatcher.queue.clear()
     finally:
         made.close()
-    assert not made.repository.watching
+    assert not made.models.watching
 
     given = server_module.make_server(
         str(tmp_path), "m", "127.0.0.1", 0, 0.5, threads=2.0, channel_timeout=2.5,
@@ -374,7 +374,7 @@ def test_make_server_passes_every_limit_on_with_its_type(tmp_path, monkeypatch):
         max_header_bytes=200.0, request_timeout=4, header_timeout=5, max_input_elements=77.0,
     )  # fmt: skip
     try:
-        assert given.repository.poll_seconds == 0.5
+        assert given.models.poll_seconds == 0.5
         assert (given.server.request_timeout, given.server.header_timeout) == (4, 5)
         assert given.settings.drain_seconds == 3
         assert (given.adj.threads, given.adj.channel_timeout) == (2, 3)
