@@ -125,3 +125,54 @@ def test_the_service_the_budget_and_the_autoscaler_reach_the_server_s_pods():
     target = scaler["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
     assert scaler["spec"]["minReplicas"] == deployment["spec"]["replicas"]
+
+
+KSERVE = os.path.join(SERVING, "kubernetes", "kserve", "inference-service.yaml")
+# KServe's own fields of a predictor's model; the rest are a Kubernetes container's.
+KSERVE_MODEL_FIELDS = {"modelFormat", "protocolVersion", "storageUri", "runtime", "runtimeVersion"}
+
+
+def _inference_service():
+    with open(KSERVE) as handle:
+        return yaml.safe_load(handle)
+
+
+def test_the_kserve_service_serves_the_models_volume_with_the_tensorflow_runtime():
+    service = _inference_service()
+    assert (service["apiVersion"], service["kind"]) == (
+        "serving.kserve.io/v1beta1", "InferenceService"
+    )  # fmt: skip
+    predictor = service["spec"]["predictor"]
+    model = predictor["model"]
+    assert model["modelFormat"] == {"name": "tensorflow"} and model["protocolVersion"] == "v1"
+    # pvc://<claim>/<folder>: the claim every replica of the Deployment mounts, the folder of
+    # the model's versions; KServe names the model after the InferenceService.
+    claim, folder = re.fullmatch(r"pvc://([^/]+)/(.+)", model["storageUri"]).groups()
+    assert claim == _one("PersistentVolumeClaim")["metadata"]["name"]
+    models = model_server_config_pb2.ModelServerConfig()
+    text_format.Parse(_one("ConfigMap")["data"]["models.config"], models)
+    (served,) = models.model_config_list.config
+    assert served.base_path == f"/models/{folder}"
+    assert service["metadata"]["name"] == served.name
+    assert 1 <= predictor["minReplicas"] <= predictor["maxReplicas"]
+    annotations = service["metadata"]["annotations"]
+    assert annotations["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    assert annotations["prometheus.io/path"] in _one("ConfigMap")["data"]["monitoring.config"]
+
+
+def test_the_kserve_model_s_container_fields_are_valid_for_kubernetes():
+    """KServe's model spec is a Kubernetes container with a few fields of its own: the rest
+    is checked against Kubernetes' container schema, in a pod."""
+    model = _inference_service()["spec"]["predictor"]["model"]
+    container = {k: v for k, v in model.items() if k not in KSERVE_MODEL_FIELDS}
+    assert container  # resources and securityContext at least
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "predictor"},
+        "spec": {"containers": [{"name": "kserve-container", "image": "x", **container}]},
+    }
+    kubernetes_validate.validate(pod, KUBERNETES, strict=True)
+    pod["spec"]["containers"][0]["resource"] = {}  # a typo Kubernetes would refuse
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, KUBERNETES, strict=True)
