@@ -83,7 +83,7 @@ def test_hoist_section_switches_the_path_it_measures(monkeypatch):
 
 
 @pytest.mark.slow
-def test_serving_stream_benchmark_times_both_updates_through_the_server_and_alone(tmp_path):
+def test_serving_stream_benchmark_times_both_updates_over_rest_and_grpc_and_alone(tmp_path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.serving_stream", "--quick", "--output", str(tmp_path)],
@@ -93,7 +93,7 @@ def test_serving_stream_benchmark_times_both_updates_through_the_server_and_alon
     results = json.loads((tmp_path / "serving_stream.json").read_text())
     (width,) = results["widths"]
     assert width["shape"]["features"] == 1 and width["shape"]["steps"] == 100
-    for where in ("server", "in_process"):
+    for where in ("rest", "grpc", "in_process"):
         latency = width[where]["latency"]
         for kind in ("whole", "stream"):
             stats = latency[kind]
