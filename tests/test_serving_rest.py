@@ -4,7 +4,9 @@ The same tests run against both: status and metadata layouts, row and columnar
 predictions, and bad requests answered with TensorFlow Serving's status codes
 and `{"error": ...}` bodies, the server still answering afterwards. Set
 `TF_SERVING_URL=http://127.0.0.1:8501` (and `TF_SERVING_MODEL`, default
-`antisym`) to run them against a real TensorFlow Serving too.
+`antisym`) to run them against a real TensorFlow Serving too, and
+`TF_SERVING_GRPC=127.0.0.1:8500` for the same contract over gRPC: the same status,
+metadata and predictions as over REST, and bad requests refused with gRPC's codes.
 """
 
 import json
@@ -20,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from serving.client import ServingClient, ServingError
+from serving.client import GrpcClient, ServingClient, ServingError
 from serving.export import export_model
 from tests.serving_helpers import (
     MODEL_KINDS,
@@ -46,8 +48,9 @@ LOCAL_ONLY = "extension of the local server; TensorFlow Serving answers this dif
 class Target:
     """A REST endpoint under test, with a valid input shape read from its metadata."""
 
-    def __init__(self, url, model, local):
+    def __init__(self, url, model, local, grpc=None):
         self.url, self.model, self.local = url.rstrip("/"), model, local
+        self.grpc = grpc  # HOST:PORT of its gRPC API, or None
         status, metadata = http_call(f"{self.model_url}/metadata")
         assert status == 200, metadata
         signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
@@ -75,7 +78,8 @@ def target(request):
         url = os.environ.get("TF_SERVING_URL")
         if not url:
             pytest.skip("TF_SERVING_URL is not set: no TensorFlow Serving to test against")
-        yield Target(url, os.environ.get("TF_SERVING_MODEL", "antisym"), local=False)
+        model = os.environ.get("TF_SERVING_MODEL", "antisym")
+        yield Target(url, model, local=False, grpc=os.environ.get("TF_SERVING_GRPC"))
         return
     _, base = exported("antisymmetric")
     server = ServerProcess(
@@ -84,9 +88,63 @@ def target(request):
                     "--max-input-elements", str(LOCAL_MAX_INPUT_ELEMENTS)],
     )  # fmt: skip
     try:
-        yield Target(server.url, "antisym", local=True)
+        yield Target(server.url, "antisym", local=True, grpc=server.grpc_target)
     finally:
         server.stop()
+
+
+@pytest.fixture
+def grpc_client(target):
+    if target.grpc is None:
+        pytest.skip("no gRPC endpoint given for this server (TF_SERVING_GRPC)")
+    with GrpcClient(target.grpc, target.model, timeout=60, retries=0) as client:
+        yield client
+
+
+def test_grpc_answers_the_status_metadata_and_predictions_rest_answers(target, grpc_client):
+    assert grpc_client.status() == http_call(target.model_url)[1]
+    assert grpc_client.metadata() == http_call(f"{target.model_url}/metadata")[1]
+    x = target.batch(3)
+    status, rest = http_call(f"{target.model_url}:predict", "POST", {"inputs": x.tolist()})
+    assert status == 200, rest
+    answer = grpc_client.predict({target.input_name: x})
+    assert answer["model_spec"]["signature_name"] == "serving_default"
+    assert sorted(answer["outputs"]) == sorted(rest["outputs"])
+    for name, value in answer["outputs"].items():
+        np.testing.assert_allclose(value, rest["outputs"][name], rtol=1e-6, err_msg=name)
+    version = int(answer["model_spec"]["version"])
+    pinned = grpc_client.predict({target.input_name: x}, version=version)
+    np.testing.assert_array_equal(pinned["outputs"]["class_id"], answer["outputs"]["class_id"])
+
+
+def _bad_grpc_calls(target):
+    """`(case, inputs, signature, codes)`: calls TensorFlow Serving refuses over gRPC."""
+    good = target.batch(2)
+    name = target.input_name
+    return [
+        ("wrong rank", {name: good[0]}, None, {"INVALID_ARGUMENT"}),
+        ("wrong length", {name: np.concatenate([good, good[:, :1]], axis=1)}, None,
+         {"INVALID_ARGUMENT"}),
+        ("wrong dtype", {name: good.astype("float64")}, None, {"INVALID_ARGUMENT"}),
+        ("unknown input name", {"pixels": good}, None, {"INVALID_ARGUMENT"}),
+        ("missing input", {}, None, {"INVALID_ARGUMENT"}),
+        ("unknown signature", {name: good}, "nope", {"FAILED_PRECONDITION", "INVALID_ARGUMENT"}),
+    ]  # fmt: skip
+
+
+def test_bad_grpc_calls_get_their_codes_and_keep_serving(target, grpc_client):
+    for case, inputs, signature, codes in _bad_grpc_calls(target):
+        with pytest.raises(ServingError) as refused:
+            grpc_client.predict(inputs, signature_name=signature)
+        assert refused.value.code in codes, (case, refused.value)
+        assert refused.value.message.strip(), case
+    for url in ("no_such_model", f"{target.model}/versions/987654"):
+        model, _, version = url.partition("/versions/")
+        with GrpcClient(target.grpc, model, timeout=60, retries=0) as other:
+            with pytest.raises(ServingError) as refused:
+                other.status(version=int(version) if version else None)
+        assert refused.value.code == "NOT_FOUND", url
+    assert grpc_client.predict({target.input_name: target.batch(1)})["outputs"]
 
 
 def test_model_status(target):
