@@ -31,6 +31,7 @@ def _modules_after(code):
 def test_importing_the_serving_modules_imports_no_tensorflow():
     modules = "serving, serving.rest, serving.httpd, serving.server, serving.client"
     modules += ", serving.payload, serving.repository, serving.export, serving.demo"
+    modules += ", serving.model_config, serving.codes, serving.tensors"
     assert _modules_after(f"import {modules}") == []
 
 
