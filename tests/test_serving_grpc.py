@@ -31,7 +31,7 @@ from serving.export import export_model
 from serving.grpcd import GrpcApp, GrpcServer
 from serving.metrics import ServingMetrics
 from serving.payload import RestError
-from tests.serving_helpers import REPO_ROOT, ServerProcess, ThreadServer, http_call, work_dir
+from tests.serving_helpers import REPO_ROOT, ServerProcess, ThreadServer, http_call
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,10 +57,11 @@ def _model():
 
 
 @pytest.fixture(scope="module")
-def served():
-    """`(model, ThreadServer)`: the stack exported as version 3, served over REST and gRPC."""
+def served(tmp_path_factory):
+    """`(model, ThreadServer)`: the stack exported as version 3, served over REST and gRPC
+    (a folder of its own each time: a run that orders tests by duration sets it up again)."""
     model = _model()
-    base = work_dir("grpc", "stacked")
+    base = str(tmp_path_factory.mktemp("grpc") / "stacked")
     export_model(model, base, 3)
     server = ThreadServer(base, "stacked", grpc_port=0)
     try:
