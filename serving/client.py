@@ -314,7 +314,7 @@ class GrpcClient(_StreamingClient):
         self.channel = grpc.insecure_channel(self.target)
         self._prediction = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self._models = model_service_pb2_grpc.ModelServiceStub(self.channel)
-        self._input_dtypes: dict[tuple[int, str], dict[str, str]] = {}
+        self._input_dtypes: dict[tuple[int | None, str], dict[str, str]] = {}
 
     def close(self) -> None:
         """Close the channel."""
@@ -425,10 +425,12 @@ class GrpcClient(_StreamingClient):
         }  # fmt: skip
 
     def _dtypes(self, version: int | None, signature: str) -> dict[str, str]:
-        """`{input: NumPy dtype name}` of a signature of the served (or given) version."""
+        """`{input: NumPy dtype name}` of a signature of the served (or given) version; a
+        given version's are read once, the served one's at each call (it may change)."""
+        if (version, signature) in self._input_dtypes:
+            return self._input_dtypes[(version, signature)]
         metadata = self.metadata(version)
-        served = int(metadata["model_spec"]["version"])
-        key = (served, signature)
+        key = (int(metadata["model_spec"]["version"]), signature)
         if key not in self._input_dtypes:
             signatures = metadata["metadata"]["signature_def"]["signature_def"]
             if signature not in signatures:
@@ -438,6 +440,8 @@ class GrpcClient(_StreamingClient):
                 name: _NUMPY_DTYPES.get(info["dtype"], "float32")
                 for name, info in signatures[signature]["inputs"].items()
             }
+        if version is not None:
+            self._input_dtypes[(version, signature)] = self._input_dtypes[key]
         return self._input_dtypes[key]
 
     def _predict_stream(self, version: int, inputs: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -170,7 +170,6 @@ class Models:
         self._loader = loader
         self._lock = threading.Lock()
         self._repositories: dict[str, ModelRepository] = {}
-        self._configs: dict[str, ModelConfig] = {}
         self._labels: dict[str, dict[str, int]] = {}
         self._pending = list(configs)
         self._stop = threading.Event()
@@ -224,7 +223,6 @@ class Models:
             log.info("Model %s is no longer in the config: unloading it", name)
             with self._lock:
                 removed = self._repositories.pop(name)
-                self._configs.pop(name, None)
                 self._labels.pop(name, None)
             removed.stop()
         for name, config in wanted.items():
@@ -241,7 +239,6 @@ class Models:
                 repository.refresh()
             with self._lock:
                 self._repositories[name] = repository
-                self._configs[name] = config
         problems = []
         for name, config in wanted.items():
             served = set(self.repository(name).served_versions)

@@ -51,9 +51,7 @@ class Repository(Protocol):
 
     def get(self, name: str, version: str | None = None, label: str | None = None) -> Any: ...
 
-    def status(
-        self, name: str, version: str | None = None, label: str | None = None
-    ) -> dict: ...
+    def status(self, name: str, version: str | None = None, label: str | None = None) -> dict: ...
 
 
 class RestError(Exception):

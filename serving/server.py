@@ -166,13 +166,6 @@ class ServerSettings:
                           Literal(problem))  # fmt: skip
         return [ModelConfig(str(self.model_name), self.model_base_path)]
 
-    @property
-    def shown_name(self) -> str:
-        """The models' names as the start-up line gives them (`a,b` for several)."""
-        if self.model_config_file is None:
-            return str(self.model_name)
-        return ",".join(config.name for config in self.model_configs())
-
     def checked(self, argument: Callable[[str], str] = str) -> ServerSettings:
         """`self`, or a `UsageError` naming the first bad setting as `argument(name)` says
         (the command line: its flag).
@@ -443,7 +436,8 @@ def _start(args: argparse.Namespace) -> int:
     settings = ServerSettings(**{name: getattr(args, name) for name in names})
     # Checked before the slow model load, naming the flags.
     settings.checked(lambda name: "--" + name.replace("_", "-"))
-    return _serve(LocalServer(settings), settings.shown_name)
+    server = LocalServer(settings)
+    return _serve(server, ",".join(server.models.names))
 
 
 if __name__ == "__main__":

@@ -312,8 +312,7 @@ def test_process_1_refuses_what_answers_at_the_coordinator_address_unless_it_is_
         stop.set()
     assert time.monotonic() - started < 10
     assert str(refused.value).startswith(
-        f"process 1 of 2 could not join the coordinator at 127.0.0.1:{port} within 1 s "
-        f"({problem}"
+        f"process 1 of 2 could not join the coordinator at 127.0.0.1:{port} within 1 s ({problem}"
     )
 
 

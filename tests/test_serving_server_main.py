@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -55,6 +56,7 @@ class _FakeServer:
         self.settings, self.calls = settings, calls
         self.server_address = ("127.0.0.1", 8555)
         self.grpc_address = ("127.0.0.1", settings.grpc_port)
+        self.models = types.SimpleNamespace(names=[settings.model_name])  # what it serves
         self.dropped, self.events = calls.dropped, []
         calls.append(settings)
         calls.server = self
