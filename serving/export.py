@@ -41,15 +41,17 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from apputil.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, run
 from apputil.errors import Literal, UsageError, invalid
-from apputil.files import fsync_directory, fsync_tree
+from apputil.files import fsync_directory, fsync_tree, write_atomically
 from apputil.processes import pid_alive
 from apputil.quiet import import_keras, import_tensorflow
 from serving import warmup
+from serving.litert import QUANTIZATIONS
 from serving.names import (
     PADDED_SIGNATURE,
     SEQUENCE_INPUT,
@@ -66,6 +68,7 @@ from serving.signatures import (
     stream_endpoint,
     stream_plan,
 )
+from serving.steploop import PortableExportError
 
 if TYPE_CHECKING:
     import keras
@@ -91,18 +94,23 @@ class ExportWriteError(OSError):
     """The export could not be written (a full disk, no permission; exit status 1)."""
 
 
-def _keras() -> ModuleType:
-    """Keras on the TensorFlow backend (unless imported already), with the layers registered."""
+def _keras(backend: str = "tensorflow") -> ModuleType:
+    """Keras on `backend` (unless imported already), with the layers registered."""
     if "keras" not in sys.modules:
-        os.environ["KERAS_BACKEND"] = "tensorflow"
+        os.environ["KERAS_BACKEND"] = backend
     keras = import_keras()
     import keras_antisym  # noqa: F401  (heavy: Keras; registers the layers for `load_model`)
 
     return keras
 
 
-def _input_spec(model: keras.Model, variable_length: bool) -> tf.TensorSpec:
-    """The `(batch, T, m)` float32 spec of the model's single input."""
+def input_shape(model: keras.Model, variable_length: bool = False) -> tuple[int | None, int]:
+    """`(T, m)` of the model's single `(batch, T, m)` input (T None: any length).
+
+    Raises:
+        apputil.errors.UsageError: several inputs, another rank, an unknown m, or
+            `variable_length` for a model built with a fixed T.
+    """
     inputs = getattr(model, "inputs", None) or []
     if len(inputs) > 1:
         names = ", ".join(repr(getattr(each, "name", "?")) for each in inputs)
@@ -124,8 +132,14 @@ def _input_spec(model: keras.Model, variable_length: bool) -> tf.TensorSpec:
             "a model built with T=None (any number of time steps)",
             Literal(f"a model built with a fixed T={shape[1]}"),
         )
+    return shape[1], shape[2]
+
+
+def _input_spec(model: keras.Model, variable_length: bool) -> tf.TensorSpec:
+    """The `(batch, T, m)` float32 spec of the model's single input."""
+    steps, features = input_shape(model, variable_length)
     tf = import_tensorflow()  # heavy: only an export makes TensorFlow objects
-    return tf.TensorSpec([None, shape[1], shape[2]], tf.float32, name=SEQUENCE_INPUT)
+    return tf.TensorSpec([None, steps, features], tf.float32, name=SEQUENCE_INPUT)
 
 
 def _output_layer(model: keras.Model) -> keras.Layer | None:
@@ -341,13 +355,21 @@ def export_model(
     stream: bool = True,
     padded: bool = True,
     notes: list[str] | None = None,
+    format: str = "savedmodel",
+    quantize: str | None = None,
 ) -> str:
     """Write `model` to `export_base/<version>` atomically, never over an existing version.
 
-    The SavedModel is written to a staging folder beside the target (named
+    The export is written to a staging folder beside the target (named
     with this process's pid), flushed to disk and renamed into place, so a
     server watching `export_base` never sees a half-written version. Staging
     folders of exports that died are removed first.
+
+    `format` (`FORMATS`) chooses what the folder holds: a SavedModel with
+    TensorFlow Serving's warmup requests (`savedmodel`); `model.tflite` of
+    LiteRT's builtin ops (`litert`, see `serving.litert`); or
+    `serving_default.onnx` and `stream.onnx` (`onnx`, see `serving.onnxgraphs`).
+    LiteRT and ONNX exports have no `padded` signature.
 
     Args:
         model: A Keras model or the path of a `.keras` file.
@@ -358,6 +380,8 @@ def export_model(
         stream: As in `build_archive`.
         padded: As in `build_archive`.
         notes: As in `build_archive`: why a signature was left out.
+        format: One of `FORMATS`.
+        quantize: None, or (`litert` only) one of `serving.litert.QUANTIZATIONS`.
 
     Returns:
         The path of the written version folder.
@@ -366,18 +390,19 @@ def export_model(
         apputil.errors.UsageError: an invalid argument.
         ModelFileError: an unreadable model file.
         VersionExistsError: the version exists, or another export wrote it meanwhile.
+        serving.steploop.PortableExportError: a model LiteRT or ONNX cannot take.
         OSError: the export could not be written.
     """
+    writer = _writer(format, quantize)
     target = _check_version(export_base, version)
     if isinstance(model, str | os.PathLike):
         model = load_keras_model(model)
-    archive = build_archive(model, variable_length, head, stream, padded, notes)
+    write = writer(model, _Options(variable_length, head, stream, padded, quantize), notes)
     os.makedirs(export_base, exist_ok=True)
     remove_stale_staging(export_base)
     staging = tempfile.mkdtemp(prefix=f".tmp-{version}-{os.getpid()}@{_host()}-", dir=export_base)
     try:
-        _write(archive, staging)
-        _write_warmup(staging)
+        write(staging)
         os.chmod(staging, 0o755)  # mkdtemp makes it 0700; the server may run as another user
         fsync_tree(staging)
         try:
@@ -393,6 +418,93 @@ def export_model(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+FORMATS = ("savedmodel", "litert", "onnx")
+#: The Keras backends each format exports from (the model's graph is traced on it).
+FORMAT_BACKENDS = {
+    "savedmodel": ("tensorflow",),
+    "litert": ("tensorflow",),
+    "onnx": ("tensorflow", "torch"),
+}
+
+
+@dataclass(frozen=True)
+class _Options:
+    variable_length: bool
+    head: str | None
+    stream: bool
+    padded: bool
+    quantize: str | None
+
+
+# A format's writer: checks the model, then returns the function that fills the staging folder.
+_Writer = Callable[["keras.Model", _Options, "list[str] | None"], Callable[[str], None]]
+
+
+def _savedmodel(model: keras.Model, options: _Options, notes: list[str] | None) -> Callable:
+    archive = build_archive(
+        model, options.variable_length, options.head, options.stream, options.padded, notes
+    )
+
+    def write(staging: str) -> None:
+        _write(archive, staging)
+        _write_warmup(staging)
+
+    return write
+
+
+def _litert(model: keras.Model, options: _Options, notes: list[str] | None) -> Callable:
+    from serving import litert
+
+    _check_backend(model, "litert")
+    input_shape(model, options.variable_length)
+    head, _ = resolve_head(model, options.head)
+    blob = litert.convert(model, head, options.stream, options.quantize, notes)
+    return lambda staging: write_atomically(os.path.join(staging, litert.FILE_NAME), blob)
+
+
+def _onnx(model: keras.Model, options: _Options, notes: list[str] | None) -> Callable:
+    from serving import onnxgraphs
+    from serving.runtimes import ONNX_SUFFIX
+
+    _check_backend(model, "onnx")
+    input_shape(model, options.variable_length)
+    head, _ = resolve_head(model, options.head)
+    models = onnxgraphs.convert(model, head, options.stream, notes)
+
+    def write(staging: str) -> None:
+        for name, blob in models.items():
+            write_atomically(os.path.join(staging, name + ONNX_SUFFIX), blob)
+
+    return write
+
+
+_WRITERS: dict[str, _Writer] = {"savedmodel": _savedmodel, "litert": _litert, "onnx": _onnx}
+
+
+def _writer(format: str, quantize: str | None) -> _Writer:
+    """The writer of `format`, once `format` and `quantize` are checked."""
+    if format not in _WRITERS:
+        raise invalid("format", f"one of {', '.join(FORMATS)}", format)
+    if quantize is not None and (format != "litert" or quantize not in QUANTIZATIONS):
+        raise invalid(
+            "quantize",
+            f"None, or with format 'litert' one of {', '.join(QUANTIZATIONS)}",
+            Literal(f"{quantize!r} with format {format!r}"),
+        )
+    return _WRITERS[format]
+
+
+def _check_backend(model: keras.Model, format: str) -> None:
+    keras = _keras()
+    backend = keras.backend.backend()
+    if backend not in FORMAT_BACKENDS[format]:
+        raise invalid(
+            "model",
+            f"a model on the {' or '.join(FORMAT_BACKENDS[format])} backend for format {format!r}",
+            Literal(f"backend {backend!r}"),
+        )
 
 
 def _write_warmup(staging: str) -> None:
@@ -433,8 +545,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-stream", action="store_true", help="leave out the `stream` signature")
     parser.add_argument("--no-padded", action="store_true", help="leave out the `padded` signature")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="savedmodel",
+        help="savedmodel (TensorFlow Serving; default), litert (model.tflite, builtin ops "
+        "only) or onnx (serving_default.onnx and stream.onnx)",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZATIONS,
+        help="--format litert: float16 weights, or int8 weights with float32 "
+        "activations and state (dynamic-int8)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("tensorflow", "torch"),
+        default="tensorflow",
+        help="the Keras backend that loads and traces the model (--format onnx: "
+        "tf2onnx on tensorflow, torch.onnx on torch; the others: tensorflow)",
+    )
     args = parser.parse_args(argv)
     expected: dict[type[BaseException], int] = {
+        PortableExportError: EXIT_USAGE,
         ModelFileError: EXIT_FAILURE,
         VersionExistsError: EXIT_USAGE,
         ExportWriteError: EXIT_FAILURE,
@@ -444,7 +577,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _export(prog: str, args: argparse.Namespace) -> None:
     """Checks the version first (before the slow model load), exports, prints the folder."""
+    writer = _writer(args.format, args.quantize)
+    if args.backend not in FORMAT_BACKENDS[args.format]:
+        raise invalid(
+            "backend",
+            f"one of {', '.join(FORMAT_BACKENDS[args.format])} for --format {args.format}",
+            args.backend,
+        )
+    del writer
     _check_version(args.export_base, args.version)
+    _keras(args.backend)
     model = load_keras_model(args.model)
     head, how = resolve_head(model, args.head)
     notes: list[str] = []
@@ -452,8 +594,9 @@ def _export(prog: str, args: argparse.Namespace) -> None:
         target = export_model(
             model, args.export_base, args.version, args.variable_length, head,
             stream=not args.no_stream, padded=not args.no_padded, notes=notes,
+            format=args.format, quantize=args.quantize,
         )  # fmt: skip
-    except (UsageError, VersionExistsError, ExportWriteError):
+    except (UsageError, VersionExistsError, ExportWriteError, PortableExportError):
         raise
     except OSError as error:
         raise ExportWriteError(

@@ -31,7 +31,7 @@ import contextlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from apputil.quiet import import_tensorflow
 from serving.names import LENGTH_INPUT, SEQUENCE_INPUT, STATE_PREFIX
@@ -293,21 +293,51 @@ def _time_distributed(layer: Any, x: tf.Tensor) -> tf.Tensor:
     return tf.reshape(y, tf.concat([shape[:2], tf.shape(y)[1:]], 0))
 
 
+class HeadMath(Protocol):
+    """The four operations of `head_outputs`, in one framework's own ops."""
+
+    def float32(self, x: Any) -> Any: ...
+    def softmax(self, x: Any) -> Any: ...
+    def argmax(self, x: Any) -> Any: ...  # int64, over the last axis
+    def squeeze_last(self, x: Any) -> Any: ...
+
+
+class TensorFlowMath:
+    """`HeadMath` in TensorFlow's ops (LiteRT builtins and tf2onnx lower each)."""
+
+    def __init__(self) -> None:
+        self.tf = import_tensorflow()
+
+    def float32(self, x: Any) -> Any:
+        return self.tf.cast(x, self.tf.float32)
+
+    def softmax(self, x: Any) -> Any:
+        return self.tf.nn.softmax(x, axis=-1)
+
+    def argmax(self, x: Any) -> Any:
+        return self.tf.argmax(x, axis=-1, output_type=self.tf.int64)
+
+    def squeeze_last(self, x: Any) -> Any:
+        return self.tf.squeeze(x, -1)
+
+
 def head_outputs(
-    outputs: tf.Tensor, head: str, valid: tf.Tensor | None = None
+    outputs: tf.Tensor, head: str, valid: tf.Tensor | None = None, math: HeadMath | None = None
 ) -> dict[str, tf.Tensor]:
     """The signature's named outputs of the model's raw `outputs` for `head`.
 
     `valid`: `(batch, T)` booleans of a per-step head's real steps; the others
-    answer logits and probabilities 0 and class id -1 (padding is no prediction).
+    answer logits and probabilities 0 and class id -1 (padding is no prediction;
+    TensorFlow only). `math`: the framework's ops (default `TensorFlowMath`).
     """
-    tf = import_tensorflow()
-    outputs = tf.cast(outputs, tf.float32)
+    math = TensorFlowMath() if math is None else math
+    outputs = math.float32(outputs)
     if head == "regression":
-        return {"value": tf.squeeze(outputs, -1) if outputs.shape[-1] == 1 else outputs}
-    probabilities = tf.nn.softmax(outputs, axis=-1)
-    ids = tf.argmax(outputs, axis=-1, output_type=tf.int64)
+        return {"value": math.squeeze_last(outputs) if outputs.shape[-1] == 1 else outputs}
+    probabilities = math.softmax(outputs)
+    ids = math.argmax(outputs)
     if valid is not None and head == "per_step_classification":
+        tf = import_tensorflow()
         outputs = tf.where(valid[..., None], outputs, 0.0)
         probabilities = tf.where(valid[..., None], probabilities, 0.0)
         ids = tf.where(valid, ids, tf.constant(-1, tf.int64))

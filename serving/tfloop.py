@@ -1,0 +1,138 @@
+"""The `serving_default` and `stream` graphs as TensorFlow functions with one `tf.while_loop`.
+
+LiteRT (`serving.litert`) and tf2onnx (`serving.onnxgraphs`) convert these:
+the loop becomes LiteRT's builtin `WHILE` and ONNX's `Loop`, and each step
+is the model's `StepProgram` (`serving.steploop`), whose ops (matrix
+products, `tanh`, `sigmoid`, additions) are builtins of both. Weights are
+constants in the graph.
+
+* `serving_default`: `sequence` `(batch, T, m)` with T the model's own (any T
+  for a model built with `T=None`), the loop from zero states, the head's
+  outputs as the SavedModel's `serving_default` names them;
+* `stream`: `sequence` `(batch, t, m)` for any t >= 1 and one `(batch, units)`
+  input per state, the head's outputs after the chunk and the new states.
+
+A model that cannot stream (`serving.signatures.stream_plan` says why) gets
+no `stream` and a `serving_default` of Keras' own graph, which converts only
+when it has no recurrent loop.
+
+Only the exports import this module; it imports TensorFlow when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from apputil.quiet import import_tensorflow
+from serving.names import SEQUENCE_INPUT, STREAM_SIGNATURE
+from serving.signatures import StreamPlanError, head_outputs
+from serving.steploop import FrozenWeights, StepProgram, step_program
+
+if TYPE_CHECKING:
+    import keras
+
+SIGNATURE_NAME = "serving_default"
+
+
+@dataclass
+class Graphs:
+    """The functions to convert, `{signature: tf.function}`, and why `stream` is missing."""
+
+    functions: dict[str, Any]
+    stream_missing: str | None = None
+    state_names: dict[str, str] = field(default_factory=dict)
+
+
+def run_loop(program: StepProgram, sequence: Any, states: list[Any]) -> tuple[Any, list[Any]]:
+    """`program` over every step of `sequence` from `states`: `(outputs, new states)`."""
+    tf = import_tensorflow()
+    batch, total = tf.shape(sequence)[0], tf.shape(sequence)[1]
+    size = program.output_size
+    if program.per_step:
+        # Grown by one step per iteration: a loop-carried tensor, not a
+        # TensorArray, whose TensorList ops LiteRT has no builtins for.
+        initial = tf.zeros([batch, 0, size])
+        invariant = tf.TensorShape([None, None, size])
+    else:
+        initial = tf.zeros([batch, size])
+        invariant = tf.TensorShape([None, size])
+
+    def body(t: Any, outputs: Any, *carried: Any) -> tuple[Any, ...]:
+        y, new_states = program.step(sequence[:, t : t + 1], carried)
+        outputs = tf.concat([outputs, y[:, None]], 1) if program.per_step else y
+        return (t + 1, outputs, *new_states)
+
+    sizes = list(program.states.values())
+    _, outputs, *finals = tf.while_loop(
+        lambda t, *_: t < total,
+        body,
+        [tf.constant(0), initial, *states],
+        shape_invariants=[tf.TensorShape([]), invariant]
+        + [tf.TensorShape([None, units]) for units in sizes],
+    )
+    return program.finish(outputs), finals
+
+
+def graphs(
+    model: keras.Model,
+    head: str,
+    stream: bool = True,
+    state_output: Callable[[str], str] = lambda name: name,
+) -> Graphs:
+    """The `tf.function`s of `model`'s signatures, with their input signatures bound.
+
+    Args:
+        model: A Keras model on the TensorFlow backend, float32, one
+            `(batch, T, m)` input.
+        head: The head (`serving.export.HEADS`) naming the outputs.
+        stream: Boolean, build `stream` if the model can stream.
+        state_output: The output name of each new state, from its input's
+            name (ONNX needs names distinct from the inputs').
+    """
+    tf = import_tensorflow()
+    shape = tuple(model.inputs[0].shape)
+    steps, features = shape[1], shape[2]
+    frozen = FrozenWeights(model)
+    try:
+        program: StepProgram | None = step_program(model)
+        missing = None
+    except StreamPlanError as error:
+        program, missing = None, str(error)
+    sequence_spec = tf.TensorSpec([None, steps, features], tf.float32, name=SEQUENCE_INPUT)
+
+    def whole(sequence: Any) -> dict[str, Any]:
+        with frozen.constants(tf.constant):
+            if program is None:
+                outputs = model(sequence, training=False)
+            else:
+                batch = tf.shape(sequence)[0]
+                zeros = [tf.zeros([batch, units]) for units in program.states.values()]
+                outputs, _ = run_loop(program, sequence, zeros)
+            return head_outputs(outputs, head)
+
+    whole_function = tf.function(whole, input_signature=[sequence_spec], autograph=False)
+    functions = {SIGNATURE_NAME: whole_function}
+    names: dict[str, str] = {}
+    if stream and program is not None:
+        names = {name: state_output(name) for name in program.states}
+        chunk_spec = tf.TensorSpec([None, None, features], tf.float32, name=SEQUENCE_INPUT)
+        state_specs = [
+            tf.TensorSpec([None, units], tf.float32, name=name)
+            for name, units in program.states.items()
+        ]
+        stream_program = program
+
+        def chunk(sequence: Any, *states: Any) -> dict[str, Any]:
+            with frozen.constants(tf.constant):
+                outputs, finals = run_loop(stream_program, sequence, list(states))
+                named = dict(zip(names.values(), finals, strict=True))
+                return {**head_outputs(outputs, head), **named}
+
+        functions[STREAM_SIGNATURE] = tf.function(
+            chunk, input_signature=[chunk_spec, *state_specs], autograph=False
+        )
+    elif stream:
+        missing = missing or "not asked for"
+    return Graphs(functions, missing if stream else None, names)
