@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import onnx
 
 OPSET = 17
+# Keras layers whose PyTorch ops the TorchScript exporter cannot trace with a dynamic batch.
+TORCH_UNTRACEABLE = frozenset({"LayerNormalization"})
 SIGNATURE_NAME = "serving_default"
 
 
@@ -95,6 +97,13 @@ def _from_torch(model: keras.Model, head: str, stream: bool) -> tuple[dict[str, 
             f"the PyTorch ONNX export runs the model one step at a time, and {error}: "
             "export it from the TensorFlow backend (--backend tensorflow)"
         ) from None
+    for item in program.plan.steps:
+        if type(item.layer).__name__ in TORCH_UNTRACEABLE:
+            raise PortableExportError(
+                f"layer {item.layer.name!r} ({type(item.layer).__name__}) cannot be traced by "
+                "PyTorch's ONNX exporter (its shape is read at run time): export it from the "
+                "TensorFlow backend (--backend tensorflow)"
+            )
     features = int(model.inputs[0].shape[2])
     steps = model.inputs[0].shape[1]
     step, head_graph, outputs = _traced(model, program, head, features)

@@ -113,7 +113,7 @@ class _Model:
         if STREAM_SIGNATURE not in self.specs:
             raise RuntimeInputError(f"this export has no {STREAM_SIGNATURE!r} signature")
         return {
-            spec.name: np.zeros((batch, *spec.shape[1:]), np.float32)
+            spec.name: np.zeros((batch, *(int(dim or 0) for dim in spec.shape[1:])), np.float32)
             for spec in self.specs[STREAM_SIGNATURE]
             if spec.name.startswith(STATE_PREFIX)
         }

@@ -1,0 +1,414 @@
+"""LiteRT and ONNX exports: builtin ops only, equal to Keras whole and chunk by chunk.
+
+Every layer type the `stream` signature walks, exported on the TensorFlow
+backend to LiteRT (`ai_edge_litert`'s interpreter, no delegate) and to ONNX
+(tf2onnx, in ONNX Runtime); the PyTorch backend's ONNX export runs in a
+subprocess (`tests/portable_probe.py`), as TensorFlow and PyTorch cannot share
+one process. The reference is the Keras model itself on the whole sequence.
+"""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_antisym import AntisymmetricCell, AntisymmetricRNN, GatedAntisymmetricRNN
+from serving import litert, onnxgraphs
+from serving.export import export_model, main
+from serving.runtimes import InputSpec, LiteRTModel, OnnxModel, RuntimeInputError, check_inputs
+from serving.steploop import PortableExportError
+from tests.serving_helpers import REPO_ROOT, digits
+
+STEPS, FEATURES, CLASSES = 20, 3, 4
+CHUNKS = (1, 7, STEPS)
+TOLERANCE = 1e-5
+
+
+def portable_model(kind, steps=None):
+    """A small float32 model of `kind` on `(batch, steps, 3)` sequences, 4 logits."""
+    keras.utils.set_random_seed(3)
+    per_step = kind in ("stack_per_step", "per_step")
+    head = keras.layers.Dense(
+        CLASSES, name="per_step_classification_head" if per_step else "classification_head"
+    )
+    recurrent = {
+        "antisymmetric": lambda: [AntisymmetricRNN(6, epsilon=0.3, gamma=0.05)],
+        "gated": lambda: [GatedAntisymmetricRNN(6, epsilon=0.3, gamma=0.05)],
+        "cell": lambda: [keras.layers.RNN(AntisymmetricCell(6, epsilon=0.3))],
+        "simple_rnn": lambda: [keras.layers.SimpleRNN(6)],
+        "gru": lambda: [keras.layers.GRU(6)],
+        "lstm": lambda: [keras.layers.LSTM(6)],
+        # Per-step layers between recurrent layers, and a head on every step.
+        "stack_per_step": lambda: [
+            keras.layers.LSTM(6, return_sequences=True),
+            keras.layers.LayerNormalization(),
+            keras.layers.TimeDistributed(keras.layers.Dense(5, activation="relu")),
+            GatedAntisymmetricRNN(6, epsilon=0.3, return_sequences=True),
+            keras.layers.Dropout(0.2),
+        ],
+        "per_step": lambda: [
+            AntisymmetricRNN(6, epsilon=0.3, return_sequences=True),
+            keras.layers.TimeDistributed(keras.layers.Dense(5, activation="relu")),
+            keras.layers.Dropout(0.2),
+        ],
+        "stack": lambda: [
+            AntisymmetricRNN(6, epsilon=0.3, return_sequences=True),
+            keras.layers.Dense(5),
+            keras.layers.GRU(6),
+            keras.layers.Dense(8, activation="tanh"),
+        ],
+    }[kind]()
+    model = keras.Sequential([keras.Input((steps, FEATURES)), *recurrent, head], name=kind)
+    # Non-zero biases and recurrent weights everywhere, so that every term matters.
+    rng = np.random.default_rng(5)
+    for weight in model.weights:
+        weight.assign(0.4 * rng.standard_normal(weight.shape).astype("float32"))
+    return model, "per_step_classification" if per_step else "classification"
+
+
+KINDS = (
+    "antisymmetric", "gated", "cell", "simple_rnn", "gru", "lstm", "stack", "per_step",
+    "stack_per_step",
+)  # fmt: skip
+# The TorchScript ONNX exporter cannot trace Keras' LayerNormalization on PyTorch.
+TORCH_REFUSED = {"stack_per_step": "'layer_normalization'"}
+
+
+def _sequence(batch=2, steps=STEPS):
+    return np.random.default_rng(7).standard_normal((batch, steps, FEATURES)).astype("float32")
+
+
+def _streamed(runtime, sequence, chunk, per_step):
+    """`logits` of `stream` fed `chunk` steps at a time (per step: all chunks' outputs)."""
+    states, outputs = runtime.start(sequence.shape[0]), []
+    for start in range(0, sequence.shape[1], chunk):
+        answer = runtime.run("stream", sequence=sequence[:, start : start + chunk], **states)
+        states = {name: answer[name] for name in states}
+        outputs.append(answer["logits"])
+    return np.concatenate(outputs, axis=1) if per_step else outputs[-1]
+
+
+def _check_equal(runtime, model, head, steps=STEPS):
+    sequence = _sequence(steps=steps)
+    expected = keras.ops.convert_to_numpy(model(sequence))
+    whole = runtime.run("serving_default", sequence=sequence)
+    np.testing.assert_allclose(whole["logits"], expected, atol=TOLERANCE, rtol=0)
+    probabilities = np.exp(expected - expected.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    np.testing.assert_allclose(whole["probabilities"], probabilities, atol=TOLERANCE, rtol=0)
+    ids = "class_ids" if head == "per_step_classification" else "class_id"
+    np.testing.assert_array_equal(whole[ids], expected.argmax(-1))
+    for chunk in CHUNKS:
+        streamed = _streamed(runtime, sequence, chunk, head == "per_step_classification")
+        np.testing.assert_allclose(streamed, expected, atol=TOLERANCE, rtol=0, err_msg=f"{chunk=}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_litert_export_is_builtin_only_and_equals_keras(kind, tmp_path):
+    model, head = portable_model(kind)
+    path = litert.write(model, tmp_path / "model.tflite", head)
+    blob = open(path, "rb").read()
+    operators = litert.operators(blob)
+    assert "WHILE" in operators
+    assert not [op for op in operators if op.startswith("Flex") or not op.isupper()], operators
+    runtime = LiteRTModel(path)
+    assert runtime.signatures == ["serving_default", "stream"]
+    stream_inputs = [spec.name for spec in runtime.specs["stream"]]
+    assert stream_inputs == sorted(["sequence", *(n for n in stream_inputs if n != "sequence")])
+    _check_equal(runtime, model, head)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_onnx_export_from_tensorflow_equals_keras(kind, tmp_path):
+    model, head = portable_model(kind)
+    for name, blob in onnxgraphs.convert(model, head).items():
+        (tmp_path / f"{name}.onnx").write_bytes(blob)
+    runtime = OnnxModel(tmp_path)
+    assert runtime.signatures == ["serving_default", "stream"]
+    _check_equal(runtime, model, head)
+
+
+def test_the_stream_signatures_take_the_savedmodels_state_names(tmp_path):
+    """The same `state_*` inputs as the SavedModel's `stream`, in LiteRT and ONNX."""
+    from serving.signatures import stream_plan
+
+    model, head = portable_model("stack")
+    litert.write(model, tmp_path / "model.tflite", head)
+    for name, blob in onnxgraphs.convert(model, head).items():
+        (tmp_path / f"{name}.onnx").write_bytes(blob)
+    wanted = {"sequence", *stream_plan(model).states}
+    for runtime in (LiteRTModel(tmp_path / "model.tflite"), OnnxModel(tmp_path)):
+        assert {spec.name for spec in runtime.specs["stream"]} == wanted
+        answer = runtime.run("stream", sequence=_sequence(), **runtime.start(2))
+        assert wanted - {"sequence"} <= set(answer)
+    assert len(wanted) == 1 + 1 + 1  # AntisymmetricRNN h, GRU h
+
+
+def test_a_fixed_length_model_keeps_its_length_in_serving_default(tmp_path):
+    model, head = portable_model("gated", steps=STEPS)
+    litert.write(model, tmp_path / "model.tflite", head)
+    runtime = LiteRTModel(tmp_path / "model.tflite")
+    assert runtime.specs["serving_default"][0].shape == (None, STEPS, FEATURES)
+    assert runtime.specs["stream"][0].shape == (None, None, FEATURES)  # any chunk
+    _check_equal(runtime, model, head)
+    with pytest.raises(RuntimeInputError, match=r"'sequence' .* must have shape \(any, 20, 3\)"):
+        runtime.run("serving_default", sequence=_sequence(steps=STEPS + 1))
+
+
+def test_the_pytorch_backend_exports_onnx_equal_to_keras(tmp_path):
+    """`tests/portable_probe.py` on KERAS_BACKEND=torch: each kind's whole-sequence and
+    chunked answers from ONNX Runtime against that backend's own Keras model."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.portable_probe", str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, KERAS_BACKEND="torch"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    checked = [line for line in lines if line.startswith("checked ")]
+    assert sorted(checked) == sorted(f"checked {k}" for k in KINDS if k not in TORCH_REFUSED)
+    refused = [line for line in lines if line.startswith("refused ")]
+    assert len(refused) == len(TORCH_REFUSED)
+    for kind, layer in TORCH_REFUSED.items():
+        line = next(line for line in refused if line.startswith(f"refused {kind}: "))
+        assert layer in line and "--backend tensorflow" in line
+
+
+@pytest.mark.parametrize("layer", ["antisymmetric", "gated", "cell"])
+def test_keras_own_onnx_export_of_these_layers_runs_in_onnx_runtime(layer, tmp_path):
+    """`model.export(format="onnx")`: the whole-sequence graph, no states."""
+    import onnxruntime
+
+    model, _ = portable_model(layer, steps=STEPS)
+    sequence = _sequence()
+    expected = keras.ops.convert_to_numpy(model(sequence))
+    model.export(str(tmp_path / "model.onnx"), format="onnx", verbose=False)
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    (got,) = session.run(None, {session.get_inputs()[0].name: sequence})
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+# Quantization: documented bounds (docs/serving.md) on a small fixed set.
+
+
+@pytest.fixture(scope="module")
+def digits_model():
+    """A gated model fit on digits, its recurrent matrix large enough (48² >= 1,024
+    elements) for dynamic-range quantization."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((64, 1)),
+            GatedAntisymmetricRNN(48, epsilon=0.1, gamma=0.01),
+            keras.layers.Dense(10, name="classification_head"),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    x, y = digits()
+    model.fit(x[:1200], y[:1200], batch_size=64, epochs=3, verbose=0)
+    return model
+
+
+@pytest.mark.parametrize("quantize", litert.QUANTIZATIONS)
+def test_quantized_litert_models_stay_within_their_bounds(quantize, digits_model, tmp_path):
+    """float16 and dynamic-int8 agree with the float32 model's classes on held-out
+    digits (accuracy within 1 point), and the logits stay close."""
+    x, y = digits()
+    held_out, labels = x[-300:], y[-300:]
+    expected = keras.ops.convert_to_numpy(digits_model(held_out))
+    plain = litert.convert(digits_model, "classification")
+    small = litert.convert(digits_model, "classification", quantize=quantize)
+    path = tmp_path / "model.tflite"
+    path.write_bytes(small)
+    answer = LiteRTModel(path).run("serving_default", sequence=held_out)
+    float_accuracy = (expected.argmax(-1) == labels).mean()
+    accuracy = (answer["class_id"] == labels).mean()
+    assert abs(accuracy - float_accuracy) <= 0.01
+    assert float_accuracy > 0.3  # a model that learned something, so that the bound says something
+    assert np.abs(answer["logits"] - expected).max() < 0.1
+    # At least a byte saved per element of the recurrent matrix.
+    assert len(plain) - len(small) >= 48 * 48
+
+
+def test_dynamic_int8_keeps_the_state_float32(tmp_path):
+    """Only the weights are int8: no QUANTIZE op on the path of the state."""
+    model = keras.Sequential(
+        [keras.Input((None, FEATURES)), GatedAntisymmetricRNN(48), keras.layers.Dense(4)]
+    )
+    blob = litert.convert(model, "classification", quantize="dynamic-int8")
+    operators = litert.operators(blob)
+    assert "QUANTIZE" not in operators and "DEQUANTIZE" not in operators
+    path = tmp_path / "model.tflite"
+    path.write_bytes(blob)
+    runtime = LiteRTModel(path)
+    sequence = _sequence()
+    expected = keras.ops.convert_to_numpy(model(sequence))
+    np.testing.assert_allclose(
+        runtime.run("serving_default", sequence=sequence)["logits"], expected, atol=0.05
+    )
+    assert len(litert.convert(model, "classification")) - len(blob) >= 48 * 48 * 2
+
+
+# Bad input: one line, nothing half-written.
+
+
+def _one_line_error(capsys, argv, status=2):
+    assert main(argv) == status
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class Doubling(keras.layers.Layer):
+    """Per-step, but unknown to the exports: the step program cannot include it."""
+
+    def call(self, inputs):
+        return 2.0 * inputs
+
+
+@pytest.mark.parametrize("kind", ["doubling", "bidirectional"])
+def test_a_model_without_a_builtin_lowering_is_refused_with_nothing_on_disk(kind, tmp_path, capsys):
+    """A layer the step program cannot take, before a recurrent layer whose loop in
+    Keras' own graph needs TensorList ops; a Bidirectional layer reads backwards."""
+    middle = {
+        "doubling": [Doubling(name="doubling"), keras.layers.GRU(4)],
+        "bidirectional": [keras.layers.Bidirectional(keras.layers.GRU(4), name="bidirectional")],
+    }[kind]
+    model = keras.Sequential(
+        [
+            keras.Input((STEPS, FEATURES)),
+            *middle,
+            keras.layers.Dense(CLASSES, name="classification_head"),
+        ]
+    )
+    path = tmp_path / "unknown.keras"
+    model.save(path)
+    base = tmp_path / "models"
+    base.mkdir()
+    argv = ["--model", str(path), "--export-base", str(base), "--version", "1"]
+    err = _one_line_error(capsys, [*argv, "--format", "litert"])
+    assert "LiteRT has no builtins for (TensorList" in err and f"layer '{kind}'" in err
+    assert os.listdir(base) == []  # no version, no staging folder, no partial file
+
+
+def test_a_model_that_cannot_stream_gets_serving_default_and_a_note(tmp_path, capsys):
+    middle = [keras.layers.Conv1D(4, 3), keras.layers.GlobalAveragePooling1D()]
+    model = keras.Sequential([keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)])
+    path = tmp_path / "conv.keras"
+    model.save(path)
+    argv = ["--model", str(path), "--export-base", str(tmp_path / "m"), "--version", "1"]
+    assert main([*argv, "--format", "litert"]) == 0
+    assert "no `stream` signature" in capsys.readouterr().err
+    file = tmp_path / "m" / "1" / "model.tflite"
+    assert all(op.isupper() for op in litert.operators(file.read_bytes()))
+    runtime = LiteRTModel(file)
+    assert runtime.signatures == ["serving_default"]
+    sequence = _sequence()
+    np.testing.assert_allclose(
+        runtime.run("serving_default", sequence=sequence)["logits"],
+        keras.ops.convert_to_numpy(model(sequence)),
+        atol=TOLERANCE,
+    )
+    with pytest.raises(RuntimeInputError, match="no 'stream' signature"):
+        runtime.start()
+    with pytest.raises(RuntimeInputError, match="no signature 'stream'; this export has"):
+        runtime.run("stream", sequence=sequence)
+
+
+def test_a_mixed_precision_model_is_refused_naming_the_layer():
+    model = keras.Sequential(
+        [
+            keras.Input((None, FEATURES)),
+            GatedAntisymmetricRNN(4, dtype="mixed_bfloat16", name="recurrent"),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+    for convert in (litert.convert, onnxgraphs.convert):
+        with pytest.raises(PortableExportError, match=r"'recurrent' .* 'mixed_bfloat16'.*float16"):
+            convert(model, "classification")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--format", "onnx", "--quantize", "float16"], "`quantize`"),
+        (["--format", "savedmodel", "--quantize", "dynamic-int8"], "`quantize`"),
+        (["--format", "litert", "--backend", "torch"], "`backend`"),
+    ],
+)
+def test_the_cli_refuses_options_that_do_not_fit_the_format(flags, message, tmp_path, capsys):
+    argv = ["--model", str(tmp_path / "none.keras"), "--export-base", str(tmp_path), "--version"]
+    err = _one_line_error(capsys, [*argv, "1", *flags])
+    assert message in err
+
+
+def test_export_model_writes_each_format_into_its_version_folder(tmp_path):
+    model, _ = portable_model("gated")
+    notes = []
+    litert_folder = export_model(model, tmp_path, 1, format="litert", quantize="float16")
+    onnx_folder = export_model(model, tmp_path, 2, format="onnx", notes=notes)
+    assert sorted(os.listdir(litert_folder)) == ["model.tflite"]
+    assert sorted(os.listdir(onnx_folder)) == ["serving_default.onnx", "stream.onnx"]
+    assert sorted(os.listdir(tmp_path)) == ["1", "2"] and notes == []
+
+
+# Inference-time input checks, the same for both runtimes.
+
+
+@pytest.fixture(scope="module")
+def runtimes(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runtimes")
+    model, head = portable_model("lstm")
+    model = keras.Sequential(
+        [keras.Input((None, FEATURES)), keras.layers.LSTM(6, name="lstm"), keras.layers.Dense(4)]
+    )
+    litert.write(model, folder / "model.tflite", head)
+    for name, blob in onnxgraphs.convert(model, head).items():
+        (folder / f"{name}.onnx").write_bytes(blob)
+    return LiteRTModel(folder / "model.tflite"), OnnxModel(folder)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda i: {**i, "sequence": i["sequence"][..., :2]}, r"'sequence' .*\(any, any, 3\), got \(2, 4, 2\)"),  # noqa: E501
+        (lambda i: {**i, "state_lstm_0": i["state_lstm_0"][:, :5]}, r"'state_lstm_0' .*\(any, 6\), got \(2, 5\)"),  # noqa: E501
+        (lambda i: {**i, "state_lstm_1": i["state_lstm_1"][0]}, r"'state_lstm_1' .*got \(6,\)"),  # noqa: E501
+        (lambda i: {k: v for k, v in i.items() if k != "state_lstm_1"}, r"needs input 'state_lstm_1' .*zeros"),  # noqa: E501
+        (lambda i: {**i, "sequence": i["sequence"][:, :0]}, r"no time steps"),  # noqa: E501
+        (lambda i: {**i, "state_lstm_0": np.zeros((3, 6))}, r"different batch sizes"),  # noqa: E501
+        (lambda i: {**i, "extra": 1}, r"no input 'extra'"),  # noqa: E501
+    ],
+)  # fmt: skip
+def test_a_wrong_chunk_or_state_is_one_line_naming_the_input(runtimes, change, message):
+    good = {"sequence": _sequence(steps=4), **runtimes[0].start(2)}
+    for runtime in runtimes:
+        runtime.run("stream", **good)
+        with pytest.raises(RuntimeInputError, match=message) as raised:
+            runtime.run("stream", **change(good))
+        assert "\n" not in str(raised.value)
+        runtime.run("stream", **good)  # the runtime still answers
+
+
+def test_an_unknown_signature_names_the_ones_there(runtimes):
+    for runtime in runtimes:
+        with pytest.raises(
+            RuntimeInputError, match="no signature 'padded'; .*serving_default, stream"
+        ):
+            runtime.run("padded", sequence=_sequence())
+
+
+def test_check_inputs_accepts_nested_lists():
+    specs = [InputSpec("sequence", (None, None, 2))]
+    arrays = check_inputs("stream", specs, {"sequence": [[[1, 2], [3, 4]]]})
+    assert arrays["sequence"].dtype == np.float32 and arrays["sequence"].shape == (1, 2, 2)
