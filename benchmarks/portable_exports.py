@@ -50,6 +50,14 @@ def _accuracy(predict: Callable[[np.ndarray], np.ndarray], x: np.ndarray, y: np.
     return hits / len(x)
 
 
+def _classes(runtime: Any) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda batch: runtime.run("serving_default", sequence=batch)["class_id"]
+
+
+def _call(runtime: Any, signature: str, inputs: dict[str, np.ndarray]) -> Callable[[], Any]:
+    return lambda: runtime.run(signature, **inputs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.portable_exports")
     parser.add_argument("--model", required=True)
@@ -94,15 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     saved = tf.saved_model.load(folders["savedmodel"]).signatures
 
     keras_accuracy = _accuracy(lambda b: np.argmax(model.predict(b, verbose=0), -1), x, y)
-    results: dict[str, Any] = {"task": args.task, "dataset": args.dataset, "steps": x.shape[1],
-                               "examples": len(x), "keras_accuracy": keras_accuracy, "rows": {}}  # fmt: skip
+    results: dict[str, Any] = {
+        "task": args.task, "dataset": args.dataset, "steps": x.shape[1],
+        "examples": len(x), "keras_accuracy": keras_accuracy, "rows": {},
+    }  # fmt: skip
     for name, runtime in runtimes.items():
-        accuracy = _accuracy(
-            lambda b, r=runtime: r.run("serving_default", sequence=b)["class_id"], x, y
-        )
-        size = _sizes(folders[name]) if name == "onnx" else _sizes(folders[name])
-        results["rows"][name] = {"accuracy": accuracy, "change_points": 100 * (accuracy - keras_accuracy),
-                                 "bytes": size}  # fmt: skip
+        accuracy = _accuracy(_classes(runtime), x, y)
+        change = 100 * (accuracy - keras_accuracy)
+        results["rows"][name] = {
+            "accuracy": accuracy, "change_points": change, "bytes": _sizes(folders[name]),
+        }  # fmt: skip
     results["rows"]["savedmodel"] = {"bytes": _sizes(folders["savedmodel"])}
 
     one = x[:1]
@@ -111,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, runtime in runtimes.items():
         states = runtime.start(1)
         calls[name] = {
-            "chunk": lambda r=runtime, s=states: r.run("stream", sequence=chunk, **s),
-            "whole": lambda r=runtime: r.run("serving_default", sequence=one),
+            "chunk": _call(runtime, "stream", {"sequence": chunk, **states}),
+            "whole": _call(runtime, "serving_default", {"sequence": one}),
         }
     stream_fn, whole_fn = saved["stream"], saved["serving_default"]
     zero_states = {
@@ -156,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 def _table(results: dict[str, Any]) -> str:
     head = (
         f"{results['task']} ({results['dataset'] or 'default data'}), T={results['steps']}, "
-        f"{results['examples']} test examples; Keras accuracy {100 * results['keras_accuracy']:.2f}%\n\n"
+        f"{results['examples']} test examples; "
+        f"Keras accuracy {100 * results['keras_accuracy']:.2f}%\n\n"
         "| export | accuracy | change (points) | size (bytes) | 28-step chunk p50 / p99 (ms) "
         "| whole sequence p50 / p99 (ms) |\n|---|---|---|---|---|---|\n"
     )

@@ -1,7 +1,7 @@
 """The main job end to end, offline: train, export, serve, predict over REST, stop.
 
     python -m serving.demo [--output-dir runs/demo] [--export-base models/antisym]
-    python -m serving.demo --stream [--timesteps 256] [--chunk 8]
+    python -m serving.demo --stream [--timesteps 256] [--chunk 8] [--litert]
 
 1. `python -m training.train` on the embedded `digits` task (resumes if run before),
 2. `python -m serving.export` to the next free version under `--export-base`,
@@ -16,7 +16,10 @@ sends one test digit's noise-padded sequence to the `stream` signature
 each chunk: the model's answer for the steps received so far. Training scores
 only the answer after all T steps, so the answer wanders while the digit's
 rows and the noise arrive and settles as the sequence nears T; each update
-costs one chunk, not the whole sequence again.
+costs one chunk, not the whole sequence again. `--stream --litert` also exports
+`model.tflite` (the next version, `--format litert`) and streams the digit
+through LiteRT's interpreter in this process, as an on-device loop would, with
+no server.
 
 A failed step prints one line and exits with status 1.
 """
@@ -31,6 +34,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -115,7 +119,30 @@ def _predict_and_print(client: ServingClient, count: int, version: int) -> None:
     print(f"[predict] {correct}/{len(labels)} correct (model version {version})")
 
 
-def _stream_and_print(client: ServingClient, args: argparse.Namespace, version: int) -> None:
+def _litert_answers(args: argparse.Namespace, version: int) -> Callable[[Iterable], Iterator]:
+    """`stream(chunks)` through `model.tflite` of the next version, exported from the run."""
+    from serving.runtimes import LiteRTModel
+
+    folder = os.path.join(args.export_base, str(version + 1))
+    model = RunDir(args.output_dir).model
+    export = ["-m", "serving.export", "--model", model, "--export-base", args.export_base]
+    _run([*export, "--version", str(version + 1), "--format", "litert"], "export")
+    runtime = LiteRTModel(os.path.join(folder, "model.tflite"))
+    print(f"[litert] {os.path.join(folder, 'model.tflite')}: builtin ops only, in this process")
+
+    def stream(chunks: Iterable) -> Iterator[dict]:
+        states = runtime.start(1)
+        for chunk in chunks:
+            answer = runtime.run("stream", sequence=np.asarray(chunk)[None], **states)
+            states = {name: answer[name] for name in states}
+            yield {key: value[0].tolist() for key, value in answer.items()}
+
+    return stream
+
+
+def _stream_and_print(
+    stream: Callable[[Iterable], Iterator], args: argparse.Namespace, version: int
+) -> None:
     """Streams one noise-padded test digit chunk by chunk; prints how the prediction settles."""
     x, labels = _test_digits(args.examples, args.timesteps)
     sequence, label = x[-1], int(labels[-1])
@@ -124,7 +151,7 @@ def _stream_and_print(client: ServingClient, args: argparse.Namespace, version: 
           f"then {steps - 64} steps of noise, {args.chunk} steps per request")  # fmt: skip
     chunks = (sequence[start : start + args.chunk] for start in range(0, steps, args.chunk))
     history = []
-    for index, answer in enumerate(client.stream(chunks)):
+    for index, answer in enumerate(stream(chunks)):
         seen = min((index + 1) * args.chunk, steps)
         confidence = max(answer["probabilities"])
         history.append((seen, answer["class_id"]))
@@ -159,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream", action="store_true", help="stream a noise-padded digit")
     parser.add_argument("--timesteps", type=int, default=256, help="--stream: padded length")
     parser.add_argument("--chunk", type=int, default=8, help="--stream: steps per request")
+    parser.add_argument(
+        "--litert",
+        action="store_true",
+        help="--stream: export model.tflite and stream through LiteRT's interpreter in this "
+        "process, as an on-device loop would (no server)",
+    )
     args = parser.parse_args(argv)
     suffix = "-stream" if args.stream else ""
     args.output_dir = args.output_dir or f"runs/demo{suffix}"
@@ -174,7 +207,11 @@ def _demo(args: argparse.Namespace) -> None:
         check(args.chunk >= 1, "--chunk", "a positive number of steps", args.chunk)
         check(args.timesteps >= 64, "--timesteps", "at least 64 (a digit's own steps)",
               args.timesteps)  # fmt: skip
+    check(not args.litert or args.stream, "--litert", "with --stream", args.litert)
     version = _train_and_export(args)
+    if args.litert:
+        _stream_and_print(_litert_answers(args, version), args, version + 1)
+        return
     port = _free_port()
     command = ["-m", "serving.server", "--model-base-path", args.export_base]
     command += ["--model-name", MODEL_NAME, "--port", str(port), "--grpc-port", "0"]
@@ -185,7 +222,7 @@ def _demo(args: argparse.Namespace) -> None:
         status = _wait_until_serving(client, server, deadline_seconds=120)
         print(f"[serve] {json.dumps(status)}")
         if args.stream:
-            _stream_and_print(client, args, version)
+            _stream_and_print(client.stream, args, version)
         else:
             _predict_and_print(client, args.examples, version)
     finally:
