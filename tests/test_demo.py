@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from serving import demo
@@ -156,3 +157,37 @@ def test_help_names_the_demo_flags(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--examples EXAMPLES test digits to predict" in text
     assert "--chunk CHUNK --stream: steps per request" in text
+
+
+def test_litert_stream_demo_answers_as_the_keras_model_on_each_prefix(
+    tmp_path, capfd, quiet_tensorflow
+):
+    """`--stream --litert`: the interpreter's answer after each chunk is the trained
+    model's own class for the steps received so far."""
+    import keras
+
+    argv = ["--stream", "--litert", "--steps", "30", "--timesteps", "72", "--chunk", "16"]
+    argv += ["--examples", "3", "--output-dir", str(tmp_path / "run")]
+    argv += ["--export-base", str(tmp_path / "models")]
+    assert demo.main(argv) == 0
+    out = capfd.readouterr().out
+    assert "--version 2 --format litert" in out and "[litert]" in out
+    assert sorted(os.listdir(tmp_path / "models" / "2")) == ["model.tflite"]
+    rows = re.findall(r"steps +(\d+)/72 \((?:digit|noise)\)  predicted (\d)  p=([0-9.]+)", out)
+    assert [int(seen) for seen, *_ in rows] == [16, 32, 48, 64, 72]
+    model = keras.saving.load_model(tmp_path / "run" / "model.keras")
+    x, _ = get_task("digits", timesteps=72).make_batch(
+        *[part[:3] for part in get_task("digits").examples("test")], np.zeros(2, "int32")
+    )
+    for seen, predicted, p in rows:
+        logits = keras.ops.convert_to_numpy(model(np.asarray(x)[2:3, : int(seen)]))[0]
+        assert int(predicted) == logits.argmax()
+        softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        assert abs(float(p) - softmax.max()) < 2e-3
+    assert "(model version 2)" in out and "server" not in out.split("[litert]")[1]
+
+
+def test_litert_demo_needs_stream(tmp_path, capsys):
+    assert demo.main(["--litert", "--output-dir", str(tmp_path / "run")]) == 2
+    assert "argument `--litert`, expected with --stream" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -9,7 +9,8 @@ import pytest
 
 from tests.serving_helpers import REPO_ROOT
 
-HEAVY = ("tensorflow", "keras", "keras_antisym", "jax", "torch")
+HEAVY = ("tensorflow", "keras", "keras_antisym", "jax", "torch", "ai_edge_litert", "onnx",
+         "onnxruntime", "tf2onnx")  # fmt: skip
 
 
 def _modules_after(code):
@@ -31,7 +32,8 @@ def _modules_after(code):
 def test_importing_the_serving_modules_imports_no_tensorflow():
     modules = "serving, serving.rest, serving.httpd, serving.server, serving.client"
     modules += ", serving.payload, serving.repository, serving.export, serving.demo"
-    modules += ", serving.model_config, serving.codes, serving.tensors"
+    modules += ", serving.model_config, serving.codes, serving.tensors, serving.litert"
+    modules += ", serving.onnxgraphs, serving.runtimes, serving.steploop, serving.tfloop"
     assert _modules_after(f"import {modules}") == []
 
 
