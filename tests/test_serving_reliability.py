@@ -306,7 +306,9 @@ def test_drain_answers_in_flight_requests_then_stops(monkeypatch):
             deadline = time.monotonic() + 10
             while True:  # the listener closes within a loop turn
                 try:
-                    socket.create_connection((host, port), timeout=1).close()
+                    # A SYN sent between the drop-all filter and the close is dropped; the
+                    # client's retry (a second later) finds the port closed: refused.
+                    socket.create_connection((host, port), timeout=5).close()
                 except (ConnectionRefusedError, ConnectionResetError):
                     # Reset: the kernel completed the handshake into the backlog just
                     # before the listener closed; refused from then on.
