@@ -46,6 +46,7 @@ Assumptions:
    sees a CUDA device.
 """
 
+import contextlib
 import inspect
 import re
 import warnings
@@ -252,6 +253,41 @@ class SequenceConstantsCell(DropoutRNNCell):
         if self._sequence_cache is not None:
             return self._sequence_cache
         return self.sequence_constants()
+
+    @contextlib.contextmanager
+    def sequence_scope(self):
+        """Forms the per-sequence constants once, for every call of the cell in the block.
+
+        For a loop over the steps written outside `keras.layers.RNN` (an
+        export's while loop, a hand-written stream): entered before the loop,
+        the transition matrix is formed once, not at every step. On exit the
+        cell forms them at each call again (or as the enclosing RNN had them).
+        The weights must not change inside the block.
+
+        Example:
+
+        >>> import numpy as np
+        >>> from keras_antisym import AntisymmetricCell
+        >>> cell = AntisymmetricCell(4)
+        >>> cell.build((None, 3))
+        >>> h = [np.zeros((2, 4), "float32")]
+        >>> with cell.sequence_scope():
+        ...     for x_t in np.ones((5, 2, 3), "float32"):
+        ...         _, h = cell(x_t, h)
+        >>> tuple(h[0].shape)
+        (2, 4)
+        """
+        if not self.built:
+            raise ValueError(
+                f"`sequence_scope()` needs a built cell, and {self.name!r} is not built: "
+                "call it once, or `build(input_shape)`, first"
+            )
+        previous = self._sequence_cache
+        self._sequence_cache = self.sequence_constants()
+        try:
+            yield self
+        finally:
+            self._sequence_cache = previous
 
     def step_recurrent_dropout_mask(self, state):
         """The recurrent dropout mask, for use inside the cell's `call`."""

@@ -577,14 +577,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _export(prog: str, args: argparse.Namespace) -> None:
     """Checks the version first (before the slow model load), exports, prints the folder."""
-    writer = _writer(args.format, args.quantize)
+    _writer(args.format, args.quantize)  # checks the pair before the slow model load
     if args.backend not in FORMAT_BACKENDS[args.format]:
         raise invalid(
             "backend",
             f"one of {', '.join(FORMAT_BACKENDS[args.format])} for --format {args.format}",
             args.backend,
         )
-    del writer
     _check_version(args.export_base, args.version)
     _keras(args.backend)
     model = load_keras_model(args.model)

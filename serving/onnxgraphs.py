@@ -20,6 +20,7 @@ exports from the backend its Keras runs on.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -157,19 +158,24 @@ def _traced(
     head_axes = {"y": {0: "batch", 1: "time"} if program.per_step else batch}
     head_axes.update({name: {0: "batch", 1: "time"} for name in output_names})
     traced = []
-    for module, inputs, input_names, out_names, axes in (
-        (Step(), step_inputs, ["x", *names], ["y", *[f"new_{n}" for n in names]], step_axes),
-        (Head(), (head_input,), ["y"], output_names, head_axes),
-    ):
-        buffer = io.BytesIO()
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module, inputs, buffer, dynamo=False, opset_version=OPSET,
-                input_names=input_names, output_names=out_names,
-                dynamic_axes={k: v for k, v in axes.items() if k in input_names + out_names},
-            )  # fmt: skip
-        traced.append(onnx.load_from_string(buffer.getvalue()))
+    with contextlib.ExitStack() as sequence:
+        # The cells' constants formed here, before the trace, enter the traced step as
+        # constants: the `Loop` body then holds no scatter forming `W − Wᵀ − γI`.
+        with frozen.constants(torch.from_numpy), torch.no_grad():
+            sequence.enter_context(program.sequence())
+        for module, inputs, input_names, out_names, axes in (
+            (Step(), step_inputs, ["x", *names], ["y", *[f"new_{n}" for n in names]], step_axes),
+            (Head(), (head_input,), ["y"], output_names, head_axes),
+        ):
+            buffer = io.BytesIO()
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(
+                    module, inputs, buffer, dynamo=False, opset_version=OPSET,
+                    input_names=input_names, output_names=out_names,
+                    dynamic_axes={k: v for k, v in axes.items() if k in input_names + out_names},
+                )  # fmt: skip
+            traced.append(onnx.load_from_string(buffer.getvalue()))
     return traced[0], traced[1], output_names
 
 

@@ -13,7 +13,8 @@ model that can stream (`serving.signatures.stream_plan`) into a `StepProgram`:
 
 The runtimes' exporters put `step` inside their own loop (`tf.while_loop`,
 which becomes LiteRT's `WHILE` and ONNX's `Loop`; or an ONNX `Loop` around a
-traced step) and call `finish` after it. `FrozenWeights` binds every
+traced step) and call `finish` after it, with `sequence()` around the
+loop so that each cell's constants are formed once. `FrozenWeights` binds every
 weight to a constant while the graph is traced, so the written graph holds
 the weights as constants: no variables, which LiteRT's `WHILE` bodies cannot
 read. Everything here is `keras.ops`, so the same step traces on TensorFlow
@@ -79,6 +80,22 @@ class StepProgram:
             new_states.extend(ops.cast(final, "float32") for final in finals)
             x = ops.expand_dims(output, 1)
         return ops.cast(x[:, 0], "float32"), new_states
+
+    @contextlib.contextmanager
+    def sequence(self) -> Iterator[None]:
+        """The cells' per-sequence constants formed once, for every `step` in the block.
+
+        Entered outside the loop, a cell's transition matrix (`W − Wᵀ − γI`, a
+        scatter and a transpose) is formed once, as `keras.layers.RNN` does
+        before its loop, not inside every iteration of the exported loop.
+        Cells without per-sequence constants (Keras' own) are unaffected.
+        """
+        with contextlib.ExitStack() as stack:
+            for item in self.looped:
+                scope = getattr(getattr(item.layer, "cell", None), "sequence_scope", None)
+                if item.kind == "recurrent" and scope is not None:
+                    stack.enter_context(scope())
+            yield
 
     def finish(self, outputs: Any) -> Any:
         """The head's layers on the loop's output (`(batch, k)`, or `(batch, T, k)` per step)."""

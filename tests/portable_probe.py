@@ -2,7 +2,8 @@
 
 For each kind of `tests.test_serving_portable.KINDS`, exports the model with
 `serving.onnxgraphs` on this backend and checks ONNX Runtime's whole-sequence
-and chunked (1, 7, T steps) answers against the Keras model on this backend;
+and chunked (1, 7, T steps) answers against the Keras model on this backend,
+and that the `Loop` body forms no transition matrix;
 prints `checked <kind>` for each, or `refused <kind>: <the one-line error>`.
 """
 
@@ -16,7 +17,12 @@ from serving.steploop import PortableExportError
 
 assert keras.backend.backend() == "torch"
 # The test module's models and checks (Keras is imported first, on PyTorch).
-from tests.test_serving_portable import KINDS, _check_equal, portable_model  # noqa: E402
+from tests.test_serving_portable import (  # noqa: E402
+    KINDS,
+    _check_equal,
+    check_step_forms_no_matrix,
+    portable_model,
+)
 
 
 def main(folder: str) -> None:
@@ -31,6 +37,7 @@ def main(folder: str) -> None:
         except PortableExportError as error:
             print(f"refused {kind}: {error}", flush=True)
             continue
+        check_step_forms_no_matrix(models)
         for name, blob in models.items():
             with open(os.path.join(target, f"{name}.onnx"), "wb") as file:
                 file.write(blob)

@@ -405,6 +405,44 @@ def test_assumption_2_rnn_calls_the_hook_once_per_call_and_resets():
     assert CountingCell.formed == 2
 
 
+def test_sequence_scope_forms_the_constants_once_for_a_hand_written_loop():
+    """A loop outside `keras.layers.RNN`: one forming for all steps, the same states as
+    the RNN's loop, and per-call forming again after the block."""
+    cell = CountingCell(3, epsilon=0.4, gamma=0.1)
+    layer = keras.layers.RNN(cell)
+    x = np.random.default_rng(0).standard_normal((2, 6, 4)).astype("float32")
+    expected = keras.ops.convert_to_numpy(layer(x))
+    CountingCell.formed = 0
+    h = [np.zeros((2, 3), "float32")]
+    with cell.sequence_scope() as scoped:
+        assert scoped is cell
+        for t in range(x.shape[1]):
+            _, h = cell(x[:, t], h)
+    assert CountingCell.formed == 1
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(h[0]), expected, atol=1e-6)
+    cell(x[:, 0], h)
+    cell(x[:, 0], h)
+    assert CountingCell.formed == 3  # outside the block: at each call, never stale
+
+
+def test_sequence_scope_restores_what_was_cached_and_refuses_an_unbuilt_cell():
+    cell = AntisymmetricCell(3)
+    with pytest.raises(ValueError, match=r"`sequence_scope\(\)` needs a built cell"):
+        with cell.sequence_scope():
+            pass
+    cell.build((None, 2))
+    cell.get_recurrent_dropout_mask(np.ones((1, 3), "float32"))  # as RNN.call does
+    cached = cell._sequence_cache
+    assert cached is not None
+    with pytest.raises(RuntimeError):
+        with cell.sequence_scope():
+            assert cell._sequence_cache[0] is not cached[0]
+            raise RuntimeError
+    # The enclosing loop's constants, even on error (Keras re-wraps the tuple itself).
+    assert cell._sequence_cache[0] is cached[0]
+    cell.reset_recurrent_dropout_mask()
+
+
 def test_assumption_2_direct_cell_calls_never_see_stale_constants():
     cell = AntisymmetricCell(3, epsilon=1.0, gamma=0.0)
     layer = keras.layers.RNN(cell)

@@ -106,6 +106,35 @@ def _check_equal(runtime, model, head, steps=STEPS):
         np.testing.assert_allclose(streamed, expected, atol=TOLERANCE, rtol=0, err_msg=f"{chunk=}")
 
 
+def loop_body_operators(blob):
+    """The op types inside the ONNX `Loop` bodies of an ONNX model (its step)."""
+    import onnx
+
+    found = []
+
+    def walk(graph, inside):
+        for node in graph.node:
+            if inside:
+                found.append(node.op_type)
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    walk(attribute.g, inside or node.op_type == "Loop")
+
+    walk(onnx.load_from_string(blob).graph, False)
+    return found
+
+
+# The ops that form `W − Wᵀ − γI` from the stored triangle: once before the loop, as
+# `keras.layers.RNN` forms it, never inside the step.
+FORMING = {"ScatterND", "Transpose"}
+
+
+def check_step_forms_no_matrix(models):
+    for name, blob in models.items():
+        body = loop_body_operators(blob)
+        assert "MatMul" in body and not FORMING & set(body), (name, sorted(set(body)))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_litert_export_is_builtin_only_and_equals_keras(kind, tmp_path):
     model, head = portable_model(kind)
@@ -114,6 +143,7 @@ def test_litert_export_is_builtin_only_and_equals_keras(kind, tmp_path):
     operators = litert.operators(blob)
     assert "WHILE" in operators
     assert not [op for op in operators if op.startswith("Flex") or not op.isupper()], operators
+    assert not {"SCATTER_ND", "TRANSPOSE"} & set(operators), operators
     runtime = LiteRTModel(path)
     assert runtime.signatures == ["serving_default", "stream"]
     stream_inputs = [spec.name for spec in runtime.specs["stream"]]
@@ -124,7 +154,9 @@ def test_litert_export_is_builtin_only_and_equals_keras(kind, tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_onnx_export_from_tensorflow_equals_keras(kind, tmp_path):
     model, head = portable_model(kind)
-    for name, blob in onnxgraphs.convert(model, head).items():
+    models = onnxgraphs.convert(model, head)
+    check_step_forms_no_matrix(models)
+    for name, blob in models.items():
         (tmp_path / f"{name}.onnx").write_bytes(blob)
     runtime = OnnxModel(tmp_path)
     assert runtime.signatures == ["serving_default", "stream"]
