@@ -3,6 +3,7 @@ GetModelMetadata and GetModelStatus with TensorFlow Serving's own protos and stu
 status codes, the limits, the drain, the metrics, and the client's `--grpc`."""
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -336,17 +337,86 @@ def test_grpc_calls_are_counted_under_the_grpc_entrypoint(stubs):
             model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
                 get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "m"}), timeout=30
             )
+            with pytest.raises(grpc.RpcError):  # no metadata_field: refused, still counted
+                stub.GetModelMetadata(
+                    get_model_metadata_pb2.GetModelMetadataRequest(model_spec={"name": "m"}),
+                    timeout=30,
+                )
     finally:
         server.close()
     families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
     counts = {(s.labels["model_name"], s.labels["status"]): s.value
               for s in families[":tensorflow:serving:request_count"].samples}  # fmt: skip
-    assert counts == {("m", "OK"): 3, ("other", "NOT_FOUND"): 1}
+    assert counts == {("m", "OK"): 3, ("other", "NOT_FOUND"): 1, ("m", "INVALID_ARGUMENT"): 1}
     totals = {(s.labels["model_name"], s.labels["API"], s.labels["entrypoint"]): s.value
               for s in families[":tensorflow:serving:request_latency"].samples
               if s.name.endswith("_count")}  # fmt: skip
     assert totals == {("m", "predict", "GRPC"): 2, ("other", "predict", "GRPC"): 1,
-                      ("m", "GetModelStatus", "GRPC"): 1}  # fmt: skip
+                      ("m", "GetModelStatus", "GRPC"): 1,
+                      ("m", "GetModelMetadata", "GRPC"): 1}  # fmt: skip
+
+
+class _FaultyServable:
+    """A stand-in version whose signature fails as no input can make it (a bug)."""
+
+    version = 1
+    signature_def = {"signature_def": {}}
+    max_rank = 2
+
+    def __init__(self):
+        import tensorflow as tf
+
+        def broken(x):
+            raise RuntimeError("the graph's kernel is missing")
+
+        self.signatures = {"serving_default": broken}
+        self._spec = {"x": tf.TensorSpec([None, 2], tf.float32)}
+
+    def input_specs(self, signature_name):
+        return self._spec
+
+
+def test_a_fault_is_internal_logged_with_the_api_and_model_and_the_server_keeps_serving(caplog):
+    repository = _Repository(_FaultyServable())
+    server = _serve(repository, threads=2, max_queued_requests=2)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            with caplog.at_level(logging.ERROR, logger="serving.server"):
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.Predict(_small_request(), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INTERNAL
+            assert refused.value.details() == "Internal: the graph's kernel is missing"
+            (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+            assert record.getMessage() == "Internal error on gRPC predict for model 'm'"
+            assert "the graph's kernel is missing" in caplog.text  # the traceback
+            repository.servable = _Servable()
+            response = stub.Predict(_small_request(), timeout=30)
+            assert tensors.to_array(response.outputs["y"]).tolist() == [[2.0, 2.0]]
+    finally:
+        server.close()
+
+
+def test_an_idle_connection_is_closed_after_idle_seconds():
+    """TensorFlow Serving's idle limit: the server sends GOAWAY to a client that has been
+    quiet for `idle_seconds`, and the client's channel goes back to IDLE (it reconnects
+    on its next call)."""
+    server = _serve(_Repository(), idle_seconds=0.5)
+    states = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            stub.Predict(_small_request(), timeout=30)
+            channel.subscribe(states.append, try_to_connect=False)
+            deadline = time.monotonic() + 15
+            while grpc.ChannelConnectivity.IDLE not in states[1:]:
+                assert time.monotonic() < deadline, states
+                time.sleep(0.05)
+            assert states[0] == grpc.ChannelConnectivity.READY
+            stub.Predict(_small_request(), timeout=30)  # reconnects
+            channel.unsubscribe(states.append)
+    finally:
+        server.close()
 
 
 class _Servable:

@@ -4,6 +4,7 @@ protos), the version policies, version labels over REST and gRPC, and the re-rea
 import logging
 import os
 import shutil
+import threading
 import time
 
 import grpc
@@ -19,6 +20,7 @@ from serving.model_config import (
     parse_model_config,
     read_model_config,
 )
+from serving.names import MAX_VERSION
 from serving.payload import RestError
 from serving.repository import ModelRepository, VersionPolicy
 from tests.serving_helpers import REPO_ROOT, ThreadServer, exported, http_call
@@ -76,6 +78,11 @@ def test_the_repository_s_example_config_parses():
     assert (model.name, model.base_path, model.policy) == (
         "antisym", "/models/antisym", VersionPolicy("latest", 1)
     )  # fmt: skip
+
+
+def test_a_label_may_name_any_int64_version():
+    (config,) = parse_model_config(_config(("a", "x", "", {"first": 0, "last": MAX_VERSION})))
+    assert config.labels == {"first": 0, "last": 2**63 - 1}
 
 
 @pytest.mark.parametrize(
@@ -259,6 +266,62 @@ def test_a_reread_applies_changes_and_a_bad_file_keeps_the_previous_config(tmp_p
             models.get("a", label="canary")
     finally:
         models.stop()
+
+
+def test_apply_keeps_what_did_not_change_and_unloads_what_left(tmp_path, caplog):
+    """The same entry keeps its repository (nothing loaded again); a model whose folder
+    changed is loaded from the new one; a model that left (one without labels) is
+    unloaded, with one log line."""
+    a, moved, b = (
+        _versions(tmp_path / "a", 1),
+        _versions(tmp_path / "a2", 4),
+        _versions(tmp_path / "b", 7),
+    )
+    models, path = _models(tmp_path, _config(("a", a, "", {}), ("b", b, "", {})))
+    try:
+        kept, first = models.repository("a"), models.get("a")
+        models.apply(read_model_config(str(path)))
+        assert models.repository("a") is kept and models.get("a") is first
+        with caplog.at_level(logging.INFO, logger="serving.server"):
+            models.apply(parse_model_config(_config(("a", moved, "", {}))))
+        unloads = [r.getMessage() for r in caplog.records if "no longer" in r.getMessage()]
+        assert unloads == ["Model b is no longer in the config: unloading it"]
+        assert models.names == ["a"]
+        assert models.get("a").version == 4 and models.get("a").path.startswith(moved)
+        assert models.repository("a") is not kept and not kept.watching
+    finally:
+        models.stop()
+
+
+def test_stop_waits_for_a_reload_in_progress_up_to_its_timeout(tmp_path):
+    """A reload the watcher is in the middle of (a slow load) holds `stop`: it waits up to
+    `timeout`, reports that the watcher has not ended, and a later `stop` ends it."""
+    a, b = _versions(tmp_path / "a", 1), _versions(tmp_path / "b", 2)
+    gate, loading = threading.Event(), threading.Event()
+
+    class SlowB(_Loaded):
+        def __init__(self, path, version):
+            if os.path.basename(os.path.dirname(path)) == "b":
+                loading.set()
+                gate.wait(10)
+            super().__init__(path, version)
+
+    path = tmp_path / "models.config"
+    path.write_text(_config(("a", a, "", {})))
+    models = Models.from_file(str(path), poll_seconds=60, loader=SlowB)
+    models.start()
+    models.watch(str(path), poll_seconds=0.05)
+    try:
+        path.write_text(_config(("a", a, "", {}), ("b", b, "", {})))
+        assert loading.wait(30)  # the watcher is loading b
+        started = time.monotonic()
+        assert models.stop(timeout=0.3) is False
+        assert time.monotonic() - started < 5
+        assert models.watching
+    finally:
+        gate.set()
+    assert models.stop(timeout=30) is True
+    assert not models.watching
 
 
 def test_the_watcher_rereads_on_its_interval(tmp_path):
