@@ -293,6 +293,19 @@ def test_apply_keeps_what_did_not_change_and_unloads_what_left(tmp_path, caplog)
         models.stop()
 
 
+def test_a_model_whose_labels_were_refused_can_still_be_removed(tmp_path):
+    a, b = _versions(tmp_path / "a", 1), _versions(tmp_path / "b", 7)
+    models, _ = _models(tmp_path, _config(("a", a, "", {})))
+    try:
+        with pytest.raises(ModelConfigError, match="label 'canary' of model b names version 9"):
+            models.apply(parse_model_config(_config(("a", a, "", {}), ("b", b, "", {"canary": 9}))))
+        assert models.names == ["a", "b"] and models.labels("b") == {}  # served, unlabelled
+        models.apply(parse_model_config(_config(("a", a, "", {}))))
+        assert models.names == ["a"]
+    finally:
+        models.stop()
+
+
 def test_stop_waits_for_a_reload_in_progress_up_to_its_timeout(tmp_path):
     """A reload the watcher is in the middle of (a slow load) holds `stop`: it waits up to
     `timeout`, reports that the watcher has not ended, and a later `stop` ends it."""
