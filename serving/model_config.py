@@ -35,6 +35,7 @@ from typing import Any
 from serving.names import MAX_VERSION, check_model_name
 from serving.payload import RestError, bad_request
 from serving.repository import (
+    POLL_SECONDS,
     STOP_TIMEOUT_SECONDS,
     ModelRepository,
     Servable,
@@ -163,7 +164,7 @@ class Models:
     def __init__(
         self,
         configs: list[ModelConfig],
-        poll_seconds: float = 1.0,
+        poll_seconds: float = POLL_SECONDS,
         loader: Callable[[str, int], Any] = Servable,
     ):
         self.poll_seconds = poll_seconds
@@ -178,7 +179,10 @@ class Models:
 
     @classmethod
     def from_file(
-        cls, path: str, poll_seconds: float = 1.0, loader: Callable[[str, int], Any] = Servable
+        cls,
+        path: str,
+        poll_seconds: float = POLL_SECONDS,
+        loader: Callable[[str, int], Any] = Servable,
     ) -> Models:
         """The models of the config file at `path` (`read_model_config`); `reread(path)`
         applies the file again once it changes."""

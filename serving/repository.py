@@ -29,6 +29,9 @@ from serving.warmup import replay as replay_warmup
 log = logging.getLogger("serving.server")
 
 MAX_RETRY_SECONDS = 30.0
+#: Seconds between scans of a base path for versions: TensorFlow Serving's default
+#: `--file_system_poll_wait_seconds`.
+POLL_SECONDS = 1.0
 #: How answers to clients write the base path (the server's logs give it in full).
 BASE_PATH_SHOWN = "<base_path>"
 
@@ -223,7 +226,7 @@ class ModelRepository:
         self,
         base_path: str,
         name: str,
-        poll_seconds: float = 1.0,
+        poll_seconds: float = POLL_SECONDS,
         loader: Callable[[str, int], Any] = Servable,
         policy: VersionPolicy | None = None,
     ):

@@ -51,7 +51,7 @@ from serving.metrics import ServingMetrics
 from serving.model_config import ModelConfig, ModelConfigError, Models, read_model_config
 from serving.names import check_model_name
 from serving.payload import DEFAULT_MAX_INPUT_ELEMENTS
-from serving.repository import Servable, base_path_problem
+from serving.repository import POLL_SECONDS, Servable, base_path_problem
 from serving.rest import RestApp
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class ServerSettings:
     model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8501
-    poll_seconds: float = 1.0
+    poll_seconds: float = POLL_SECONDS
     max_body_bytes: int = LIMITS["max_body_bytes"][0]
     max_input_elements: int = LIMITS["max_input_elements"][0]
     max_header_bytes: int = LIMITS["max_header_bytes"][0]
@@ -304,7 +304,7 @@ def make_server(
     model_name: str | None = None,
     host: str = "127.0.0.1",
     port: int = 8501,
-    poll_seconds: float = 1.0,
+    poll_seconds: float = POLL_SECONDS,
     grpc_port: int | None = None,
     model_config_file: str | None = None,
     model_config_file_poll_wait_seconds: float = 60.0,
@@ -406,7 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         "--host", default="127.0.0.1", help="interface to bind (no authentication: keep local)"
     )
     parser.add_argument(
-        "--poll-seconds", type=float, default=1.0, help="seconds between scans for new versions"
+        "--poll-seconds",
+        type=float,
+        default=POLL_SECONDS,
+        help="seconds between scans for new versions",
     )
     for name, (default, meaning) in LIMITS.items():
         parser.add_argument(
