@@ -267,8 +267,27 @@ def test_quantized_litert_models_stay_within_their_bounds(quantize, digits_model
     assert abs(accuracy - float_accuracy) <= 0.01
     assert float_accuracy > 0.3  # a model that learned something, so that the bound says something
     assert np.abs(answer["logits"] - expected).max() < 0.1
-    # At least a byte saved per element of the recurrent matrix.
+    # At least a byte saved per element of the recurrent matrix, in the asked-for type.
     assert len(plain) - len(small) >= 48 * 48
+    assert not {"FLOAT16", "INT8"} & _tensor_types(plain)
+    assert _tensor_types(small) - _tensor_types(plain) == {QUANTIZED_TYPES[quantize]}
+
+
+QUANTIZED_TYPES = {"float16": "FLOAT16", "dynamic-int8": "INT8"}
+
+
+def _tensor_types(blob):
+    """The types of every tensor in every subgraph of a `.tflite` (the loop body's weights
+    included), as LiteRT's schema names them."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    names = {value: name for name, value in vars(schema.TensorType).items() if name.isupper()}
+    model = schema.Model.GetRootAs(blob, 0)
+    return {
+        names[model.Subgraphs(g).Tensors(t).Type()]
+        for g in range(model.SubgraphsLength())
+        for t in range(model.Subgraphs(g).TensorsLength())
+    }
 
 
 def test_dynamic_int8_keeps_the_state_float32(tmp_path):
@@ -288,6 +307,12 @@ def test_dynamic_int8_keeps_the_state_float32(tmp_path):
         runtime.run("serving_default", sequence=sequence)["logits"], expected, atol=0.05
     )
     assert len(litert.convert(model, "classification")) - len(blob) >= 48 * 48 * 2
+    details = litert.signature_details(blob)
+    assert sorted(details) == ["serving_default", "stream"]  # streams unless told not to
+    sequence_input, state_input = sorted(details["stream"]["inputs"])
+    assert sequence_input == "sequence" and state_input.startswith("state_gated_antisymmetric_rnn")
+    with pytest.raises(ValueError, match=r"argument `quantize`, expected None or one of float16"):
+        litert.convert(model, "classification", quantize="int4")
 
 
 # Bad input: one line, nothing half-written.
@@ -334,8 +359,14 @@ def test_a_model_without_a_builtin_lowering_is_refused_with_nothing_on_disk(kind
 
 
 def test_a_model_that_cannot_stream_gets_serving_default_and_a_note(tmp_path, capsys):
+    from serving.tfloop import graphs
+
     middle = [keras.layers.Conv1D(4, 3), keras.layers.GlobalAveragePooling1D()]
     model = keras.Sequential([keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)])
+    asked = graphs(model, "classification")
+    assert list(asked.functions) == ["serving_default"] and "conv1d" in asked.stream_missing
+    unasked = graphs(model, "classification", stream=False)
+    assert list(unasked.functions) == ["serving_default"] and unasked.stream_missing is None
     path = tmp_path / "conv.keras"
     model.save(path)
     argv = ["--model", str(path), "--export-base", str(tmp_path / "m"), "--version", "1"]
@@ -366,7 +397,11 @@ def test_a_mixed_precision_model_is_refused_naming_the_layer():
         ]
     )
     for convert in (litert.convert, onnxgraphs.convert):
-        with pytest.raises(PortableExportError, match=r"'recurrent' .* 'mixed_bfloat16'.*float16"):
+        with pytest.raises(
+            PortableExportError,
+            match=r"'recurrent' .* 'mixed_bfloat16'.* save a float32 copy of the model \(its "
+            r"weights with a float32 policy\) and export that, with `--quantize float16`",
+        ):
             convert(model, "classification")
 
 
@@ -390,6 +425,8 @@ def test_export_model_writes_each_format_into_its_version_folder(tmp_path):
     litert_folder = export_model(model, tmp_path, 1, format="litert", quantize="float16")
     onnx_folder = export_model(model, tmp_path, 2, format="onnx", notes=notes)
     assert sorted(os.listdir(litert_folder)) == ["model.tflite"]
+    with open(os.path.join(litert_folder, "model.tflite"), "rb") as file:
+        assert "FLOAT16" in _tensor_types(file.read())  # quantized as asked
     assert sorted(os.listdir(onnx_folder)) == ["serving_default.onnx", "stream.onnx"]
     assert sorted(os.listdir(tmp_path)) == ["1", "2"] and notes == []
 
@@ -417,7 +454,8 @@ def runtimes(tmp_path_factory):
         (lambda i: {**i, "state_lstm_0": i["state_lstm_0"][:, :5]}, r"'state_lstm_0' .*\(any, 6\), got \(2, 5\)"),  # noqa: E501
         (lambda i: {**i, "state_lstm_1": i["state_lstm_1"][0]}, r"'state_lstm_1' .*got \(6,\)"),  # noqa: E501
         (lambda i: {k: v for k, v in i.items() if k != "state_lstm_1"}, r"needs input 'state_lstm_1' .*zeros"),  # noqa: E501
-        (lambda i: {**i, "sequence": i["sequence"][:, :0]}, r"no time steps"),  # noqa: E501
+        (lambda i: {k: v for k, v in i.items() if k != "sequence"}, r"needs input 'sequence' of shape \(any, any, 3\)$"),  # noqa: E501
+        (lambda i: {**i, "sequence": i["sequence"][:, :0]}, r"no time steps: send a chunk of at least one step$"),  # noqa: E501
         (lambda i: {**i, "state_lstm_0": np.zeros((3, 6))}, r"different batch sizes"),  # noqa: E501
         (lambda i: {**i, "extra": 1}, r"no input 'extra'"),  # noqa: E501
     ],
