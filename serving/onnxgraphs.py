@@ -84,6 +84,7 @@ def _from_tensorflow(
             proto, _ = tf2onnx.convert.from_function(
                 function, input_signature=function.input_signature, opset=OPSET
             )
+            proto.graph.name = name  # as the PyTorch path names them: the signature
             models[name] = proto.SerializeToString()
     return models, built.stream_missing
 

@@ -3,7 +3,7 @@
 For each kind of `tests.test_serving_portable.KINDS`, exports the model with
 `serving.onnxgraphs` on this backend and checks ONNX Runtime's whole-sequence
 and chunked (1, 7, T steps) answers against the Keras model on this backend,
-and that the `Loop` body forms no transition matrix;
+and each ONNX model's name, opset and `Loop` body (`check_onnx_models`);
 prints `checked <kind>` for each, or `refused <kind>: <the one-line error>`.
 """
 
@@ -20,7 +20,7 @@ assert keras.backend.backend() == "torch"
 from tests.test_serving_portable import (  # noqa: E402
     KINDS,
     _check_equal,
-    check_step_forms_no_matrix,
+    check_onnx_models,
     portable_model,
 )
 
@@ -37,7 +37,7 @@ def main(folder: str) -> None:
         except PortableExportError as error:
             print(f"refused {kind}: {error}", flush=True)
             continue
-        check_step_forms_no_matrix(models)
+        check_onnx_models(models)
         for name, blob in models.items():
             with open(os.path.join(target, f"{name}.onnx"), "wb") as file:
                 file.write(blob)

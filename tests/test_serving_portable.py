@@ -129,8 +129,16 @@ def loop_body_operators(blob):
 FORMING = {"ScatterND", "Transpose"}
 
 
-def check_step_forms_no_matrix(models):
+def check_onnx_models(models):
+    """Each signature's ONNX model: named after it, in opset `OPSET`, and a `Loop` body
+    that forms no transition matrix."""
+    import onnx
+
     for name, blob in models.items():
+        proto = onnx.load_from_string(blob)
+        assert proto.graph.name == name
+        opsets = {entry.domain: entry.version for entry in proto.opset_import}
+        assert opsets[""] == onnxgraphs.OPSET, opsets
         body = loop_body_operators(blob)
         assert "MatMul" in body and not FORMING & set(body), (name, sorted(set(body)))
 
@@ -155,7 +163,7 @@ def test_litert_export_is_builtin_only_and_equals_keras(kind, tmp_path):
 def test_onnx_export_from_tensorflow_equals_keras(kind, tmp_path):
     model, head = portable_model(kind)
     models = onnxgraphs.convert(model, head)
-    check_step_forms_no_matrix(models)
+    check_onnx_models(models)
     for name, blob in models.items():
         (tmp_path / f"{name}.onnx").write_bytes(blob)
     runtime = OnnxModel(tmp_path)
@@ -295,11 +303,12 @@ def test_dynamic_int8_keeps_the_state_float32(tmp_path):
     model = keras.Sequential(
         [keras.Input((None, FEATURES)), GatedAntisymmetricRNN(48), keras.layers.Dense(4)]
     )
-    blob = litert.convert(model, "classification", quantize="dynamic-int8")
+    path = litert.write(model, tmp_path / "model.tflite", "classification", quantize="dynamic-int8")
+    with open(path, "rb") as file:
+        blob = file.read()
+    assert "INT8" in _tensor_types(blob)
     operators = litert.operators(blob)
     assert "QUANTIZE" not in operators and "DEQUANTIZE" not in operators
-    path = tmp_path / "model.tflite"
-    path.write_bytes(blob)
     runtime = LiteRTModel(path)
     sequence = _sequence()
     expected = keras.ops.convert_to_numpy(model(sequence))
