@@ -454,12 +454,18 @@ def _savedmodel(model: keras.Model, options: _Options, notes: list[str] | None) 
     return write
 
 
+def _portable_head(model: keras.Model, options: _Options, format: str) -> str:
+    """The head of a LiteRT or ONNX export, once the model's backend and input are checked."""
+    _check_backend(model, format)
+    input_shape(model, options.variable_length)
+    head, _ = resolve_head(model, options.head)
+    return head
+
+
 def _litert(model: keras.Model, options: _Options, notes: list[str] | None) -> Callable:
     from serving import litert
 
-    _check_backend(model, "litert")
-    input_shape(model, options.variable_length)
-    head, _ = resolve_head(model, options.head)
+    head = _portable_head(model, options, "litert")
     blob = litert.convert(model, head, options.stream, options.quantize, notes)
     return lambda staging: write_atomically(os.path.join(staging, litert.FILE_NAME), blob)
 
@@ -468,9 +474,7 @@ def _onnx(model: keras.Model, options: _Options, notes: list[str] | None) -> Cal
     from serving import onnxgraphs
     from serving.runtimes import ONNX_SUFFIX
 
-    _check_backend(model, "onnx")
-    input_shape(model, options.variable_length)
-    head, _ = resolve_head(model, options.head)
+    head = _portable_head(model, options, "onnx")
     models = onnxgraphs.convert(model, head, options.stream, notes)
 
     def write(staging: str) -> None:

@@ -294,7 +294,11 @@ def _time_distributed(layer: Any, x: tf.Tensor) -> tf.Tensor:
 
 
 class HeadMath(Protocol):
-    """The four operations of `head_outputs`, in one framework's own ops."""
+    """The four operations of `head_outputs`, in one framework's own ops.
+
+    Not `keras.ops`: its TensorFlow `argmax` adds bitwise ops (to order -0.0 before
+    0.0) that LiteRT has no builtins for.
+    """
 
     def float32(self, x: Any) -> Any: ...
     def softmax(self, x: Any) -> Any: ...
