@@ -173,13 +173,16 @@ class OnnxModel(_Model):
             ]
             for name, session in self.sessions.items()
         }
+        self.outputs = {
+            name: [node.name for node in session.get_outputs()]
+            for name, session in self.sessions.items()
+        }
 
     def run(self, signature: str, **inputs: Any) -> dict[str, np.ndarray]:
         """The outputs of `signature` for `inputs`, new states named as their inputs."""
         arrays = self._check(signature, inputs)
-        session = self.sessions[signature]
-        names = [node.name for node in session.get_outputs()]
-        values = session.run(names, arrays)
+        names = self.outputs[signature]
+        values = self.sessions[signature].run(names, arrays)
         return {_input_name(name): value for name, value in zip(names, values, strict=True)}
 
 
