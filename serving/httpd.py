@@ -176,22 +176,38 @@ class LingeringChannel(HTTPChannel):
             super().handle_close()
 
 
-# A classic BPF socket filter of one instruction, `ret #0`: keep no byte of any packet.
-_DROP_ALL = struct.pack("HBBI", 0x06, 0, 0, 0)  # BPF_RET | BPF_K, k = 0
+# A classic BPF socket filter that drops a SYN without ACK (a new connection) and keeps
+# every other packet. A listener's filter sees the TCP header at offset 0; its flags are
+# byte 13 (SYN 0x02, ACK 0x10). The ACK that completes a handshake already under way
+# still passes, so that connection reaches the backlog instead of being reset later.
+_DROP_NEW_SYNS = b"".join(
+    struct.pack("HBBI", code, jt, jf, k)
+    for code, jt, jf, k in (
+        (0x30, 0, 0, 13),  # ldb [13]: the flags
+        (0x45, 2, 0, 0x10),  # jset #ACK: keep
+        (0x45, 0, 1, 0x02),  # jset #SYN: drop, else keep
+        (0x06, 0, 0, 0),  # ret #0: drop
+        (0x06, 0, 0, 0xFFFFFFFF),  # ret #-1: keep the whole packet
+    )
+)
+#: How long a draining server waits, after new SYNs are dropped, for the handshakes it
+#: answered already to complete into the backlog (their ACK is in flight).
+HANDSHAKE_GRACE_SECONDS = 0.05
 
 
 def stop_handshakes(listener: socket.socket) -> str:
     """Make the kernel complete no new connection on `listener`; returns how.
 
-    On Linux a socket filter that drops every packet is attached to it: SYNs no
+    On Linux a socket filter that drops new SYNs is attached to it: they no
     longer reach it (the client sends its SYN again a second later), while the
-    connections it completed already wait in its backlog, for `accept`. Elsewhere
+    handshakes under way complete and the connections completed wait in its
+    backlog, for `accept`. Elsewhere
     (or where the filter is refused) the backlog shrinks to its minimum
     (`listen(0)`), which leaves a shorter window. Returns `"filter"`, `"backlog"`
     or `"none"` (both failed: the socket is closed or not listening).
     """
-    program = ctypes.create_string_buffer(_DROP_ALL)
-    fprog = struct.pack("HL", 1, ctypes.addressof(program))  # struct sock_fprog
+    program = ctypes.create_string_buffer(_DROP_NEW_SYNS)
+    fprog = struct.pack("HL", len(_DROP_NEW_SYNS) // 8, ctypes.addressof(program))  # sock_fprog
     try:
         listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
         return "filter"
@@ -361,8 +377,10 @@ class ServerThread:
         # which would reset them. First the kernel is told to complete no more: new
         # SYNs are dropped, so a client retries its SYN and then finds the port closed
         # (refused, safe to retry) or the restarted server; none is completed between
-        # the last accept and the close.
-        stop_handshakes(server.socket)
+        # the last accept and the close. A handshake the kernel answered before the
+        # filter completes (its ACK passes): it is given a moment to reach the backlog.
+        if stop_handshakes(server.socket) == "filter":
+            time.sleep(HANDSHAKE_GRACE_SECONDS)
         accepted = server.accept_pending()
         server.accepting = False
         server.del_channel()

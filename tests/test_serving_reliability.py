@@ -306,7 +306,7 @@ def test_drain_answers_in_flight_requests_then_stops(monkeypatch):
             deadline = time.monotonic() + 10
             while True:  # the listener closes within a loop turn
                 try:
-                    # A SYN sent between the drop-all filter and the close is dropped; the
+                    # A SYN sent between the SYN filter and the close is dropped; the
                     # client's retry (a second later) finds the port closed: refused.
                     socket.create_connection((host, port), timeout=5).close()
                 except (ConnectionRefusedError, ConnectionResetError):
