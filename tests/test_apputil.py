@@ -1,12 +1,15 @@
-"""The application's shared helpers: error wording, atomic files, the CLI error boundary."""
+"""The application's shared helpers: error wording, atomic files, the CLI error boundary,
+stop signals."""
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
-from apputil import cli, errors, files, net
+from apputil import cli, errors, files, net, signals
 from tests.helpers import ended_pid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -456,3 +459,84 @@ def test_python_errors_in_a_silenced_block_still_surface_and_stderr_comes_back(c
             raise RuntimeError("shown")
     os.write(2, b"visible\n")
     assert capfd.readouterr().err == "visible\n"
+
+
+class _Stop(BaseException):  # noqa: N818  (a request to stop, as KeyboardInterrupt)
+    def __init__(self, number):
+        super().__init__(number)
+        self.number = number
+
+
+class _SignalledWhenCollected:
+    """Sends SIGINT from its finalizer: the handler runs inside `__del__`, where Python
+    prints an exception it raises as "ignored" and goes on (as in JAX's `gc` callback)."""
+
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+
+
+def _handlers():
+    return {number: signal.getsignal(number) for number in signals.STOP_SIGNALS}
+
+
+def test_a_signal_in_a_raising_block_raises_make_of_its_number_and_the_handlers_come_back():
+    before, hook = _handlers(), sys.unraisablehook
+    reached = []
+    with pytest.raises(_Stop) as stopped:
+        with signals.raising(_Stop):
+            signal.raise_signal(signal.SIGTERM)
+            reached.append("after the signal")
+    assert stopped.value.number == signal.SIGTERM and reached == []
+    assert _handlers() == before and sys.unraisablehook is hook
+
+
+def test_a_stop_lost_in_a_finalizer_is_raised_at_the_block_s_end_without_a_report(capfd):
+    reached = []
+    with pytest.raises(_Stop) as stopped:
+        with signals.raising(_Stop):
+            _SignalledWhenCollected()  # collected at once
+            reached.append("the block goes on")
+    assert stopped.value.number == signal.SIGINT and reached == ["the block goes on"]
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_other_errors_in_finalizers_still_reach_the_previous_hook(monkeypatch):
+    reports = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: reports.append(report.exc_value))
+
+    class Failing:
+        def __del__(self):
+            raise ValueError("in a finalizer")
+
+    with signals.raising(_Stop):
+        Failing()
+    assert [type(error) for error in reports] == [ValueError]
+
+
+def test_a_recording_block_starts_with_a_lost_stop_and_records_the_next_ones():
+    before = _handlers()
+    with pytest.raises(_Stop):
+        with signals.raising(_Stop):
+            _SignalledWhenCollected()
+            with signals.recording() as received:
+                assert received == [signal.SIGINT]
+                signal.raise_signal(signal.SIGTERM)  # recorded, not raised
+                assert received == [signal.SIGINT, signal.SIGTERM]
+    with signals.recording() as received:  # no block lost anything
+        assert received == []
+        signal.raise_signal(signal.SIGINT)
+    assert received == [signal.SIGINT] and _handlers() == before
+
+
+def test_off_the_main_thread_the_blocks_install_nothing():
+    before, outcome = _handlers(), []
+
+    def body():
+        with signals.raising(_Stop):
+            with signals.recording() as received:
+                outcome.append((_handlers(), received))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert outcome == [(before, [])]

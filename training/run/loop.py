@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from apputil import signals
 from training.config import RunConfig
 from training.errors import DivergenceError, Interrupted
 from training.run.summaries import ScalarWriter
@@ -128,7 +127,7 @@ class Run:
             callback.on_train_begin()
         progress = _Progress(trainer.batch_size, loop.log_every, steps, writer, self.log,
                              self.clock)  # fmt: skip
-        with _stop_signals() as stop:
+        with signals.recording() as stop:
             for step in range(self.start_step + 1, steps + 1):
                 if step % loop.log_every == 0 or step == steps:
                     # The rate this step applies (read before it: the schedule's step is the
@@ -195,31 +194,6 @@ def save_checked(trainer: Any, step: int, saved: int = 0) -> None:
     if not np.isfinite(np.mean(loss)):
         raise _diverged(step, "its weights give a non-finite loss on the next batch", saved)
     trainer.save(step)
-
-
-@contextlib.contextmanager
-def _stop_signals():
-    """Yields a list that SIGTERM or SIGINT fill with the signal's number.
-
-    The handlers are installed only in the main thread (Python delivers signals
-    there) and the previous ones are restored afterwards.
-    """
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-    previous = {}
-
-    def handler(number, frame):
-        received.append(number)
-
-    for number in (signal.SIGTERM, signal.SIGINT):
-        previous[number] = signal.signal(number, handler)
-    try:
-        yield received
-    finally:
-        for number, old in previous.items():
-            signal.signal(number, old)
 
 
 def current_learning_rate(trainer) -> float:
