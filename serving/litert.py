@@ -34,7 +34,7 @@ from apputil.files import write_atomically
 from apputil.quiet import import_tensorflow, native_stderr_silenced
 from serving.names import STREAM_SIGNATURE
 from serving.steploop import PortableExportError, check_float32
-from serving.tfloop import graphs
+from serving.tfloop import UpdatedSlices, graphs
 
 if TYPE_CHECKING:
     import keras
@@ -68,7 +68,7 @@ def convert(
 
         raise invalid("quantize", f"None or one of {', '.join(QUANTIZATIONS)}", quantize)
     check_float32(model, "LiteRT")
-    built = graphs(model, head, stream)
+    built = graphs(model, head, UpdatedSlices(), stream)
     tf = import_tensorflow()
     with tempfile.TemporaryDirectory(prefix="litert-") as folder:
         module = tf.Module()

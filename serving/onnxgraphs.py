@@ -72,9 +72,9 @@ def _from_tensorflow(
     model: keras.Model, head: str, stream: bool
 ) -> tuple[dict[str, bytes], str | None]:
     from apputil.quiet import native_stderr_silenced
-    from serving.tfloop import graphs
+    from serving.tfloop import TensorArrays, graphs
 
-    built = graphs(model, head, stream, state_output=next_name)
+    built = graphs(model, head, TensorArrays(), stream, state_output=next_name)
     with native_stderr_silenced(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import tf2onnx

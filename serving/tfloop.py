@@ -45,41 +45,119 @@ class Graphs:
     state_names: dict[str, str] = field(default_factory=dict)
 
 
-def run_loop(program: StepProgram, sequence: Any, states: list[Any]) -> tuple[Any, list[Any]]:
-    """`program` over every step of `sequence` from `states`: `(outputs, new states)`."""
+class StepOutputs:
+    """How the loop keeps a per-step program's outputs: the converter picks it.
+
+    Growing a loop-carried tensor by one step per iteration copies the steps so
+    far at every step (O(T²)); each converter has its own linear form.
+    """
+
+    def start(self, batch: Any, total: Any, size: int) -> Any:
+        """The loop-carried value before the first step."""
+        raise NotImplementedError
+
+    def invariant(self, size: int) -> Any:
+        """The loop-carried value's shape invariant."""
+        raise NotImplementedError
+
+    def put(self, kept: Any, t: Any, y: Any) -> Any:
+        """`kept` with `y` `(batch, size)` as step `t`."""
+        raise NotImplementedError
+
+    def stacked(self, kept: Any) -> Any:
+        """The outputs `(batch, T, size)`."""
+        raise NotImplementedError
+
+
+class UpdatedSlices(StepOutputs):
+    """A `(batch, T, size)` tensor written in place, for LiteRT: XLA's dynamic update slice
+    is LiteRT's builtin `DYNAMIC_UPDATE_SLICE`, and a `TensorArray` would need TensorList
+    ops, which LiteRT has no builtins for."""
+
+    def start(self, batch: Any, total: Any, size: int) -> Any:
+        return import_tensorflow().zeros([batch, total, size])
+
+    def invariant(self, size: int) -> Any:
+        return import_tensorflow().TensorShape([None, None, size])
+
+    def put(self, kept: Any, t: Any, y: Any) -> Any:
+        tf = import_tensorflow()
+        return dynamic_update_slice(kept, y[:, None], tf.stack([0, t, 0]))
+
+    def stacked(self, kept: Any) -> Any:
+        return kept
+
+
+class TensorArrays(StepOutputs):
+    """A `TensorArray`, for tf2onnx: it becomes the `Loop`'s scan output, which ONNX
+    Runtime fills in place (XLA's update slice has no tf2onnx handler)."""
+
+    def start(self, batch: Any, total: Any, size: int) -> Any:
+        tf = import_tensorflow()
+        element = tf.TensorShape([None, size])
+        return tf.TensorArray(tf.float32, size=total, element_shape=element)
+
+    def invariant(self, size: int) -> Any:
+        # The loop carries a TensorArray as its flow, a scalar; its element shape is fixed.
+        return import_tensorflow().TensorShape(None)
+
+    def put(self, kept: Any, t: Any, y: Any) -> Any:
+        return kept.write(t, y)
+
+    def stacked(self, kept: Any) -> Any:
+        return import_tensorflow().transpose(kept.stack(), [1, 0, 2])
+
+
+def dynamic_update_slice(operand: Any, update: Any, start: Any) -> Any:
+    """`operand` with `update` written at `start` (XLA's `DynamicUpdateSlice`).
+
+    The op has no public TensorFlow API (not even in `tf.raw_ops`); its Python
+    wrapper lives in `tensorflow.compiler.tf2xla`, imported here only.
+    """
+    from tensorflow.compiler.tf2xla.python import xla
+
+    return xla.dynamic_update_slice(operand, update, start)
+
+
+def run_loop(
+    program: StepProgram, sequence: Any, states: list[Any], outputs: StepOutputs
+) -> tuple[Any, list[Any]]:
+    """`program` over every step of `sequence` from `states`: `(outputs, new states)`.
+
+    `outputs` keeps a per-step program's outputs; otherwise the loop carries the
+    last step's.
+    """
     tf = import_tensorflow()
     batch, total = tf.shape(sequence)[0], tf.shape(sequence)[1]
     size = program.output_size
     if program.per_step:
-        # Grown by one step per iteration: a loop-carried tensor, not a
-        # TensorArray, whose TensorList ops LiteRT has no builtins for.
-        initial = tf.zeros([batch, 0, size])
-        invariant = tf.TensorShape([None, None, size])
+        initial = outputs.start(batch, total, size)
+        invariant = outputs.invariant(size)
     else:
-        initial = tf.zeros([batch, size])
-        invariant = tf.TensorShape([None, size])
+        initial, invariant = tf.zeros([batch, size]), tf.TensorShape([None, size])
 
-    def body(t: Any, outputs: Any, *carried: Any) -> tuple[Any, ...]:
+    def body(t: Any, kept: Any, *carried: Any) -> tuple[Any, ...]:
         # A gather, not a strided slice: one op in LiteRT and ONNX instead of a dozen.
         y, new_states = program.step(tf.expand_dims(tf.gather(sequence, t, axis=1), 1), carried)
-        outputs = tf.concat([outputs, y[:, None]], 1) if program.per_step else y
-        return (t + 1, outputs, *new_states)
+        return (t + 1, outputs.put(kept, t, y) if program.per_step else y, *new_states)
 
     sizes = list(program.states.values())
     with program.sequence():  # the transition matrices: loop invariants, formed once
-        _, outputs, *finals = tf.while_loop(
+        _, kept, *finals = tf.while_loop(
             lambda t, *_: t < total,
             body,
             [tf.constant(0), initial, *states],
             shape_invariants=[tf.TensorShape([]), invariant]
             + [tf.TensorShape([None, units]) for units in sizes],
         )
-    return program.finish(outputs), finals
+    final = outputs.stacked(kept) if program.per_step else kept
+    return program.finish(final), finals
 
 
 def graphs(
     model: keras.Model,
     head: str,
+    outputs: StepOutputs,
     stream: bool = True,
     state_output: Callable[[str], str] = lambda name: name,
 ) -> Graphs:
@@ -89,6 +167,8 @@ def graphs(
         model: A Keras model on the TensorFlow backend, float32, one
             `(batch, T, m)` input.
         head: The head (`serving.export.HEADS`) naming the outputs.
+        outputs: How the loop keeps a per-step head's outputs (the converter's
+            `StepOutputs`).
         stream: Boolean, build `stream` if the model can stream.
         state_output: The output name of each new state, from its input's
             name (ONNX needs names distinct from the inputs').
@@ -107,12 +187,12 @@ def graphs(
     def whole(sequence: Any) -> dict[str, Any]:
         with frozen.constants(tf.constant):
             if program is None:
-                outputs = model(sequence, training=False)
+                result = model(sequence, training=False)
             else:
                 batch = tf.shape(sequence)[0]
                 zeros = [tf.zeros([batch, units]) for units in program.states.values()]
-                outputs, _ = run_loop(program, sequence, zeros)
-            return head_outputs(outputs, head)
+                result, _ = run_loop(program, sequence, zeros, outputs)
+            return head_outputs(result, head)
 
     whole_function = tf.function(whole, input_signature=[sequence_spec], autograph=False)
     functions = {SIGNATURE_NAME: whole_function}
@@ -128,9 +208,9 @@ def graphs(
 
         def chunk(sequence: Any, *states: Any) -> dict[str, Any]:
             with frozen.constants(tf.constant):
-                outputs, finals = run_loop(stream_program, sequence, list(states))
+                result, finals = run_loop(stream_program, sequence, list(states), outputs)
                 named = dict(zip(names.values(), finals, strict=True))
-                return {**head_outputs(outputs, head), **named}
+                return {**head_outputs(result, head), **named}
 
         functions[STREAM_SIGNATURE] = tf.function(
             chunk, input_signature=[chunk_spec, *state_specs], autograph=False

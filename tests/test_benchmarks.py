@@ -102,3 +102,22 @@ def test_serving_stream_benchmark_times_both_updates_over_rest_and_grpc_and_alon
         ratio = latency["whole"]["median"] / latency["stream"]["median"]
         assert width[where]["ratio_of_medians"] == pytest.approx(ratio)
     assert "streaming is" in (tmp_path / "serving_stream.md").read_text()
+
+
+def test_per_step_heads_benchmark_times_both_heads_in_both_runtimes(tmp_path):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.per_step_heads", "--quick", "--output", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "per_step_heads.json").read_text())["results"]
+    assert [result["steps"] for result in results] == [20, 80]
+    for result in results:
+        times = result["times"]
+        for runtime in ("litert", "onnx"):
+            every, last = times[f"{runtime}, every step"], times[f"{runtime}, last step"]
+            assert every["repeats"] == last["repeats"] == 3
+            assert result["ratios"][runtime] == pytest.approx(every["median"] / last["median"])
+    lines = (tmp_path / "per_step_heads.md").read_text().splitlines()
+    assert lines[0].startswith("| T | runtime |") and len(lines) == 2 + 2 * 2

@@ -171,6 +171,29 @@ def test_onnx_export_from_tensorflow_equals_keras(kind, tmp_path):
     _check_equal(runtime, model, head)
 
 
+@pytest.mark.parametrize("kind", ["per_step", "stack_per_step"])
+def test_a_per_step_head_s_outputs_are_written_in_place_not_grown(kind):
+    """Growing the outputs by one step per iteration (a concatenation) copies every step
+    so far at every step; LiteRT updates a slice of a preallocated tensor instead, and
+    the ONNX `Loop` hands them out as its scan output."""
+    import onnx
+
+    model, head = portable_model(kind)
+    blob = litert.convert(model, head)
+    assert "DYNAMIC_UPDATE_SLICE" in litert.operators(blob)
+    # Concatenations of shapes (a Dense on a sequence reshapes) are int32.
+    assert _output_types(blob, "CONCATENATION") <= {"INT32"}
+    for name, blob in onnxgraphs.convert(model, head).items():
+        (loop,) = [
+            node for node in onnx.load_from_string(blob).graph.node if node.op_type == "Loop"
+        ]
+        body = loop.attribute[0].g
+        # Body inputs: iteration, condition, the carried values; outputs: condition, the
+        # carried values, then the scan outputs.
+        scanned = len(body.output) - 1 - (len(body.input) - 2)
+        assert scanned == 1, (name, [output.name for output in body.output])
+
+
 def test_the_stream_signatures_take_the_savedmodels_state_names(tmp_path):
     """The same `state_*` inputs as the SavedModel's `stream`, in LiteRT and ONNX."""
     from serving.signatures import stream_plan
@@ -298,6 +321,26 @@ def _tensor_types(blob):
     }
 
 
+def _output_types(blob, operator):
+    """The types of the outputs of every `operator` in every subgraph of a `.tflite`."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    names = {value: name for name, value in vars(schema.TensorType).items() if name.isupper()}
+    operators = litert.operators(blob)
+    model = schema.Model.GetRootAs(blob, 0)
+    found, position = set(), 0
+    for g in range(model.SubgraphsLength()):
+        subgraph = model.Subgraphs(g)
+        for o in range(subgraph.OperatorsLength()):
+            if operators[position] == operator:
+                op = subgraph.Operators(o)
+                found |= {
+                    names[subgraph.Tensors(op.Outputs(i)).Type()] for i in range(op.OutputsLength())
+                }
+            position += 1
+    return found
+
+
 def test_dynamic_int8_keeps_the_state_float32(tmp_path):
     """Only the weights are int8: no QUANTIZE op on the path of the state."""
     model = keras.Sequential(
@@ -368,13 +411,13 @@ def test_a_model_without_a_builtin_lowering_is_refused_with_nothing_on_disk(kind
 
 
 def test_a_model_that_cannot_stream_gets_serving_default_and_a_note(tmp_path, capsys):
-    from serving.tfloop import graphs
+    from serving.tfloop import UpdatedSlices, graphs
 
     middle = [keras.layers.Conv1D(4, 3), keras.layers.GlobalAveragePooling1D()]
     model = keras.Sequential([keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)])
-    asked = graphs(model, "classification")
+    asked = graphs(model, "classification", UpdatedSlices())
     assert list(asked.functions) == ["serving_default"] and "conv1d" in asked.stream_missing
-    unasked = graphs(model, "classification", stream=False)
+    unasked = graphs(model, "classification", UpdatedSlices(), stream=False)
     assert list(unasked.functions) == ["serving_default"] and unasked.stream_missing is None
     path = tmp_path / "conv.keras"
     model.save(path)
