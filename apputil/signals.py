@@ -1,14 +1,16 @@
 """Stop signals for commands that must end with one line whenever they are stopped.
 
 `raising` turns SIGTERM and SIGINT into an exception; `recording` (a loop that
-finishes its step first) turns them into a number to act on at a safe point.
+finishes its step first) turns them into a number to act on at a safe point;
+`check()` is such a point.
 
 Python runs a signal's handler between any two bytecodes of the main thread,
 also inside a finalizer (a `__del__`, a `gc` callback such as JAX's), where a
-raised exception is printed as "Exception ignored" and lost. `raising`
-therefore keeps each number it received until its exception has left the
-block: a `recording` block inside starts with it, and the block, should it end
-normally, raises it at its end. A stop is never lost.
+raised exception is printed as "Exception ignored" and lost. A `raising` block
+therefore keeps each number it received until it ends: a `recording` block
+inside starts with it, and `check()` and the block's end raise it. A number a
+`recording` block received after its loop's last check goes to the enclosing
+`raising` block the same way.
 """
 
 from __future__ import annotations
@@ -21,9 +23,18 @@ from collections.abc import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-# The numbers each open `raising` block received (innermost last). Module state, as the
-# handlers themselves are: both belong to the process.
-_open: list[list[int]] = []
+
+class _Block:
+    """An open `raising` block: its `make`, and the numbers it received."""
+
+    def __init__(self, make: Callable[[int], BaseException]):
+        self.make = make
+        self.numbers: list[int] = []
+
+
+# The open `raising` blocks, innermost last. Module state, as the handlers themselves are:
+# both belong to the process.
+_open: list[_Block] = []
 
 
 @contextlib.contextmanager
@@ -32,63 +43,86 @@ def raising(
 ) -> Iterator[None]:
     """Within the block, each signal of `numbers` raises `make(number)` in the main thread.
 
-    If that exception is lost (raised inside a finalizer), the block raises
-    `make(number)` at its end instead, and a `recording` block inside starts
-    with the number; the lost exception's "Exception ignored" report is not
-    printed. Off the main thread (where Python cannot install handlers) it
-    does nothing. Code inside may put handlers of its own in place for a
-    while; the previous handlers come back when the block ends.
+    The number is kept until the block ends. If its exception never ends the
+    block (lost in a finalizer, whose "Exception ignored" report is then not
+    printed, or caught by the code inside), `check()` and the end of the block
+    raise `make(number)`, and a `recording` block inside starts with the
+    number. Off the main thread (where Python cannot install handlers) it does
+    nothing. Code inside may put handlers of its own in place for a while; the
+    previous handlers come back when the block ends.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: list[int] = []
+    block = _Block(make)
     raised: list[BaseException] = []
 
     def handler(number: int, frame: object) -> None:
-        received.append(number)
+        block.numbers.append(number)
         error = make(number)
         raised.append(error)
         raise error
 
     def unraisable(report: sys.UnraisableHookArgs) -> None:
-        if not any(report.exc_value is error for error in raised):
-            previous_hook(report)
+        for index, error in enumerate(raised):
+            if report.exc_value is error:
+                del raised[index]  # the block keeps its number, not its traceback
+                return
+        previous_hook(report)
 
-    previous = {number: signal.signal(number, handler) for number in numbers}
-    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
-    _open.append(received)
+    previous_hook, previous = sys.unraisablehook, {}
     try:
+        sys.unraisablehook = unraisable
+        _open.append(block)
+        for number in numbers:
+            previous[number] = signal.signal(number, handler)
         yield
-        if received:  # its exception was lost in a finalizer
-            raise make(received[0])
+        check()
     finally:
-        _open.remove(received)
-        sys.unraisablehook = previous_hook
         for number, old in previous.items():
             signal.signal(number, old)
+        _open.remove(block)
+        sys.unraisablehook = previous_hook
+
+
+def check() -> None:
+    """Raises the innermost `raising` block's exception for a signal it received and is
+    still open after; a safe point for code that cannot rely on the handler's raise."""
+    if _open and _open[-1].numbers:
+        raise _open[-1].make(_open[-1].numbers[0])
 
 
 @contextlib.contextmanager
 def recording(numbers: tuple[int, ...] = STOP_SIGNALS) -> Iterator[list[int]]:
     """Yields a list that each signal of `numbers` appends its number to, while inside.
 
-    The list starts with the numbers an enclosing `raising` block received
-    whose exception was lost, so a loop that checks the list between steps
-    stops for them too. The handlers are installed only in the main thread
-    (Python delivers signals there); the previous ones come back afterwards.
+    For a loop that checks the list between steps. In the main thread the list
+    starts with the numbers the enclosing `raising` blocks received and are
+    still open after, and, when the block ends without an exception (the loop
+    ended before it checked again), the numbers it received go to the
+    innermost `raising` block, so `check()` and that block's end still act on
+    them. The handlers are installed only in the main thread (Python delivers
+    signals there); the previous ones come back afterwards.
     """
-    received: list[int] = [number for block in _open for number in block]
+    received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
+    own: list[int] = []
 
     def handler(number: int, frame: object) -> None:
         received.append(number)
+        own.append(number)
 
-    previous = {number: signal.signal(number, handler) for number in numbers}
+    previous = {}
     try:
+        for number in numbers:
+            previous[number] = signal.signal(number, handler)
+        # Read after the handlers are in place: a stop before them is in a block's numbers.
+        received[:0] = [number for block in _open for number in block.numbers]
         yield received
+        if _open:
+            _open[-1].numbers.extend(own)
     finally:
         for number, old in previous.items():
             signal.signal(number, old)

@@ -40,33 +40,35 @@ def _model(steps: int, units: int, per_step: bool) -> Any:
     return keras.Model(inputs, keras.layers.Dense(CLASSES)(hidden))
 
 
-def _runtimes(model: Any, head: str, folder: str) -> dict[str, Any]:
-    from serving import litert, onnxgraphs
+def _runtimes(model: Any, head: str, base: str) -> dict[str, Any]:
+    from serving import litert
+    from serving.export import export_model
     from serving.runtimes import LiteRTModel, OnnxModel
 
-    os.makedirs(folder)
-    path = litert.write(model, os.path.join(folder, litert.FILE_NAME), head)
-    for name, blob in onnxgraphs.convert(model, head, stream=False).items():
-        with open(os.path.join(folder, f"{name}.onnx"), "wb") as file:
-            file.write(blob)
-    return {"litert": LiteRTModel(path, threads=1), "onnx": OnnxModel(folder, threads=1)}
+    lite = export_model(model, base, 1, format="litert", head=head)
+    onnx = export_model(model, base, 2, format="onnx", head=head)
+    return {
+        "litert": LiteRTModel(os.path.join(lite, litert.FILE_NAME), threads=1),
+        "onnx": OnnxModel(onnx, threads=1),
+    }
 
 
 def measure(steps: int, units: int, repeats: int) -> dict[str, Any]:
     """Median seconds of a whole sequence per runtime and head, and the ratios."""
-    base = tempfile.mkdtemp(prefix="per-step-")
     sequence = np.random.default_rng(0).standard_normal((1, steps, FEATURES)).astype("float32")
     calls = {}
-    for label, head in HEADS.items():
-        model = _model(steps, units, per_step=head == "per_step_classification")
-        for runtime_name, runtime in _runtimes(model, head, os.path.join(base, head)).items():
-            calls[f"{runtime_name}, {label}"] = lambda runtime=runtime: runtime.run(
-                "serving_default", sequence=sequence
-            )
-    times = common.interleaved(calls, repeats=repeats, warmup=2)
+    with tempfile.TemporaryDirectory(prefix="per-step-") as base:
+        for label, head in HEADS.items():
+            model = _model(steps, units, per_step=head == "per_step_classification")
+            runtimes = _runtimes(model, head, os.path.join(base, head))
+            for runtime_name, runtime in runtimes.items():
+                calls[f"{runtime_name}, {label}"] = lambda runtime=runtime: runtime.run(
+                    "serving_default", sequence=sequence
+                )
+        times = common.interleaved(calls, repeats=repeats, warmup=2)
+    median = {name: stats["median"] for name, stats in times.items()}
     ratios = {
-        runtime: times[f"{runtime}, every step"]["median"]
-        / times[f"{runtime}, last step"]["median"]
+        runtime: median[f"{runtime}, every step"] / median[f"{runtime}, last step"]
         for runtime in ("litert", "onnx")
     }
     return {"steps": steps, "units": units, "times": times, "ratios": ratios}

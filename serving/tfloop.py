@@ -48,8 +48,9 @@ class Graphs:
 class StepOutputs:
     """How the loop keeps a per-step program's outputs: the converter picks it.
 
-    Growing a loop-carried tensor by one step per iteration copies the steps so
-    far at every step (O(T²)); each converter has its own linear form.
+    Growing a loop-carried tensor by one step per iteration (a concatenation)
+    copies the steps so far at every step; each form here writes each step's
+    output once, in an op the converter has a lowering for.
     """
 
     def start(self, batch: Any, total: Any, size: int) -> Any:
@@ -70,9 +71,10 @@ class StepOutputs:
 
 
 class UpdatedSlices(StepOutputs):
-    """A `(batch, T, size)` tensor written in place, for LiteRT: XLA's dynamic update slice
-    is LiteRT's builtin `DYNAMIC_UPDATE_SLICE`, and a `TensorArray` would need TensorList
-    ops, which LiteRT has no builtins for."""
+    """A `(batch, T, size)` tensor made before the loop, each step written into it, for
+    LiteRT: XLA's dynamic update slice is LiteRT's builtin `DYNAMIC_UPDATE_SLICE`, and a
+    `TensorArray` would need TensorList ops, which LiteRT has no builtins for. (LiteRT's
+    `WHILE` still copies the tensor from one iteration to the next.)"""
 
     def start(self, batch: Any, total: Any, size: int) -> Any:
         return import_tensorflow().zeros([batch, total, size])
@@ -90,7 +92,8 @@ class UpdatedSlices(StepOutputs):
 
 class TensorArrays(StepOutputs):
     """A `TensorArray`, for tf2onnx: it becomes the `Loop`'s scan output, which ONNX
-    Runtime fills in place (XLA's update slice has no tf2onnx handler)."""
+    Runtime collects without copying the steps so far (XLA's update slice has no tf2onnx
+    handler)."""
 
     def start(self, batch: Any, total: Any, size: int) -> Any:
         tf = import_tensorflow()
@@ -122,7 +125,8 @@ def dynamic_update_slice(operand: Any, update: Any, start: Any) -> Any:
 def run_loop(
     program: StepProgram, sequence: Any, states: list[Any], outputs: StepOutputs
 ) -> tuple[Any, list[Any]]:
-    """`program` over every step of `sequence` from `states`: `(outputs, new states)`.
+    """`program` over every step of `sequence` (at least one) from `states`:
+    `(outputs, new states)`.
 
     `outputs` keeps a per-step program's outputs; otherwise the loop carries the
     last step's.

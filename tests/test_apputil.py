@@ -528,6 +528,47 @@ def test_a_recording_block_starts_with_a_lost_stop_and_records_the_next_ones():
     assert received == [signal.SIGINT] and _handlers() == before
 
 
+def test_a_stop_after_a_loop_s_last_check_goes_to_the_enclosing_block():
+    """A loop that ended normally leaves the stops it did not act on to `check()`."""
+    with pytest.raises(_Stop) as stopped:
+        with signals.raising(_Stop):
+            with signals.recording() as received:
+                signal.raise_signal(signal.SIGTERM)
+            assert received == [signal.SIGTERM]  # the recording block ended normally
+            with signals.recording() as next_loop:
+                assert next_loop == [signal.SIGTERM]
+            signals.check()
+            pytest.fail("check() did not raise")
+    assert stopped.value.number == signal.SIGTERM
+
+
+def test_check_raises_only_for_a_stop_the_innermost_block_kept():
+    signals.check()  # no block
+    with signals.raising(_Stop):
+        signals.check()  # nothing received
+    with pytest.raises(_Stop):
+        with signals.raising(_Stop):
+            with signals.raising(lambda number: RuntimeError(number)):
+                with signals.recording():
+                    signal.raise_signal(signal.SIGINT)
+                with pytest.raises(RuntimeError):
+                    signals.check()  # the innermost block's `make`
+                raise _Stop(0)
+
+
+def test_nested_blocks_each_keep_their_own_stops():
+    before, hook = _handlers(), sys.unraisablehook
+    with pytest.raises(_Stop) as stopped:
+        with signals.raising(_Stop):
+            with signals.raising(_Stop):
+                pass  # an inner block ends with nothing received
+            _SignalledWhenCollected()  # the outer block loses a stop
+            with signals.recording() as received:
+                assert received == [signal.SIGINT]
+    assert stopped.value.number == signal.SIGINT
+    assert _handlers() == before and sys.unraisablehook is hook
+
+
 def test_off_the_main_thread_the_blocks_install_nothing():
     before, outcome = _handlers(), []
 

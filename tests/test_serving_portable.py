@@ -172,17 +172,17 @@ def test_onnx_export_from_tensorflow_equals_keras(kind, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["per_step", "stack_per_step"])
-def test_a_per_step_head_s_outputs_are_written_in_place_not_grown(kind):
+def test_a_per_step_head_s_outputs_are_written_once_not_grown(kind):
     """Growing the outputs by one step per iteration (a concatenation) copies every step
-    so far at every step; LiteRT updates a slice of a preallocated tensor instead, and
-    the ONNX `Loop` hands them out as its scan output."""
+    so far at every step; LiteRT writes each into a slice of a tensor made before the
+    loop, and the ONNX `Loop` hands them out as its scan output."""
     import onnx
 
     model, head = portable_model(kind)
     blob = litert.convert(model, head)
     assert "DYNAMIC_UPDATE_SLICE" in litert.operators(blob)
     # Concatenations of shapes (a Dense on a sequence reshapes) are int32.
-    assert _output_types(blob, "CONCATENATION") <= {"INT32"}
+    assert _tensor_types(blob, "CONCATENATION") <= {"INT32"}
     for name, blob in onnxgraphs.convert(model, head).items():
         (loop,) = [
             node for node in onnx.load_from_string(blob).graph.node if node.op_type == "Loop"
@@ -307,37 +307,27 @@ def test_quantized_litert_models_stay_within_their_bounds(quantize, digits_model
 QUANTIZED_TYPES = {"float16": "FLOAT16", "dynamic-int8": "INT8"}
 
 
-def _tensor_types(blob):
+def _tensor_types(blob, operator=None):
     """The types of every tensor in every subgraph of a `.tflite` (the loop body's weights
-    included), as LiteRT's schema names them."""
+    included), as LiteRT's schema names them; with `operator`, of its outputs only."""
     from ai_edge_litert import schema_py_generated as schema
 
     names = {value: name for name, value in vars(schema.TensorType).items() if name.isupper()}
+    operators = iter(litert.operators(blob))  # in the order the walk below takes
     model = schema.Model.GetRootAs(blob, 0)
-    return {
-        names[model.Subgraphs(g).Tensors(t).Type()]
-        for g in range(model.SubgraphsLength())
-        for t in range(model.Subgraphs(g).TensorsLength())
-    }
-
-
-def _output_types(blob, operator):
-    """The types of the outputs of every `operator` in every subgraph of a `.tflite`."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    names = {value: name for name, value in vars(schema.TensorType).items() if name.isupper()}
-    operators = litert.operators(blob)
-    model = schema.Model.GetRootAs(blob, 0)
-    found, position = set(), 0
+    found = set()
     for g in range(model.SubgraphsLength()):
         subgraph = model.Subgraphs(g)
-        for o in range(subgraph.OperatorsLength()):
-            if operators[position] == operator:
-                op = subgraph.Operators(o)
-                found |= {
-                    names[subgraph.Tensors(op.Outputs(i)).Type()] for i in range(op.OutputsLength())
-                }
-            position += 1
+        if operator is None:
+            tensors = range(subgraph.TensorsLength())
+        else:
+            tensors = [
+                op.Outputs(i)
+                for op in map(subgraph.Operators, range(subgraph.OperatorsLength()))
+                if next(operators) == operator
+                for i in range(op.OutputsLength())
+            ]
+        found |= {names[subgraph.Tensors(t).Type()] for t in tensors}
     return found
 
 

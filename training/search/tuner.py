@@ -16,6 +16,7 @@ from typing import Any
 
 import keras_tuner
 
+from apputil import signals
 from apputil.files import write_atomically
 from training.backends import select
 from training.backends.backend import Backend
@@ -43,6 +44,9 @@ def _tuner_classes():
         tuner_id: str
 
         def run_trial(self, trial, *args, **kwargs):
+            # A stop that came after the previous trial's last step (its loop had ended)
+            # ends the search here, once keras-tuner has recorded that trial.
+            signals.check()
             values = _describe(trial.hyperparameters.values)
             self.hypermodel.log(f"[{self.tuner_id}] trial {trial.trial_id} {values}")
             try:
