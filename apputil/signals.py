@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -70,17 +71,14 @@ def raising(
                 return
         previous_hook(report)
 
-    previous_hook, previous = sys.unraisablehook, {}
+    previous_hook = sys.unraisablehook
     try:
         sys.unraisablehook = unraisable
         _open.append(block)
-        for number in numbers:
-            previous[number] = signal.signal(number, handler)
-        yield
-        check()
+        with _handling(handler, numbers):
+            yield
+            check()
     finally:
-        for number, old in previous.items():
-            signal.signal(number, old)
         _open.remove(block)
         sys.unraisablehook = previous_hook
 
@@ -108,21 +106,27 @@ def recording(numbers: tuple[int, ...] = STOP_SIGNALS) -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
-    own: list[int] = []
 
     def handler(number: int, frame: object) -> None:
         received.append(number)
-        own.append(number)
 
+    with _handling(handler, numbers):
+        # Read after the handlers are in place: a stop before them is in a block's numbers.
+        kept = [number for block in _open for number in block.numbers]
+        received[:0] = kept
+        yield received
+        if _open:
+            _open[-1].numbers.extend(received[len(kept) :])
+
+
+@contextlib.contextmanager
+def _handling(handler: Callable[[int, Any], None], numbers: tuple[int, ...]) -> Iterator[None]:
+    """`handler` for each signal of `numbers` within the block; the previous ones after."""
     previous = {}
     try:
         for number in numbers:
             previous[number] = signal.signal(number, handler)
-        # Read after the handlers are in place: a stop before them is in a block's numbers.
-        received[:0] = [number for block in _open for number in block.numbers]
-        yield received
-        if _open:
-            _open[-1].numbers.extend(own)
+        yield
     finally:
         for number, old in previous.items():
             signal.signal(number, old)

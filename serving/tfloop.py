@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from apputil.quiet import import_tensorflow
 from serving.names import SEQUENCE_INPUT, STREAM_SIGNATURE
@@ -45,7 +45,7 @@ class Graphs:
     state_names: dict[str, str] = field(default_factory=dict)
 
 
-class StepOutputs:
+class StepOutputs(Protocol):
     """How the loop keeps a per-step program's outputs: the converter picks it.
 
     Growing a loop-carried tensor by one step per iteration (a concatenation)
@@ -55,22 +55,18 @@ class StepOutputs:
 
     def start(self, batch: Any, total: Any, size: int) -> Any:
         """The loop-carried value before the first step."""
-        raise NotImplementedError
 
     def invariant(self, size: int) -> Any:
         """The loop-carried value's shape invariant."""
-        raise NotImplementedError
 
     def put(self, kept: Any, t: Any, y: Any) -> Any:
         """`kept` with `y` `(batch, size)` as step `t`."""
-        raise NotImplementedError
 
     def stacked(self, kept: Any) -> Any:
         """The outputs `(batch, T, size)`."""
-        raise NotImplementedError
 
 
-class UpdatedSlices(StepOutputs):
+class UpdatedSlices:
     """A `(batch, T, size)` tensor made before the loop, each step written into it, for
     LiteRT: XLA's dynamic update slice is LiteRT's builtin `DYNAMIC_UPDATE_SLICE`, and a
     `TensorArray` would need TensorList ops, which LiteRT has no builtins for. (LiteRT's
@@ -90,7 +86,7 @@ class UpdatedSlices(StepOutputs):
         return kept
 
 
-class TensorArrays(StepOutputs):
+class TensorArrays:
     """A `TensorArray`, for tf2onnx: it becomes the `Loop`'s scan output, which ONNX
     Runtime collects without copying the steps so far (XLA's update slice has no tf2onnx
     handler)."""

@@ -82,14 +82,19 @@ def test_hoist_section_switches_the_path_it_measures(monkeypatch):
     }
 
 
-@pytest.mark.slow
-def test_serving_stream_benchmark_times_both_updates_over_rest_and_grpc_and_alone(tmp_path):
+def _run_quick(module, output):
+    """`python -m module --quick --output output` on TensorFlow, which must succeed."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.serving_stream", "--quick", "--output", str(tmp_path)],
+        [sys.executable, "-m", module, "--quick", "--output", str(output)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_serving_stream_benchmark_times_both_updates_over_rest_and_grpc_and_alone(tmp_path):
+    _run_quick("benchmarks.serving_stream", tmp_path)
     results = json.loads((tmp_path / "serving_stream.json").read_text())
     (width,) = results["widths"]
     assert width["shape"]["features"] == 1 and width["shape"]["steps"] == 100
@@ -105,12 +110,7 @@ def test_serving_stream_benchmark_times_both_updates_over_rest_and_grpc_and_alon
 
 
 def test_per_step_heads_benchmark_times_both_heads_in_both_runtimes(tmp_path):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.per_step_heads", "--quick", "--output", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _run_quick("benchmarks.per_step_heads", tmp_path)
     results = json.loads((tmp_path / "per_step_heads.json").read_text())["results"]
     assert [result["steps"] for result in results] == [20, 80]
     for result in results:
