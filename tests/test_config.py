@@ -164,16 +164,16 @@ def test_a_batch_that_does_not_split_is_refused(batch, replicas):
 def test_a_python_caller_reads_its_keys_and_the_command_line_its_flags():
     """The same refusal, worded for who made the config: `RunConfig.of(...)` names the keys
     given (also inside the expected range), the commands name their flags."""
-    config = RunConfig.of(lr_schedule="cosine", warmup_steps=4, lr_decay_steps=4)
+    config = RunConfig.of(lr_schedule="step", warmup_steps=4, lr_boundaries="3")
     with pytest.raises(UsageError) as from_python:
         config.validate()
     assert str(from_python.value) == (
-        "Received an invalid value for argument `lr_decay_steps`, expected an integer above "
-        "warmup_steps (4), got 4."
+        "Received an invalid value for argument `lr_boundaries`, expected increasing step "
+        "numbers after warmup_steps (4), comma-separated (e.g. 3000,5000), got '3'."
     )
     with pytest.raises(UsageError) as from_flags:
         config.validate(flag)
     assert str(from_flags.value) == (
-        "Received an invalid value for argument `--lr-decay-steps`, expected an integer above "
-        "--warmup-steps (4), got 4."
+        "Received an invalid value for argument `--lr-boundaries`, expected increasing step "
+        "numbers after --warmup-steps (4), comma-separated (e.g. 3000,5000), got '3'."
     )

@@ -92,8 +92,9 @@ SCHEDULE_BOUNDS = [
     ({"lr_schedule": "cosine"}, "lr_floor", (0.0, 1.0), (-0.001, 1.001, math.nan),
      "a float in [0, 1] (a fraction of --learning-rate)"),
     ({}, "lr_floor", (0.0,), (0.5,), "0 unless --lr-schedule cosine"),
-    ({"lr_schedule": "cosine", "warmup_steps": 4}, "lr_decay_steps", (None, 5), (4, 0),
-     "an integer above --warmup-steps (4)"),
+    # At or below the warm-up too, as the run's own --steps is (a run and its extension).
+    ({"lr_schedule": "cosine", "warmup_steps": 4}, "lr_decay_steps", (None, 1, 4, 5), (0, -1),
+     "a positive integer"),
     ({"lr_schedule": "step", "lr_boundaries": "10"}, "lr_decay_factor", (1e-6, 0.999),
      (0.0, 1.0, math.inf), "a float in (0, 1)"),
     ({"lr_schedule": "step"}, "lr_boundaries", ("5", "5,9"), (None,),

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -237,11 +238,11 @@ def test_more_steps_do_not_stretch_a_cosine_and_a_new_peak_applies_on_resume(tmp
               "2", "--log-every", "2", "--output-dir", str(out)]  # fmt: skip
     assert train.main([*common, "--steps", "4"]) == 0
     capsys.readouterr()
-    # More steps would change the decay's length: refused, saying how to go on at the floor.
+    # More steps would change the decay's length: refused, saying how to go on with it.
     assert train.main([*common, "--steps", "6"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "argument `--lr-decay-steps`, expected 4 as in" in err[0], err
-    assert "give --lr-decay-steps 4 to go on at its floor" in err[0]
+    assert "give --lr-decay-steps 4 to go on with the same schedule" in err[0]
     assert train.main([*common, "--steps", "6", "--lr-decay-steps", "4"]) == 0
     # A new peak under a schedule: the schedule is rebuilt with it (no variable to assign).
     argv = [*common, "--steps", "8", "--lr-decay-steps", "4", "--learning-rate", "0.002",
@@ -280,8 +281,8 @@ def test_more_steps_do_not_stretch_a_cosine_and_a_new_peak_applies_on_resume(tmp
          "argument `--lr-decay-factor`, expected 0.1 (the default) unless --lr-schedule step, "
          "got 0.2."),
         (["--lr-schedule", "cosine", "--lr-floor", "1.5"], "argument `--lr-floor`"),
-        (["--lr-schedule", "cosine", "--warmup-steps", "10", "--lr-decay-steps", "10"],
-         "argument `--lr-decay-steps`, expected an integer above --warmup-steps (10), got 10."),
+        (["--lr-schedule", "cosine", "--warmup-steps", "10", "--lr-decay-steps", "0"],
+         "argument `--lr-decay-steps`, expected a positive integer, got 0."),
         (["--lr-schedule", "step", "--lr-boundaries", "5", "--lr-decay-factor", "0"],
          "argument `--lr-decay-factor`, expected a float in (0, 1), got 0.0."),
     ],
@@ -356,3 +357,28 @@ def test_an_unknown_optimizer_name_is_refused_with_the_known_ones():
         "Received an invalid value for argument `--optimizer`, expected one of sgd, adagrad, "
         "adam, got 'rmsprop'."
     )
+
+
+def test_a_run_shorter_than_its_warmup_is_extended_as_its_refusal_advises(tmp_path, capsys):
+    """The paper configs warm up over 100 steps; a shorter first run is accepted, and so is
+    the extension its refusal advises: one rule for the decay's length, given or not."""
+    out = tmp_path / "run"
+    common = [*TINY, "--lr-schedule", "cosine", "--warmup-steps", "5", "--lr-floor", "0.25",
+              "--learning-rate", "0.1", "--checkpoint-every", "3", "--log-every", "3",
+              "--output-dir", str(out)]  # fmt: skip
+    assert train.main([*common, "--steps", "3"]) == 0
+    capsys.readouterr()
+    assert train.main([*common, "--steps", "9"]) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    advice = re.search(r"give (--lr-decay-steps \d+) to go on", err)
+    assert advice is not None and advice.group(1) == "--lr-decay-steps 3", err
+    assert train.main([*common, "--steps", "9", *advice.group(1).split()]) == 0
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 9
+    record = yaml.safe_load((out / "config.yaml").read_text())
+    assert record["lr_decay_steps"] == 3 and record["warmup_steps"] == 5
+    # The extended run's rate: the warm-up 0.1·s/5 through step 5, then the floor, 0.025.
+    rates = _rates(RunConfig.of(lr_schedule="cosine", learning_rate=0.1, warmup_steps=5,
+                                lr_floor=0.25, lr_decay_steps=3, steps=9), range(1, 10))
+    expected = {1: 0.02, 4: 0.08, 5: 0.1, 6: 0.025, 9: 0.025}
+    for step, rate in expected.items():
+        assert rates[step] == pytest.approx(rate, rel=1e-6), step

@@ -209,7 +209,8 @@ class OptimizerConfig(_Section):
     )  # fmt: skip
     lr_decay_steps: int | None = _option(
         None, "cosine: the step at which it reaches the floor and stays (default: the run's "
-        "--steps; a tuner trial's --steps-per-trial)",
+        "--steps; a tuner trial's --steps-per-trial); at or below --warmup-steps the rate "
+        "warms up, then holds the floor",
         group="optimizer", identity=True, metavar="N",
     )  # fmt: skip
     lr_boundaries: str | None = _option(
@@ -289,10 +290,13 @@ class OptimizerConfig(_Section):
                 f"none unless {argument('lr_schedule')} cosine",
                 self.lr_decay_steps,
             )
+            # The rule of the default length (the run's --steps) too: a decay that ends
+            # within the warm-up is a warm-up that then holds the floor, so a run extended
+            # with its recorded length is accepted wherever the run itself was.
             check(
-                self.lr_decay_steps > self.warmup_steps,
+                self.lr_decay_steps > 0,
                 argument("lr_decay_steps"),
-                f"an integer above {argument('warmup_steps')} ({self.warmup_steps})",
+                "a positive integer",
                 self.lr_decay_steps,
             )
         check(

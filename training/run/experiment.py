@@ -57,8 +57,8 @@ def weights_fingerprint(model: keras.Model) -> str:
 # What a refusal to resume adds for a setting the user may not have given.
 _RESUME_HINTS = {
     "lr_decay_steps": "the cosine schedule decays over the run's first --steps; give "
-    "--lr-decay-steps {before} to go on at its floor, or start a new run with another "
-    "--output-dir",
+    "--lr-decay-steps {before} to go on with the same schedule (at its floor once the decay "
+    "and the warm-up are over), or start a new run with another --output-dir",
 }
 
 

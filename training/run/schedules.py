@@ -10,7 +10,8 @@ optimizer has taken `s - 1`, and its rate is
 * `constant`: `peak`;
 * `cosine` (Keras' `CosineDecay`, warm-up included): from `peak` at step W
   down a half cosine to `peak · floor` at step L (`lr_decay_steps`, the run's
-  `steps` by default), and `peak · floor` after it;
+  `steps` by default), and `peak · floor` after it; with L ≤ W, the warm-up and
+  then `peak · floor` from step W + 1;
 * `step` (Keras' `PiecewiseConstantDecay`): `peak · factor^k` once `s` is past
   k of the boundaries.
 """
