@@ -480,3 +480,76 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_keeps_the_last_and_the_rerun_re
         assert re.search(resumed, rerun.stdout, re.M), rerun.stdout[-2000:]
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_stop_lost_in_a_finalizer_at_start_up_still_stops_the_run(tmp_path, capsys):
+    """SIGINT whose handler runs inside a `gc` callback (as JAX's is, while a run starts):
+    Python's KeyboardInterrupt would be printed as "Exception ignored" and the run would
+    train to its end; the run keeps the stop, stops after its first step, checkpointed."""
+    import gc
+
+    sent = []
+
+    def send_once(phase, info):
+        # Once the run is being set up (its model built, its data read), before it trains.
+        frame, inside = sys._getframe(1), False
+        while frame is not None and not inside:
+            inside, frame = frame.f_code.co_name == "train_and_evaluate", frame.f_back
+        if inside and not sent:
+            sent.append(phase)
+            signal.raise_signal(signal.SIGINT)
+
+    out = tmp_path / "run"
+    before = signal.getsignal(signal.SIGINT)
+    gc.callbacks.append(send_once)
+    try:
+        status = train.main([*TINY, "--steps", "50", "--log-every", "10", "--output-dir",
+                             str(out)])  # fmt: skip
+    finally:
+        gc.callbacks.remove(send_once)
+    err = capsys.readouterr().err
+    assert sent and status == 130, err[-2000:]
+    assert "Exception ignored" not in err and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines() == [
+        "python -m training.train: error: stopped by SIGINT at step 1, checkpointed; run the "
+        "same command to resume"
+    ]
+    saved = {name.split(".")[0] for name in os.listdir(out / "checkpoints")}
+    assert saved - {"checkpoint"} == {"ckpt-1"} and not (out / "metrics.json").exists()
+    assert signal.getsignal(signal.SIGINT) is before  # the handlers are given back
+
+
+def _start_up_stop(tmp_path, number, delay):
+    out = tmp_path / f"run-{number}-{delay}"
+    argv = [*TINY, "--steps", "100000", "--checkpoint-every", "100000", "--log-every", "5",
+            "--output-dir", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.train", *argv], cwd=ROOT, env=_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(delay)
+        proc.send_signal(number)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
+# Seconds after the start at which a stop arrives: importing Keras, reading the data,
+# building and compiling the model, the first steps. (In the interpreter's own start,
+# before the command's first line runs, a signal has its default action: SIGTERM kills.)
+START_UP_MOMENTS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.5, 7.0, 9.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_at_any_moment_of_the_start_up_ends_the_run_with_one_line(tmp_path, number):
+    name = signal.Signals(number).name
+    for delay in START_UP_MOMENTS:  # one process at a time
+        status, err = _start_up_stop(tmp_path, number, delay)
+        lines = err.strip().splitlines()
+        assert status == 128 + number and "Traceback" not in err, (delay, err[-2000:])
+        assert len(lines) == 1 and lines[0].startswith(
+            f"python -m training.train: error: stopped by {name} "
+        ), (delay, err[-2000:])

@@ -62,6 +62,22 @@ class Interrupted(Exception):
         )
 
 
+class RunStopped(BaseException):  # noqa: N818  (a request to stop, as KeyboardInterrupt)
+    """SIGTERM or SIGINT stopped a run outside a training step (starting, or finishing).
+
+    A `BaseException`, as `KeyboardInterrupt` is: it is raised wherever the
+    signal arrives, and code that turns any `Exception` into its own error (a
+    data set that cannot be read) must not swallow it.
+    """
+
+    def __init__(self, signal_number: int):
+        self.signal_number = signal_number
+        name = signal.Signals(signal_number).name
+        super().__init__(
+            f"stopped by {name} outside a training step; run the same command to resume"
+        )
+
+
 class SearchInterrupted(BaseException):  # noqa: N818  (a request to stop, as KeyboardInterrupt)
     """SIGTERM or SIGINT stopped a search; its finished trials are kept.
 
@@ -88,6 +104,7 @@ EXPECTED: dict[type[BaseException], Status] = {
     RunLockedError: EXIT_USAGE,
     # Stopped by a signal: 128 + its number, as a shell reports a process killed by it.
     Interrupted: lambda error: 128 + error.signal_number,
+    RunStopped: lambda error: 128 + error.signal_number,
     SearchInterrupted: lambda error: 128 + error.signal_number,
     ProcessLostError: EXIT_FAILURE,
     OSError: EXIT_FAILURE,

@@ -13,18 +13,20 @@ receives `config.yaml`, `checkpoints/`, `logs/` (TensorBoard), `curve.json`
 (with `--eval-every`), `metrics.json` and `model.keras` (see
 `training.run.experiment`). Running the same command again resumes from the last
 checkpoint. Exit status 2: a usage error, missing data or a diverged run
-(non-finite loss); 1: a failure of the machine (files, disk).
+(non-finite loss); 1: a failure of the machine (files, disk); 128 + its number: stopped
+by SIGTERM or SIGINT, at any moment (one line; in training, after checkpointing the step
+in progress).
 """
 
 from __future__ import annotations
 
 import sys
 
-from apputil import cli, quiet
+from apputil import cli, quiet, signals
 from training import options
 from training.backends.cluster import Cluster
 from training.config import LaunchConfig, RunConfig, flag
-from training.errors import EXPECTED
+from training.errors import EXPECTED, RunStopped
 
 
 def build_parser() -> cli.OneLineParser:
@@ -43,14 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     def body():
         config = RunConfig.from_namespace(args).validate(flag)
         launch = LaunchConfig.from_namespace(args).validate(flag)
-        quiet.import_keras()
-        # Keras (and TensorFlow on its backend) load only now: `--help` and usage errors
-        # answer without them, in a fraction of a second.
-        from training.backends import select
-        from training.run import experiment
+        # From here a signal ends the run with one line, at start-up too, where Python's own
+        # KeyboardInterrupt can be lost in a finalizer (the block keeps it; the training
+        # loop then stops after its first step, checkpointed).
+        with signals.raising(RunStopped):
+            quiet.import_keras()
+            # Keras (and TensorFlow on its backend) load only now: `--help` and usage errors
+            # answer without them, in a fraction of a second.
+            from training.backends import select
+            from training.run import experiment
 
-        backend = select.start(launch, cluster)
-        experiment.train_and_evaluate(config, args.output_dir, backend=backend)
+            backend = select.start(launch, cluster)
+            experiment.train_and_evaluate(config, args.output_dir, backend=backend)
 
     return cluster.finish(cli.run(parser.prog, body, EXPECTED))
 
