@@ -10,6 +10,7 @@ import pytest
 
 from training import reproduce
 from training.paper import report, suite
+from training.tasks import catalog as tasks
 
 
 def test_smoke_suite_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
@@ -28,6 +29,20 @@ def test_smoke_suite_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
         assert row["command"].startswith(
             "python -m training.train --config training/paper/configs/"
         )
+    # The Table 1 protocol on mock digits: each seed trained on the training split less
+    # its validation digits, chose its weights on them; the row is the seeds' mean.
+    seeds = [r for r in results["runs"] if r["row"] == "smoke_permuted_mnist_antisymmetric"]
+    assert [r["seed"] for r in seeds] == [0, 1]
+    for r in seeds:
+        assert (r["train_examples"], r["validation_examples"], r["test_examples"]) == (48, 16, 64)
+        assert r["curve_split"] == "validation" and "selected_step" in r
+        assert r["permutation_seed"] == tasks.PERMUTATION_SEED
+        assert f"--seed {r['seed']} " in r["command"] and "--keep-best" in r["command"]
+    (entry,) = results["rows"]
+    accuracies = [r["test_accuracy"] for r in seeds]
+    assert entry["test_accuracies"] == accuracies
+    assert entry["mean"] == pytest.approx(np.mean(accuracies))
+    assert entry["sd"] == pytest.approx(np.std(accuracies, ddof=1))
     # The mock CIFAR-10 row ran the noise-padded CIFAR-10 config at its overridden length.
     config = (runs / "smoke_noise_padded_cifar10_gated" / "config.yaml").read_text()
     assert "task: noise_padded_cifar10" in config and "timesteps: 40" in config
@@ -194,10 +209,12 @@ def test_length_plot_puts_each_models_accuracy_against_t(tmp_path):
 
 
 def test_only_takes_exact_names_or_parts_of_names():
-    exact = reproduce.select("paper", ["pixel_mnist_lstm"])
-    assert [run.name for run in exact] == ["pixel_mnist_lstm"]
-    part = {run.name for run in reproduce.select("paper", ["pixel_mnist_lstm_"])}
-    assert {"pixel_mnist_lstm_lr0.002"} <= part and "pixel_mnist_lstm" not in part
+    exact = reproduce.select("paper", ["pixel_fashion_mnist_lstm"])
+    assert [run.name for run in exact] == ["pixel_fashion_mnist_lstm"]
+    part = {run.name for run in reproduce.select("paper", ["pixel_fashion_mnist_lstm_"])}
+    assert {"pixel_fashion_mnist_lstm_lr0.002"} == part
+    seeds = [run.name for run in reproduce.select("paper", ["pixel_mnist_gated_seed"])]
+    assert seeds == [f"pixel_mnist_gated_seed{seed}" for seed in (0, 1, 2)]
 
 
 def test_equal_time_compares_only_runs_on_the_same_hardware():
@@ -577,7 +594,9 @@ def test_the_report_reads_searches_from_the_runs_folder_and_goes_under_it(tmp_pa
 
 
 def test_the_paper_rows_carry_table_2_s_accuracies_on_mnist_only():
-    """Chang et al., Table 2: pixel-by-pixel and permuted MNIST test accuracy (%)."""
+    """Chang et al., Table 2: pixel-by-pixel and permuted MNIST test accuracy (%). On the
+    real MNIST each antisymmetric row is three seeds, the LSTM one; every seed selects its
+    weights on a validation split of the training digits and reads the test split once."""
     table_2 = {
         ("pixel_mnist", "antisymmetric"): 98.0, ("pixel_mnist", "gated"): 98.8,
         ("pixel_mnist", "lstm"): 97.3, ("permuted_mnist", "antisymmetric"): 95.8,
@@ -585,13 +604,54 @@ def test_the_paper_rows_carry_table_2_s_accuracies_on_mnist_only():
     }  # fmt: skip
     rows = {run.name: run for run in suite.SUITES["paper"]}
     for (task, model), accuracy in table_2.items():
-        mnist = rows[f"{task}_{model}"]
-        assert (mnist.paper, mnist.data, mnist.steps) == (accuracy, "mnist", 6000)
-        assert mnist.overrides == (("dataset", "mnist"),)
+        seeds = (0,) if model == "lstm" else (0, 1, 2)
+        members = [run for run in rows.values() if run.row == f"{task}_{model}"]
+        assert [run.name for run in members] == [f"{task}_{model}_seed{s}" for s in seeds]
+        for seed, mnist in zip(seeds, members, strict=True):
+            assert (mnist.paper, mnist.data, mnist.steps) == (accuracy, "mnist", 10000)
+            assert mnist.table == f"{task} (mnist)"
+            assert dict(mnist.overrides) == {"dataset": "mnist", "seed": seed,
+                                             "validation_fraction": 0.1, "keep_best": True}
+            argv = suite.train_argv(mnist, 10000, "runs", "data")
+            assert "--keep-best" in argv and argv[argv.index("--seed") + 1] == str(seed)
         fashion = rows[f"{task.replace('mnist', 'fashion_mnist')}_{model}"]
-        assert fashion.paper is None and fashion.data == "fashion_mnist"
+        assert fashion.paper is None and fashion.data == "fashion_mnist" and fashion.row is None
         # Fashion-MNIST's pixel rows were still climbing at 6,000 steps.
         assert fashion.steps == (10000 if task == "pixel_mnist" else 6000)
+    # The former 5,000-digit subset's rows are gone with the subset.
+    assert not [name for name in rows if name.startswith(("pixel_mnist", "permuted_mnist"))
+                and "_seed" not in name]  # fmt: skip
+    assert suite.SEED_TARGETS == ("pixel_mnist_antisymmetric", "pixel_mnist_gated",
+                                  "permuted_mnist_antisymmetric", "permuted_mnist_gated")
+
+
+def _seed(row, seed, accuracy, status="finished", seconds=100.0):
+    return {**_row(f"{row}_seed{seed}", "antisymmetric", accuracy, seconds, device="cpu"),
+            "row": row, "seed": seed, "status": status, "paper": 98.0}  # fmt: skip
+
+
+def test_a_row_of_seeds_is_their_mean_and_sample_sd_not_the_best_seed():
+    rows = [_seed("r", 0, 0.98, seconds=90.0), _seed("r", 1, 0.97, seconds=110.0),
+            _seed("r", 2, 0.99), _row("alone", "lstm", 0.5, 10)]  # fmt: skip
+    (entry,) = report.seed_rows(rows)
+    # Hand-computed: mean (0.98 + 0.97 + 0.99) / 3 = 0.98; sample sd √((0 + 1e-4 + 1e-4)/2).
+    assert entry["row"] == "r" and entry["seeds"] == [0, 1, 2]
+    assert entry["mean"] == pytest.approx(0.98) and entry["sd"] == pytest.approx(0.01)
+    assert entry["train_seconds_mean"] == pytest.approx(100.0)
+    table = report.seed_rows_markdown([entry])
+    assert "| 98.0% | 98.00 ± 1.00% | 3 of 3 | 98.00, 97.00, 99.00 | 100 | 100 | cpu |" in table
+    assert report.seed_targets_markdown([entry], ("r",)).endswith(
+        "| `r` | 98.0% | 98.00 ± 1.00% | 3 of 3 | met |"
+    )
+    # One seed below: the mean misses, however good the best seed is.
+    (low,) = report.seed_rows([_seed("r", 0, 0.99), _seed("r", 1, 0.96), _seed("r", 2, 0.97)])
+    assert report.seed_targets_markdown([low], ("r",)).endswith("| missed by 0.67 points |")
+    # A seed not finished: reported as still to run, its partial curve left out of the mean.
+    (part,) = report.seed_rows([_seed("r", 0, 0.99), _seed("r", 1, 0.5, status="partial")])
+    assert (part["seeds"], part["planned_seeds"], part["sd"]) == ([0], [0, 1], None)
+    assert report.seed_targets_markdown([part], ("r",)).endswith(
+        "| `r` | 98.0% | 99.00% | 1 of 2 | seeds still to run |"
+    )
 
 
 # Chang et al., Table 3: pixel-by-pixel and noise-padded CIFAR-10 test accuracy (%).

@@ -447,3 +447,35 @@ def test_a_sequence_too_short_for_its_task_is_refused_naming_the_length(name, ti
     assert str(refused.value) == (
         f"Received an invalid value for argument `timesteps`, expected {expected}, got {timesteps}."
     )
+
+
+def test_mnist_validation_split_is_disjoint_from_the_training_and_test_digits(tmp_path):
+    """Each digit of an `.npz` MNIST carries its own number in its pixels: the validation
+    split (fixed, as the Table 1 rows cut it) shares none with the digits a run trains on,
+    together they are the training set, and the test split is read from its own arrays."""
+
+    def numbered(count, offset):
+        index = np.arange(offset, offset + count)
+        images = np.zeros((count, 28, 28), "uint8")
+        images[:, 0, 0], images[:, 0, 1] = index % 256, index // 256
+        return images, (index % 10).astype("uint8")
+
+    x_train, y_train = numbered(600, 0)
+    x_test, y_test = numbered(100, 600)
+    np.savez(tmp_path / "mnist.npz", x_train=x_train, y_train=y_train, x_test=x_test,
+             y_test=y_test)  # fmt: skip
+
+    def ids(split):
+        inputs, targets = tasks.get_task("permuted_mnist").examples(
+            split, data_dir=str(tmp_path), validation_fraction=0.1
+        )
+        pixels = inputs.reshape(len(inputs), -1)
+        found = pixels[:, 0].astype(int) + 256 * pixels[:, 1].astype(int)
+        np.testing.assert_array_equal(targets, found % 10)  # each label stays with its digit
+        return set(found.tolist())
+
+    train, validation, test = ids("train"), ids("validation"), ids("test")
+    assert len(validation) == 60 and len(train) == 540
+    assert train.isdisjoint(validation) and train | validation == set(range(600))
+    assert test == set(range(600, 700))
+    assert ids("validation") == validation  # the same split at every run and seed

@@ -34,6 +34,7 @@ from training import train, tune
 from training.paper import report
 from training.paper.suite import (
     SEARCHES,
+    SEED_TARGETS,
     SUITES,
     TARGETS,
     data_available,
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         args.runs_dir,
         args.report_dir or os.path.join(args.runs_dir, "report"),
         targets=TARGETS if args.suite == "paper" else (),
+        seed_targets=SEED_TARGETS if args.suite == "paper" else (),
         searches={
             each: os.path.join(args.runs_dir, "search", each.name, "trials.csv")
             for each in SEARCHES

@@ -65,6 +65,8 @@ def collect(run, runs_dir, data_dir):
     row = {
         "name": run.name,
         "table": run.table,
+        "row": run.row,
+        "seed": config.get("seed", options.get("seed", 0)),
         "task": options["task"],
         "timesteps": options.get("timesteps"),
         "model": options["model"],
@@ -80,6 +82,10 @@ def collect(run, runs_dir, data_dir):
         ],
     }
     row["curve_split"] = curve.get("split", "test")
+    row.update(examples(config))
+    permutation = (config.get("task_params") or {}).get("permutation_seed")
+    if permutation is not None:
+        row["permutation_seed"] = permutation
     if metrics is not None:
         row.update(
             status="finished",
@@ -101,6 +107,100 @@ def collect(run, runs_dir, data_dir):
         available = run.data == "digits" or data_available(run, data_dir)
         row.update(status="not run" if available else "not run (no data)")
     return row
+
+
+def examples(config):
+    """The sizes of the splits a run's `config.yaml` records (those it records)."""
+    found = {key: config[key] for key in ("train_examples", "test_examples") if key in config}
+    if "validation_examples" in config:
+        found["validation_examples"] = config["validation_examples"]
+    elif "train_examples" in config:  # recorded before the validation split's size was
+        fraction = config.get("validation_fraction") or 0.0
+        found["validation_examples"] = round(config["train_examples"] * fraction / (1 - fraction))
+    return found
+
+
+def seed_rows(rows):
+    """The rows made of several seeds (runs with a `row`): per row, in the order of `rows`,
+    the test accuracies of its finished seeds, their mean and sample standard deviation
+    (None below two seeds), the seeds, steps and mean training seconds."""
+    grouped: dict[str, list] = {}
+    for r in rows:
+        if r.get("row"):
+            grouped.setdefault(r["row"], []).append(r)
+    summary = []
+    for name, members in grouped.items():
+        done = [r for r in members if r["status"] == "finished"]
+        accuracies = [r["test_accuracy"] for r in done]
+        seconds = [r["train_seconds"] for r in done if r.get("train_seconds")]
+        summary.append({
+            "row": name, "table": members[0]["table"], "model": members[0]["model"],
+            "paper": members[0]["paper"],
+            "seeds": sorted(r["seed"] for r in done),
+            "planned_seeds": sorted({r["seed"] for r in members}),
+            "test_accuracies": accuracies,
+            "mean": float(np.mean(accuracies)) if accuracies else None,
+            "sd": float(np.std(accuracies, ddof=1)) if len(accuracies) > 1 else None,
+            "steps": sorted({r["steps"] for r in done}),
+            "train_seconds_mean": float(np.mean(seconds)) if seconds else None,
+            "hardware": sorted({hardware(r["device"]) or "—" for r in done}),
+        })  # fmt: skip
+    return summary
+
+
+def _mean_sd_text(entry):
+    if entry["mean"] is None:
+        return "—"
+    sd = "" if entry["sd"] is None else f" ± {100 * entry['sd']:.2f}"
+    return f"{100 * entry['mean']:.2f}{sd}%"
+
+
+def seed_rows_markdown(entries):
+    """The seeds' rows as a table: the paper's number, mean ± sd here, seeds, steps, time."""
+    lines = [
+        "| model (row) | paper | mean ± sd (test) | seeds | each seed | steps | train s (mean) "
+        "| hardware |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for e in entries:
+        each = ", ".join(f"{100 * a:.2f}" for a in e["test_accuracies"]) or "—"
+        paper = "—" if e["paper"] is None else f"{e['paper']}%"
+        seconds = e["train_seconds_mean"]
+        machines = ", ".join(e["hardware"]) or "—"
+        lines.append(
+            f"| {MODEL_LABELS.get(e['model'], e['model'])} (`{e['row']}`) | {paper} "
+            f"| {_mean_sd_text(e)} | {len(e['seeds'])} of {len(e['planned_seeds'])} | {each} "
+            f"| {', '.join(map(str, e['steps'])) or '—'} "
+            f"| {'—' if seconds is None else f'{seconds:.0f}'} | {machines} |"
+        )
+    return "\n".join(lines)
+
+
+def seed_targets_markdown(entries, targets):
+    """Each target row: its mean over seeds against the paper's number; met only with
+    every planned seed finished (a row's number is the mean, not the best seed)."""
+    lines = [
+        "| row | paper | mean ± sd (test) | seeds | verdict |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    by_name = {e["row"]: e for e in entries}
+    for name in targets:
+        e = by_name.get(name)
+        if e is None:
+            continue
+        if e["mean"] is None:
+            verdict = "not run"
+        elif len(e["seeds"]) < len(e["planned_seeds"]):
+            verdict = "seeds still to run"
+        elif 100 * e["mean"] >= e["paper"]:
+            verdict = "met"
+        else:
+            verdict = f"missed by {e['paper'] - 100 * e['mean']:.2f} points"
+        lines.append(
+            f"| `{name}` | {e['paper']}% | {_mean_sd_text(e)} "
+            f"| {len(e['seeds'])} of {len(e['planned_seeds'])} | {verdict} |"
+        )
+    return "\n".join(lines)
 
 
 def last_spread(curve, count=LAST_EVALUATIONS):
@@ -386,6 +486,15 @@ _PREAMBLE = (
 )
 
 
+_SEEDS_PREAMBLE = (
+    "Each row is the mean ± sample standard deviation of the test accuracy of its seeds "
+    "(each seed its own initialization and data order), every seed's weights chosen on the "
+    "validation split cut from the training digits (`--keep-best`) and tested once; a row "
+    "counts as met when every planned seed has finished and the mean reaches the paper's "
+    "number."
+)
+
+
 def write(
     runs: list,
     runs_dir: str,
@@ -393,6 +502,7 @@ def write(
     searches: dict | None = None,
     data_dir: str | None = None,
     targets: tuple = (),
+    seed_targets: tuple = (),
 ) -> str:
     """Writes the report of `runs` (a suite); returns the markdown file's path.
 
@@ -408,27 +518,36 @@ def write(
     rows = merge([collect(run, runs_dir, data_dir) for run in runs], previous)
     for row in rows:  # rows kept from an earlier report too: their curve is in it
         row["last_spread"] = last_spread(row["curve"])
+    seeds = seed_rows(rows)
     lines = ["# Reproduction", "", _PREAMBLE, ""]
+    if seed_targets and seeds:
+        lines += ["## The paper's Table 1 (mean of the seeds)", "", _SEEDS_PREAMBLE, "",
+                  seed_targets_markdown(seeds, seed_targets), ""]  # fmt: skip
     if targets:
         lines += ["## Targets", "", targets_markdown(rows, targets), ""]
     for table in dict.fromkeys(r["table"] for r in rows):
-        lines += _table_section(table, [r for r in rows if r["table"] == table], assets)
+        members = [e for e in seeds if e["table"] == table]
+        lines += _table_section(table, [r for r in rows if r["table"] == table], assets, members)
     lines += _length_section(rows, assets)
     earlier = _previous_searches(assets)
     found = {}
     for each, path in (searches or {}).items():
         found[each.name] = read_search(path) or earlier.get(each.name, [])
         lines += _search_section(each, found[each.name], assets)
-    text = json.dumps({"runs": rows, "search": found}, indent=1)
+    text = json.dumps({"rows": seeds, "runs": rows, "search": found}, indent=1)
     write_atomically(os.path.join(assets, "results.json"), text)
     path = os.path.join(report_dir, "reproduction.md")
     write_atomically(path, "\n".join(lines) + "\n")
     return path
 
 
-def _table_section(table, members, assets):
+def _table_section(table, members, assets, seeds=()):
     slug = "".join(c if c.isalnum() else "_" for c in table).strip("_")
-    lines = [f"## {table}", "", table_markdown(members), ""]
+    lines = [f"## {table}", ""]
+    if seeds:
+        lines += ["Each row over its seeds:", "", seed_rows_markdown(seeds), "",
+                  "Each run:", ""]  # fmt: skip
+    lines += [table_markdown(members), ""]
     if plot_curves(table, members, os.path.join(assets, f"curves_{slug}.png")):
         lines += [f"![{table}](reproduction/curves_{slug}.png)", ""]
     missing = [r for r in members if r["status"] == "not run (no data)"]

@@ -277,6 +277,7 @@ def _run_record(config, task, trainer, splits, rundir, device, backend):
         "replicas": trainer.replicas,
         "device": device,
         "train_examples": int(len(splits.train[1])),
+        "validation_examples": 0 if splits.validation is None else int(len(splits.validation[1])),
         **backend.versions(),
     }
     if not config.loop.keep_best:  # with it, the test split is read only after training
