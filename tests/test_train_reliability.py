@@ -398,7 +398,7 @@ def test_a_damaged_tfds_folder_is_a_one_line_error(tmp_path, capsys, damage):
     else:
         shared = _shared_tfds()
         if shared is None:
-            pytest.skip("needs the prepared MNIST subset (shared/data/tfds) to damage a copy")
+            pytest.skip("needs the prepared MNIST (shared/data/tfds) to damage a copy")
         import shutil
 
         shutil.copytree(shared / "mnist", tmp_path / "tfds" / "mnist")
