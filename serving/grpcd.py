@@ -121,7 +121,8 @@ class GrpcApp(
             with self._lock:
                 self.in_flight -= 1
             log.debug("gRPC %s %s -> %s", api, name[:200], code)
-            self.metrics.record(name, api, code, self.clock() - started, entrypoint="GRPC")
+            self.metrics.record(name, api, code, self.clock() - started, entrypoint="GRPC",
+                                served=self.repository.serves(name))  # fmt: skip
         context.abort(grpc.StatusCode[code], message)  # raises: grpc answers with the code
         raise AssertionError("unreachable")
 

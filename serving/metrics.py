@@ -13,6 +13,11 @@ unchanged:
   `GetModelMetadata` and `GetModelStatus`, `entrypoint` `REST` or `GRPC`, with TensorFlow
   Serving's buckets (10 µs times powers of 1.8, 33 of them).
 
+A request that names a model the server does not serve is counted under the one
+`model_name` `UNKNOWN_MODEL`, and a served name is cut to `MAX_LABEL_CHARS`: the
+names a client sends never add series, so unauthenticated traffic cannot grow the
+server's memory or its page.
+
 `GET /monitoring/prometheus/metrics` answers them in Prometheus' text format
 (`serving.rest`), written here as TensorFlow Serving writes it: a counter keeps
 its name (Prometheus' client library would add `_total`).
@@ -35,6 +40,10 @@ REQUEST_LATENCY = ":tensorflow:serving:request_latency"
 #: `Buckets::Exponential(10, 1.8, 33)`; the last bucket holds the rest (+Inf).
 #: Six significant digits, as the text format shows them.
 LATENCY_BOUNDS_US = tuple(float(f"{10.0 * 1.8**index:.6g}") for index in range(32))
+#: The `model_name` of every request to a model that is not served.
+UNKNOWN_MODEL = "(unknown)"
+#: The longest `model_name` label a served model gets.
+MAX_LABEL_CHARS = 256
 
 
 class ServingMetrics:
@@ -53,9 +62,12 @@ class ServingMetrics:
         status: int | str,
         seconds: float,
         entrypoint: str = "REST",
+        served: bool = True,
     ) -> None:
         """Counts one request to `model_name` answered in `seconds` with `status`: an HTTP
-        status (REST) or a canonical code name (gRPC's, `"NOT_FOUND"`)."""
+        status (REST) or a canonical code name (gRPC's, `"NOT_FOUND"`); under
+        `UNKNOWN_MODEL` when the model is not `served`."""
+        model_name = model_name[:MAX_LABEL_CHARS] if served else UNKNOWN_MODEL
         micros = seconds * 1e6
         bucket = next(
             (i for i, bound in enumerate(LATENCY_BOUNDS_US) if micros <= bound),

@@ -281,6 +281,11 @@ class Models:
             version = self._version_of(name, label)
         return repository.get(name, version)
 
+    def serves(self, name: str) -> bool:
+        """Whether `name` is a model of the config in effect."""
+        with self._lock:
+            return name in self._repositories
+
     def status(self, name: str, version: str | None = None, label: str | None = None) -> dict:
         """The `GET /v1/models/NAME[/versions/V | /labels/L]` body of model `name`."""
         request = f"Latest({name})" if version is None else f"Specific({name}, {version})"

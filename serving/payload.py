@@ -51,6 +51,10 @@ class Repository(Protocol):
 
     def get(self, name: str, version: str | None = None, label: str | None = None) -> Any: ...
 
+    def serves(self, name: str) -> bool:
+        """Whether `name` is a model it serves (whatever state its versions are in)."""
+        ...
+
     def status(self, name: str, version: str | None = None, label: str | None = None) -> dict: ...
 
 

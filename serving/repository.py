@@ -416,6 +416,10 @@ class ModelRepository:
             text = text.replace(path.rstrip(os.sep) or path, BASE_PATH_SHOWN)
         return text
 
+    def serves(self, name: str) -> bool:
+        """Whether `name` is this model's."""
+        return name == self.name
+
     def status(self, name: str, version: str | None = None, label: str | None = None) -> dict:
         """The `GET /v1/models/NAME[/versions/V]` body: every version folder, highest first.
 

@@ -126,7 +126,9 @@ class RestApp:
             api = "predict" if model["verb"] else "GetModelMetadata" if model["metadata"] else (
                 "GetModelStatus"
             )  # fmt: skip
-            self.metrics.record(model["name"], api, status, self.clock() - started)
+            name = model["name"]
+            self.metrics.record(name, api, status, self.clock() - started,
+                                served=self.repository.serves(name))  # fmt: skip
         chunks = json_response(start_response, status, body, extra)
         return [] if method == "HEAD" else chunks  # a HEAD answer has headers only
 

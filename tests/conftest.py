@@ -23,8 +23,9 @@ from keras_antisym import (  # noqa: E402
 LAYER_KINDS = ["cell", "fused"]
 
 
-# The real MNIST (60,000 training digits, 5,000 test) and Fashion-MNIST in TFDS's format: `shared/` beside
-# the clone (as on the development machines and in CI), or KERAS_ANTISYM_TFDS_DIR.
+# The real MNIST (60,000 training digits, 5,000 test) and Fashion-MNIST in TFDS's
+# format: `shared/` beside the clone (as on the development machines and in CI), or
+# KERAS_ANTISYM_TFDS_DIR.
 SHARED_TFDS = Path(
     os.environ.get(
         "KERAS_ANTISYM_TFDS_DIR",

@@ -347,13 +347,38 @@ def test_grpc_calls_are_counted_under_the_grpc_entrypoint(stubs):
     families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
     counts = {(s.labels["model_name"], s.labels["status"]): s.value
               for s in families[":tensorflow:serving:request_count"].samples}  # fmt: skip
-    assert counts == {("m", "OK"): 3, ("other", "NOT_FOUND"): 1, ("m", "INVALID_ARGUMENT"): 1}
+    assert counts == {("m", "OK"): 3, ("(unknown)", "NOT_FOUND"): 1,
+                      ("m", "INVALID_ARGUMENT"): 1}  # fmt: skip
     totals = {(s.labels["model_name"], s.labels["API"], s.labels["entrypoint"]): s.value
               for s in families[":tensorflow:serving:request_latency"].samples
               if s.name.endswith("_count")}  # fmt: skip
-    assert totals == {("m", "predict", "GRPC"): 2, ("other", "predict", "GRPC"): 1,
+    assert totals == {("m", "predict", "GRPC"): 2, ("(unknown)", "predict", "GRPC"): 1,
                       ("m", "GetModelStatus", "GRPC"): 1,
                       ("m", "GetModelMetadata", "GRPC"): 1}  # fmt: skip
+
+
+def test_grpc_calls_to_unknown_models_add_no_series_however_many_names(stubs):
+    """Names a client makes up, long ones too, are one series: memory and the page stay
+    bounded by the models served."""
+    metrics = ServingMetrics()
+    server = GrpcServer(GrpcApp(_Repository(), metrics=metrics), "127.0.0.1", 0, threads=2,
+                        max_queued_requests=2, max_message_bytes=1 << 20,
+                        idle_seconds=30)  # fmt: skip
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            stub.Predict(_small_request(), timeout=30)
+            for index in range(40):
+                name = f"{index}-" + "x" * (100_000 if index % 10 == 0 else 10)
+                with pytest.raises(grpc.RpcError):
+                    stub.Predict(_small_request(name=name), timeout=30)
+    finally:
+        server.close()
+    page = metrics.exposition().decode()
+    assert len(page) < 20_000  # two series of each metric, whatever the names were
+    assert page.count('model_name="(unknown)",status="NOT_FOUND"} 40') == 1
+    assert "xxxxxxxxxx" not in page and page.count("model_name=") == 2 * (1 + 1 + 33 + 1)
 
 
 class _FaultyServable:
@@ -449,6 +474,9 @@ class _Repository:
 
     def __init__(self, servable=None):
         self.servable = servable or _Servable()
+
+    def serves(self, name):
+        return name == "m"
 
     def get(self, name, version=None, label=None):
         if name != "m":

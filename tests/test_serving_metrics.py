@@ -52,7 +52,7 @@ def test_every_request_to_a_model_is_counted_by_status_and_timed_by_api(server):
     }
     assert counts == {
         ("antisym", "OK"): 4, ("antisym", "INVALID_ARGUMENT"): 1,
-        ("antisym", "UNIMPLEMENTED"): 1, ("other", "NOT_FOUND"): 1,
+        ("antisym", "UNIMPLEMENTED"): 1, ("(unknown)", "NOT_FOUND"): 1,
     }  # fmt: skip
     latency = families[":tensorflow:serving:request_latency"].samples
     totals = {
@@ -61,7 +61,7 @@ def test_every_request_to_a_model_is_counted_by_status_and_timed_by_api(server):
     }  # fmt: skip
     assert totals == {
         ("antisym", "predict", "REST"): 4, ("antisym", "GetModelMetadata", "REST"): 1,
-        ("antisym", "GetModelStatus", "REST"): 1, ("other", "GetModelStatus", "REST"): 1,
+        ("antisym", "GetModelStatus", "REST"): 1, ("(unknown)", "GetModelStatus", "REST"): 1,
     }  # fmt: skip
     # The buckets are TensorFlow Serving's: 10 µs times powers of 1.8, cumulative, +Inf last.
     predict = [s for s in latency if s.name.endswith("_bucket")
@@ -122,3 +122,29 @@ def test_label_values_are_escaped_as_prometheus_reads_them():
     families = _families(metrics.exposition().decode())
     (sample,) = families[serving_metrics.REQUEST_COUNT].samples
     assert sample.labels == {"model_name": name, "status": "INVALID_ARGUMENT"}
+
+
+def test_names_of_models_not_served_are_one_series_and_served_names_are_capped():
+    """However many names unauthenticated clients make up, the page keeps one series for
+    them; a served model keeps its own name, cut to the cap."""
+    kept = serving_metrics.ServingMetrics()
+    for index in range(2000):
+        kept.record(f"made-up-{index}" * 50, "GetModelStatus", 404, 1e-4, served=False)
+    kept.record("antisym", "predict", 200, 2e-3)
+    long_name = "m" * (serving_metrics.MAX_LABEL_CHARS + 1000)
+    kept.record(long_name, "predict", 200, 2e-3)
+    families = _families(kept.exposition().decode())
+    counts = {(s.labels["model_name"], s.labels["status"]): s.value
+              for s in families[":tensorflow:serving:request_count"].samples}  # fmt: skip
+    capped = long_name[: serving_metrics.MAX_LABEL_CHARS]
+    assert counts == {("(unknown)", "NOT_FOUND"): 2000, ("antisym", "OK"): 1, (capped, "OK"): 1}
+    assert len(kept.exposition()) < 30_000
+
+
+def test_requests_to_unknown_models_do_not_grow_the_served_page(server):
+    url = server.url
+    before = len(http_call(url + serving_metrics.METRICS_PATH)[1])
+    for index in range(300):
+        assert http_call(f"{url}/v1/models/unknown{index}{'y' * 500}")[0] == 404
+    text = http_call(url + serving_metrics.METRICS_PATH)[1]
+    assert "yyyy" not in text and len(text) < before + 8_000  # one series at most, not 300

@@ -590,6 +590,9 @@ class _StatusRepository:
     def __init__(self, answer):
         self.answer = answer
 
+    def serves(self, name):
+        return True
+
     def status(self, name, version=None, label=None):
         if isinstance(self.answer, Exception):
             raise self.answer
