@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -48,6 +49,16 @@ log = logging.getLogger("serving.server")
 
 class ModelConfigError(ValueError):
     """A model config file that cannot be served: one line naming the file and the fault."""
+
+
+class LabelsNotApplied(ModelConfigError):
+    """A config whose models were applied but one of whose labels names a version that is
+    not served (yet: it may still be loading)."""
+
+
+#: The largest model config file read (TensorFlow Serving's are a few KB): a file past it,
+#: or one that is not a regular file (a FIFO, a device), is refused without reading it.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,11 +150,29 @@ def _policy(proto: Any, where: str) -> VersionPolicy:
 
 
 def read_model_config(path: str) -> list[ModelConfig]:
-    """`parse_model_config` of the file at `path`; `ModelConfigError` when unreadable."""
+    """`parse_model_config` of the file at `path`; `ModelConfigError` when unreadable, not
+    a regular file, or over `MAX_CONFIG_BYTES` (checked before reading: a FIFO would
+    block and a device never end)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as error:
+        # O_NONBLOCK: opening a FIFO without a writer returns at once, to be refused.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        raise ModelConfigError(f"cannot read the model config {path!r}: {error}") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise ModelConfigError(f"the model config {path!r} is not a regular file")
+        try:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+        except OSError as error:
+            raise ModelConfigError(f"cannot read the model config {path!r}: {error}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ModelConfigError(
+            f"the model config {path!r} is larger than {MAX_CONFIG_BYTES:,} bytes"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
         raise ModelConfigError(f"cannot read the model config {path!r}: {error}") from None
     return parse_model_config(text, f"the model config {path!r}")
 
@@ -176,6 +205,7 @@ class Models:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._config_seen: tuple[int, int, int] | None = None
+        self._config_refused: tuple[int, int, int] | None = None  # said once per stamp
 
     @classmethod
     def from_file(
@@ -216,8 +246,8 @@ class Models:
         stopped, the others take their new policy (at their next scan) and labels.
 
         Raises:
-            ModelConfigError: a label names a version that is not served (the models
-                are applied, their labels are not).
+            LabelsNotApplied: a label names a version that is not served (the models
+                are applied, that model's labels are not).
         """
         wanted = {config.name: config for config in configs}
         with self._lock:
@@ -257,7 +287,7 @@ class Models:
             with self._lock:
                 self._labels[name] = dict(config.labels)
         if problems:
-            raise ModelConfigError("; ".join(problems))
+            raise LabelsNotApplied("; ".join(problems))
 
     def _model(self, name: str, request: str) -> ModelRepository:
         with self._lock:
@@ -312,20 +342,36 @@ class Models:
             self.reread(path)
 
     def reread(self, path: str) -> bool:
-        """Apply the file at `path` if it changed since last read; whether it was applied."""
+        """Apply the file at `path` if it changed since it was last applied; whether it was
+        applied now.
+
+        A file that was refused is tried again at every call until it applies or
+        changes: a label may name a version that is still loading (export, then
+        move the label). Each refusal is logged once per version of the file.
+        """
         stamp = _stamp(path)
         if stamp == self._config_seen:
             return False
-        self._config_seen = stamp
+        first = stamp != self._config_refused
+        self._config_refused = stamp
         try:
             configs = read_model_config(path)
             self.apply(configs)
+        except LabelsNotApplied as error:
+            if first:
+                log.error("Model config %s applied but not its labels (tried again at each "
+                          "re-read): %s", path, error)  # fmt: skip
+            return False
         except ModelConfigError as error:
-            log.error("Model config not applied, still serving the previous one: %s", error)
+            if first:
+                log.error("Model config not applied, still serving the previous one: %s", error)
             return False
         except Exception as error:  # the watcher must outlive any fault of a reload
-            log.exception("Model config not applied, still serving the previous one: %s", error)
+            if first:
+                log.exception("Model config not applied, still serving the previous one: %s",
+                              error)  # fmt: skip
             return False
+        self._config_seen, self._config_refused = stamp, None
         log.info("Model config %s applied: %s", path, ", ".join(self.names))
         return True
 

@@ -419,3 +419,79 @@ def test_the_server_command_refuses_a_bad_config_in_one_line(tmp_path, capsys):
         f"(ModelServerConfig, text format), got the model config '{path}', model 1 (a) has no "
         "base_path.\n"
     )
+
+
+def test_a_label_moved_to_a_version_still_loading_applies_once_it_loads(tmp_path, caplog):
+    """Export a version, then move the label to it: the re-read that comes before the
+    version has loaded refuses the label (said once, as the labels' refusal, not the
+    config's) and the next re-reads of the same file try again until it applies."""
+    a = _versions(tmp_path / "a", 1)
+    policy = "all {}"
+    models, path = _models(tmp_path, _config(("a", a, policy, {"stable": 1})))
+    try:
+        _versions(tmp_path / "a", 2)  # exported; the next scan (60 s away) loads it
+        path.write_text(_config(("a", a, policy, {"stable": 2})))
+        with caplog.at_level(logging.ERROR, logger="serving.server"):
+            assert models.reread(str(path)) is False
+            assert models.reread(str(path)) is False  # tried again, not said again
+        (record,) = caplog.records
+        assert record.getMessage().startswith(
+            f"Model config {path} applied but not its labels (tried again at each re-read): "
+            "label 'stable' of model a names version 2, which is not served (served: 1)"
+        )
+        assert models.get("a", label="stable").version == 1  # the old label still answers
+        models.repository("a").refresh()  # version 2 is AVAILABLE
+        assert models.reread(str(path)) is True  # the same file, now applicable
+        assert models.get("a", label="stable").version == 2
+        assert models.reread(str(path)) is False  # applied: nothing left to do
+    finally:
+        models.stop()
+
+
+def test_a_config_file_that_is_no_regular_file_or_too_large_is_refused_without_reading(
+    tmp_path,
+):
+    from serving.model_config import MAX_CONFIG_BYTES
+
+    fifo = tmp_path / "fifo.config"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.config"
+    big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    cases = {
+        str(fifo): f"the model config {str(fifo)!r} is not a regular file",
+        "/dev/zero": "the model config '/dev/zero' is not a regular file",
+        str(big): f"the model config {str(big)!r} is larger than 1,048,576 bytes",
+    }
+    for path, message in cases.items():
+        answers = []
+
+        def read(path=path):
+            try:
+                read_model_config(path)
+            except ModelConfigError as error:
+                answers.append(str(error))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(10)  # a FIFO must not block, /dev/zero must not be read to the end
+        assert not reader.is_alive() and answers == [message], path
+    # At the limit it is read (and parsed: a comment alone is no model list).
+    big.write_bytes(b"#" * MAX_CONFIG_BYTES)
+    with pytest.raises(ModelConfigError, match="has no model_config_list"):
+        read_model_config(str(big))
+
+
+def test_a_config_replaced_by_a_fifo_is_refused_at_the_re_read_and_the_models_kept(
+    tmp_path, caplog
+):
+    a = _versions(tmp_path / "a", 1)
+    models, path = _models(tmp_path, _config(("a", a, "", {})))
+    try:
+        path.unlink()
+        os.mkfifo(path)
+        with caplog.at_level(logging.ERROR, logger="serving.server"):
+            assert models.reread(str(path)) is False
+        assert "is not a regular file" in caplog.records[0].getMessage()
+        assert models.get("a").version == 1
+    finally:
+        models.stop()
