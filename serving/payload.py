@@ -58,18 +58,27 @@ class Repository(Protocol):
     def status(self, name: str, version: str | None = None, label: str | None = None) -> dict: ...
 
 
+#: The longest error message answered: a message may echo what the request named (a model
+#: name, every input name), and past gRPC's 16 KB of trailing metadata a client would read
+#: RESOURCE_EXHAUSTED instead of the request's own code.
+MAX_MESSAGE_CHARS = 2000
+
+
 class RestError(Exception):
     """A request failure: `{"error": message}` with an HTTP status over REST, the canonical
     `code` with the message over gRPC.
 
     Args:
         status: The HTTP status of the REST answer.
-        message: What went wrong, for the client.
+        message: What went wrong, for the client; cut to `MAX_MESSAGE_CHARS` (`...` ends
+            a message that was cut).
         code: TensorFlow Serving's canonical code of the failure (`serving.codes`), where
             it is not the HTTP status' own (an unknown signature: FAILED_PRECONDITION).
     """
 
     def __init__(self, status: int, message: str, code: str | None = None):
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 3] + "..."
         super().__init__(message)
         self.status = int(status)
         self.message = message

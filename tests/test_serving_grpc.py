@@ -357,6 +357,33 @@ def test_grpc_calls_are_counted_under_the_grpc_entrypoint(stubs):
                       ("m", "GetModelMetadata", "GRPC"): 1}  # fmt: skip
 
 
+def test_errors_that_echo_a_huge_request_keep_their_own_code_and_a_bounded_message(stubs):
+    """A 4 MB model name, 3,000 input names: the answer's details are cut, so a default
+    client reads NOT_FOUND and INVALID_ARGUMENT, not RESOURCE_EXHAUSTED for the trailers."""
+    from serving.payload import MAX_MESSAGE_CHARS
+
+    server = _serve(_Repository(), max_message_bytes=8 << 20)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as unknown:
+                stub.Predict(_small_request(name="n" * (4 << 20)), timeout=60)
+            many = _small_request()
+            for index in range(3000):
+                many.inputs[f"input_{index:05d}"].CopyFrom(many.inputs["x"])
+            with pytest.raises(grpc.RpcError) as mismatch:
+                stub.Predict(many, timeout=60)
+            assert stub.Predict(_small_request(), timeout=30).outputs  # still serving
+    finally:
+        server.close()
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert mismatch.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for refused in (unknown.value, mismatch.value):
+        details = refused.details()
+        assert len(details) == MAX_MESSAGE_CHARS and details.endswith("..."), len(details)
+    assert unknown.value.details().startswith("Servable not found for request: Latest(nnn")
+    assert mismatch.value.details().startswith("input size does not match signature: 3001!=1")
+
 def test_grpc_calls_to_unknown_models_add_no_series_however_many_names(stubs):
     """Names a client makes up, long ones too, are one series: memory and the page stay
     bounded by the models served."""

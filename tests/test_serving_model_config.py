@@ -465,7 +465,7 @@ def test_a_config_file_that_is_no_regular_file_or_too_large_is_refused_without_r
     for path, message in cases.items():
         answers = []
 
-        def read(path=path):
+        def read(path=path, answers=answers):
             try:
                 read_model_config(path)
             except ModelConfigError as error:
