@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
+from http import HTTPStatus
 from typing import Any
 
 import grpc
@@ -89,7 +90,7 @@ class GrpcApp(
     def Predict(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         """`PredictionService.Predict`: a signature run on the request's `TensorProto`s."""
         return self._answer("predict", request.model_spec.name, context,
-                            lambda: self._predict(request))  # fmt: skip
+                            lambda: self._predict(request, context))  # fmt: skip
 
     def GetModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         """`PredictionService.GetModelMetadata`: the served version's signature definitions."""
@@ -111,6 +112,7 @@ class GrpcApp(
             self.in_flight += 1
         code, message = "OK", ""
         try:
+            _check_live(context)  # a call that waited for a worker past its deadline
             return respond()
         except RestError as error:
             code, message = error.code, error.message
@@ -130,7 +132,7 @@ class GrpcApp(
         """The servable a `ModelSpec` asks for (a version, a label, or the served one)."""
         return self.repository.get(spec.name, *_version(spec))
 
-    def _predict(self, request: Any) -> Any:
+    def _predict(self, request: Any, context: grpc.ServicerContext) -> Any:
         servable = self._servable(request.model_spec)
         signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
         specs = servable.input_specs(signature_name)
@@ -143,6 +145,7 @@ class GrpcApp(
         }
         check_together(signature_name, arrays)
         wanted = list(request.output_filter)
+        _check_live(context)  # reading a large request may have outlasted its deadline
         outputs = run_signature(servable, signature_name, arrays)
         for alias in wanted:
             if alias not in outputs:
@@ -188,6 +191,18 @@ def _version(spec: Any) -> tuple[str | None, str | None]:
     if choice == "version_label":
         return None, spec.version_label
     return (str(spec.version.value) if choice == "version" else None), None
+
+
+def _check_live(context: grpc.ServicerContext) -> None:
+    """Raises a `RestError` (DEADLINE_EXCEEDED or CANCELLED) for a call whose client no
+    longer waits for its answer, so that no prediction is run for nobody."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise RestError(HTTPStatus.GATEWAY_TIMEOUT, "Deadline exceeded before the call was "
+                        "answered", code="DEADLINE_EXCEEDED")  # fmt: skip
+    if not context.is_active():
+        raise RestError(HTTPStatus.BAD_REQUEST, "The call was cancelled before it was answered",
+                        code="CANCELLED")  # fmt: skip
 
 
 def _fill_spec(spec: Any, name: str, version: int) -> None:

@@ -575,6 +575,43 @@ def test_calls_beyond_the_workers_and_the_queue_are_refused_resource_exhausted()
     assert sorted(map(str, results)) == ["RESOURCE_EXHAUSTED", "[[2.0, 2.0]]", "[[2.0, 2.0]]"]
 
 
+def test_a_call_whose_deadline_passes_before_its_prediction_is_not_predicted():
+    """Reading the call's version and inputs outlasts its 0.3 s deadline (a large request,
+    a busy machine): the signature is not run for a client that has gone, the call counts
+    as DEADLINE_EXCEEDED, and the next call is answered."""
+
+    class SlowSpecs(_Servable):
+        slow = True
+
+        def input_specs(self, signature_name):
+            if self.slow:
+                time.sleep(0.8)
+            return super().input_specs(signature_name)
+
+    servable = SlowSpecs()
+    metrics = ServingMetrics()
+    server = GrpcServer(GrpcApp(_Repository(servable), metrics=metrics), "127.0.0.1", 0,
+                        threads=1, max_queued_requests=1, max_message_bytes=1 << 20,
+                        idle_seconds=30)  # fmt: skip
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as late:
+                stub.Predict(_small_request(), timeout=0.3)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            deadline = time.monotonic() + 10  # the server finishes the call after the client
+            while "DEADLINE_EXCEEDED" not in metrics.exposition().decode():
+                assert time.monotonic() < deadline, metrics.exposition().decode()[:600]
+                time.sleep(0.05)
+            assert not servable.started.acquire(timeout=0)  # the signature never ran
+            servable.slow = False
+            assert stub.Predict(_small_request(), timeout=30).outputs
+            assert servable.started.acquire(timeout=0)
+    finally:
+        server.close()
+
+
 def test_a_drain_answers_the_call_in_progress_and_refuses_new_ones():
     gate = threading.Event()
     servable = _Servable(gate)
