@@ -277,11 +277,16 @@ class GrpcServer:
             self.server.stop(grace=None)
 
     def wait_drained(self) -> int:
-        """After `drain`: waits for its end; returns how many calls it cut off."""
+        """After `drain`: waits for its end, logs it; returns how many calls it cut off."""
         if self._stopped is None or self._drain_deadline is None:
             return 0
         self._stopped.wait(max(self._drain_deadline - time.monotonic(), 0.0) + 1.0)
-        return self.app.in_flight
+        dropped = self.app.in_flight
+        if dropped:
+            log.warning("stopped draining with %d gRPC calls unanswered", dropped)
+        else:
+            log.info("drained: every gRPC call in progress was answered")
+        return dropped
 
     def close(self) -> None:
         """Stop at once (cancelling calls in progress) and release the port."""

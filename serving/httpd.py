@@ -355,7 +355,7 @@ class ServerThread:
                         timeout = min(timeout, 0.1)  # check progress often
                     busy = self._close_idle()
                     if not busy:
-                        log.info("drained: every request in progress was answered")
+                        log.info("drained: every HTTP request in progress was answered")
                         return
                     if time.monotonic() > self._drain_deadline:
                         break
@@ -365,7 +365,7 @@ class ServerThread:
                 )
             if self.server.draining:
                 self.dropped = self._close_idle(final=True)
-                log.warning("stopped draining with %d requests unanswered", self.dropped)
+                log.warning("stopped draining with %d HTTP requests unanswered", self.dropped)
         finally:
             self._stopped.set()
 

@@ -305,14 +305,15 @@ def test_process_1_refuses_what_answers_at_the_coordinator_address_unless_it_is_
     else:
         port, stop = _listener(answer)
     started = time.monotonic()
+    # 3 s: the stand-in's thread must get to answer within it on a busy machine too.
     try:
         with pytest.raises(StrategyError) as refused:
-            Cluster().join(Processes(f"127.0.0.1:{port}", 2, 1), connect_timeout=1)
+            Cluster().join(Processes(f"127.0.0.1:{port}", 2, 1), connect_timeout=3)
     finally:
         stop.set()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 15
     assert str(refused.value).startswith(
-        f"process 1 of 2 could not join the coordinator at 127.0.0.1:{port} within 1 s ({problem}"
+        f"process 1 of 2 could not join the coordinator at 127.0.0.1:{port} within 3 s ({problem}"
     )
 
 

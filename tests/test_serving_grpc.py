@@ -612,7 +612,7 @@ def test_a_call_whose_deadline_passes_before_its_prediction_is_not_predicted():
         server.close()
 
 
-def test_a_drain_answers_the_call_in_progress_and_refuses_new_ones():
+def test_a_drain_answers_the_call_in_progress_and_refuses_new_ones(caplog):
     gate = threading.Event()
     servable = _Servable(gate)
     server = _serve(_Repository(servable), threads=2)
@@ -629,12 +629,14 @@ def test_a_drain_answers_the_call_in_progress_and_refuses_new_ones():
                 )
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         gate.set()
-        assert server.wait_drained() == 0
+        with caplog.at_level(logging.INFO, logger="serving.server"):
+            assert server.wait_drained() == 0
+        assert caplog.messages[-1] == "drained: every gRPC call in progress was answered"
         call.join(30)
     assert results == [[[2.0, 2.0]]]
 
 
-def test_a_drain_that_runs_out_of_time_counts_the_call_it_cut_off():
+def test_a_drain_that_runs_out_of_time_counts_the_call_it_cut_off(caplog):
     gate = threading.Event()
     servable = _Servable(gate)
     server = _serve(_Repository(servable))
@@ -645,7 +647,9 @@ def test_a_drain_that_runs_out_of_time_counts_the_call_it_cut_off():
             call = _call_in_thread(stub, results)
             assert servable.started.acquire(timeout=30)
             server.drain(0.2)
-            assert server.wait_drained() == 1
+            with caplog.at_level(logging.INFO, logger="serving.server"):
+                assert server.wait_drained() == 1
+            assert caplog.messages[-1] == "stopped draining with 1 gRPC calls unanswered"
             call.join(30)
     finally:
         gate.set()

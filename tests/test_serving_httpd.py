@@ -380,7 +380,7 @@ def test_drain_answers_the_backlog_and_says_so(caplog, listen_fails):
             f"the requests in progress within {within:.1f} s"
         )
         assert 0.0 < within <= 0.9
-        assert last == "drained: every request in progress was answered"
+        assert last == "drained: every HTTP request in progress was answered"
     finally:
         for client in clients:
             client.close()
@@ -700,7 +700,7 @@ def test_drain_stops_at_its_deadline_without_waiting_for_events(caplog):
             # loop's idle wait (1 s, and 30 s for waitress's loop), though no socket stirs.
             assert 0.3 <= time.monotonic() - start < 0.9
             assert server.dropped == 1
-            assert caplog.messages[-1] == "stopped draining with 1 requests unanswered"
+            assert caplog.messages[-1] == "stopped draining with 1 HTTP requests unanswered"
     finally:
         release.set()
         server.server_close()
@@ -961,7 +961,7 @@ def test_a_drain_that_runs_out_closes_a_silent_new_connection_without_counting_i
                 server.drain(0.2)
                 worker.join(timeout=10)
             assert not worker.is_alive() and server.dropped == 0
-            assert caplog.messages[-1] == "stopped draining with 0 requests unanswered"
+            assert caplog.messages[-1] == "stopped draining with 0 HTTP requests unanswered"
             assert _read_all(client) == (b"", True)
     finally:
         server.server_close()

@@ -439,6 +439,7 @@ def _wait_for_coordinator(host: str, port: int, processes: Processes, timeout: f
     a SETTINGS frame; checking for it first turns both into one line.
     """
     deadline = time.monotonic() + timeout
+    wrong = None  # an answer that was not a coordinator's: kept over a later attempt's silence
     while True:
         left = deadline - time.monotonic()
         try:
@@ -449,9 +450,11 @@ def _wait_for_coordinator(host: str, port: int, processes: Processes, timeout: f
                 header = _read_exactly(connection, 9)
             if header[3] == _HTTP2_SETTINGS:
                 return
-            problem = "something answers there, but not a JAX coordinator (no HTTP/2 SETTINGS)"
-        except TimeoutError:
-            problem = "something accepts connections there but does not answer"
+            problem = wrong = (
+                "something answers there, but not a JAX coordinator (no HTTP/2 SETTINGS)"
+            )
+        except TimeoutError:  # the last attempt may have had too little time to read
+            problem = wrong or "something accepts connections there but does not answer"
         except OSError as error:
             problem = f"no coordinator answers: {error}"
         if time.monotonic() >= deadline:
