@@ -29,17 +29,23 @@ def _env(backend="jax"):
             "KERAS_BACKEND": backend}  # fmt: skip
 
 
+def _endless_run(out, stdout=subprocess.PIPE):
+    """A tiny `training.train` process in `out` that trains until it is stopped; its argv."""
+    argv = [*TINY, "--steps", "100000", "--checkpoint-every", "100000", "--log-every", "5",
+            "--output-dir", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.train", *argv], cwd=ROOT, env=_env(),
+        stdout=stdout, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return proc, argv
+
+
 @pytest.mark.parametrize("number, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_checkpoints_the_step_in_progress_and_the_rerun_resumes_there(
     tmp_path, number, status
 ):
     out = tmp_path / "run"
-    argv = [*TINY, "--steps", "100000", "--checkpoint-every", "100000", "--log-every", "5",
-            "--output-dir", str(out)]  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "training.train", *argv], cwd=ROOT, env=_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc, argv = _endless_run(out)
     try:
         deadline = time.monotonic() + 120
         for line in proc.stdout:  # wait until it trains
@@ -520,13 +526,7 @@ def test_a_stop_lost_in_a_finalizer_at_start_up_still_stops_the_run(tmp_path, ca
 
 
 def _start_up_stop(tmp_path, number, delay):
-    out = tmp_path / f"run-{number}-{delay}"
-    argv = [*TINY, "--steps", "100000", "--checkpoint-every", "100000", "--log-every", "5",
-            "--output-dir", str(out)]  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "training.train", *argv], cwd=ROOT, env=_env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc, _ = _endless_run(tmp_path / f"run-{number}-{delay}", stdout=subprocess.DEVNULL)
     try:
         time.sleep(delay)
         proc.send_signal(number)
