@@ -10,11 +10,13 @@ carry TensorFlow Serving's canonical codes (`INVALID_ARGUMENT`, `NOT_FOUND`,
 `FAILED_PRECONDITION`, ...). Every answer is counted in the server's metrics
 under the entrypoint `GRPC`.
 
-`GrpcServer` runs the services on grpcio's server: a fixed pool of worker
-threads, at most `threads + max_queued_requests` calls at once (more are
-refused with RESOURCE_EXHAUSTED, as over REST with 503), request messages of at
-most `max_body_bytes`, idle connections closed after `channel_timeout`. A
-drain stops taking calls and lets the ones in progress finish.
+`GrpcServer` runs the services on grpcio's server: at most `threads` calls
+answered at once and `threads + max_queued_requests` open (more are refused with
+RESOURCE_EXHAUSTED, as over REST with 503), request messages of at most
+`max_body_bytes` that must arrive within `request_timeout` of the call's start
+(a call still without its message is cancelled, as REST cuts off a slow sender;
+waiting for it holds no prediction worker), idle connections closed after
+`channel_timeout`. A drain stops taking calls and lets the ones in progress finish.
 """
 
 from __future__ import annotations
@@ -210,6 +212,72 @@ def _fill_spec(spec: Any, name: str, version: int) -> None:
     spec.version.value = version
 
 
+class _CallLimits(grpc.ServerInterceptor):
+    """Each unary call's request message read within `receive_seconds`, then answered on one
+    of `workers` slots.
+
+    grpcio's synchronous server reads a unary call's message on the worker thread that
+    then answers it, and waits for it without a deadline: a client that opens calls and
+    never sends them would hold the workers. Served as request streams instead, the call
+    reaches a thread at once, its message is awaited under a timer that cancels the call,
+    and only then does it take a slot, so the pool (sized for the queue as well) is what
+    silent calls hold, never the predictions.
+    """
+
+    def __init__(self, workers: int, receive_seconds: float):
+        self._slots = threading.BoundedSemaphore(workers)
+        self._receive_seconds = receive_seconds
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        behavior, method = handler.unary_unary, handler_call_details.method
+
+        def answer(requests: Any, context: grpc.ServicerContext) -> Any:
+            request = self._receive(requests, context, method)
+            if not self._slots.acquire(timeout=context.time_remaining()):
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              "Deadline exceeded while the call waited for a worker")  # fmt: skip
+            try:
+                return behavior(request, context)
+            finally:
+                self._slots.release()
+
+        return grpc.stream_unary_rpc_method_handler(
+            answer,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _receive(self, requests: Any, context: grpc.ServicerContext, method: str) -> Any:
+        """The call's request message; the call cancelled if it is not in within
+        `receive_seconds`."""
+        late = threading.Event()
+
+        def cut_off() -> None:
+            late.set()
+            context.cancel()
+
+        timer = threading.Timer(self._receive_seconds, cut_off)
+        timer.daemon = True
+        timer.start()
+        try:
+            request = next(requests, None)
+        except grpc.RpcError:  # cancelled, by its client or by the timer
+            request = None
+        finally:
+            timer.cancel()
+        if late.is_set():  # a message that came with the cancel is too late all the same
+            log.info("gRPC %s cancelled: its request message did not arrive within %g s",
+                     method, self._receive_seconds)  # fmt: skip
+        if late.is_set() or not context.is_active():
+            context.abort(grpc.StatusCode.CANCELLED, "The call was cancelled before its request")
+        if request is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The call carried no request message")
+        return request
+
+
 class GrpcServer:
     """`GrpcApp` on a grpcio server bound to `host:port`, with the local server's limits.
 
@@ -217,11 +285,13 @@ class GrpcServer:
         app: The servicer.
         host: Interface to bind.
         port: TCP port (0: any free one; see `port` after binding).
-        threads: Worker threads answering calls.
-        max_queued_requests: Calls that may wait for a worker; more are refused
-            with RESOURCE_EXHAUSTED.
+        threads: Calls answered at once.
+        max_queued_requests: Calls that may wait for a worker (or for their request
+            message); more are refused with RESOURCE_EXHAUSTED.
         max_message_bytes: The largest request message accepted.
         idle_seconds: Seconds an idle connection is kept open.
+        receive_seconds: Seconds from a call's start for its request message to
+            arrive; a call without it by then is cancelled.
 
     Raises:
         OSError: the address cannot be bound (also when another process holds the
@@ -237,11 +307,14 @@ class GrpcServer:
         max_queued_requests: int,
         max_message_bytes: int,
         idle_seconds: float,
+        receive_seconds: float = 30.0,
     ):
         self.app = app
+        opened = threads + max_queued_requests
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc-worker"),
-            maximum_concurrent_rpcs=threads + max_queued_requests,
+            futures.ThreadPoolExecutor(max_workers=opened, thread_name_prefix="grpc-worker"),
+            interceptors=[_CallLimits(threads, receive_seconds)],
+            maximum_concurrent_rpcs=opened,
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", max_message_bytes),

@@ -70,7 +70,7 @@ LIMITS: dict[str, tuple[Any, str]] = {
     "max_queued_requests": (32, "more requests waiting for a worker get 503"),
     "channel_timeout": (30, "seconds a keep-alive connection may sit idle"),
     "header_timeout": (10.0, "seconds to send a request's line and headers"),
-    "request_timeout": (30.0, "seconds to send one request's headers and body"),
+    "request_timeout": (30.0, "seconds to send one request's headers and body (gRPC: its message)"),
     "drain_seconds": (10.0, "seconds to answer requests in progress after SIGTERM/SIGINT"),
 }
 FD_RESERVE = 64  # descriptors kept for TensorFlow, model files and logs
@@ -296,6 +296,7 @@ def _grpc_server(settings: ServerSettings, models: Models, metrics: ServingMetri
         app, settings.host, int(settings.grpc_port or 0), threads=int(settings.threads),
         max_queued_requests=int(settings.max_queued_requests),
         max_message_bytes=int(settings.max_body_bytes), idle_seconds=settings.channel_timeout,
+        receive_seconds=settings.request_timeout,
     )  # fmt: skip
 
 

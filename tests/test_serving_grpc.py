@@ -575,6 +575,47 @@ def test_calls_beyond_the_workers_and_the_queue_are_refused_resource_exhausted()
     assert sorted(map(str, results)) == ["RESOURCE_EXHAUSTED", "[[2.0, 2.0]]", "[[2.0, 2.0]]"]
 
 
+def test_calls_that_never_send_their_request_hold_no_worker_and_are_cut_off(caplog):
+    """Two calls open without their request message (headers only) on a server of one
+    worker: a real call is answered at once, and the silent ones are cancelled when
+    their `receive_seconds` run out, not at their client's 30 s deadline."""
+    server = _serve(_Repository(), threads=1, max_queued_requests=3, receive_seconds=1.0)
+    release = threading.Event()
+
+    def never_sent():
+        release.wait(30)
+        yield from ()
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            silent = channel.stream_unary(
+                "/tensorflow.serving.PredictionService/Predict",
+                request_serializer=predict_pb2.PredictRequest.SerializeToString,
+                response_deserializer=predict_pb2.PredictResponse.FromString,
+            )
+            with caplog.at_level(logging.INFO, logger="serving.server"):
+                opened = time.monotonic()
+                pending = [silent.future(never_sent(), timeout=30) for _ in range(2)]
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+                response = stub.Predict(_small_request(), timeout=5)
+                assert tensors.to_array(response.outputs["y"]).tolist() == [[2.0, 2.0]]
+                codes = [call.exception(timeout=20).code() for call in pending]
+                ended = time.monotonic() - opened
+                assert stub.Predict(_small_request(), timeout=5).outputs  # still serving
+                deadline = time.monotonic() + 10  # the server's threads log after the cancel
+                while sum("did not arrive" in m for m in caplog.messages) < 2:
+                    assert time.monotonic() < deadline, caplog.messages
+                    time.sleep(0.02)
+    finally:
+        release.set()
+        server.close()
+    assert codes == [grpc.StatusCode.CANCELLED] * 2
+    assert 0.9 < ended < 20, ended
+    cut = [m for m in caplog.messages if "did not arrive" in m]
+    assert cut == ["gRPC /tensorflow.serving.PredictionService/Predict cancelled: its request "
+                   "message did not arrive within 1 s"] * 2  # fmt: skip
+
+
 def test_a_call_whose_deadline_passes_before_its_prediction_is_not_predicted():
     """Reading the call's version and inputs outlasts its 0.3 s deadline (a large request,
     a busy machine): the signature is not run for a client that has gone, the call counts
