@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from apputil.quiet import import_tensorflow
-from serving.codes import status_name
+from serving.codes import error_text, status_name
 from serving.names import LENGTH_INPUT, PADDED_SIGNATURE, SEQUENCE_INPUT
 
 if TYPE_CHECKING:
@@ -369,21 +369,6 @@ def predict(
     batch = next(iter(outputs.values())).shape[0]
     columns = {name: value.tolist() for name, value in sorted(outputs.items())}
     return {"predictions": [{name: col[i] for name, col in columns.items()} for i in range(batch)]}
-
-
-# Lines of TensorFlow's errors that say nothing about the request.
-_NOISE = ("Graph execution error:", "Detected at node", "Detected unsupported operations")
-
-
-def error_text(error: BaseException) -> str:
-    """The line of a TensorFlow error that says what is wrong (an assertion's message)."""
-    text = str(getattr(error, "message", None) or error)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for line in lines:
-        if "assertion failed" in line.lower() or line.startswith("Input '"):
-            return line[:500]
-    useful = [line for line in lines if not line.startswith(_NOISE)]
-    return (useful or lines or [type(error).__name__])[0][:500]
 
 
 def model_metadata(servable: Servable, name: str) -> dict:

@@ -22,8 +22,10 @@ from http import HTTPStatus
 from typing import Any
 
 from apputil.quiet import import_tensorflow
+from serving.codes import error_text, tensorflow_code
 from serving.names import parse_version
 from serving.payload import RestError
+from serving.warmup import WarmupRequestFailed
 from serving.warmup import replay as replay_warmup
 
 log = logging.getLogger("serving.server")
@@ -32,6 +34,9 @@ MAX_RETRY_SECONDS = 30.0
 #: Seconds between scans of a base path for versions: TensorFlow Serving's default
 #: `--file_system_poll_wait_seconds`.
 POLL_SECONDS = 1.0
+#: Loads tried again after a version's first failure while its files stay the same, as
+#: TensorFlow Serving's `--max_num_load_retries` (a changed copy is tried anew).
+MAX_LOAD_RETRIES = 5
 #: How answers to clients write the base path (the server's logs give it in full).
 BASE_PATH_SHOWN = "<base_path>"
 
@@ -95,21 +100,18 @@ def _specs(function):
     return function.structured_input_signature[1].values()
 
 
-# TensorFlow's error codes (tf.errors.OpError.error_code) by number, as TF Serving names them.
-_CODE_NAMES = (
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-    "UNAUTHENTICATED",
-)  # fmt: skip
 _MAX_MESSAGE = 500
 
 
 def error_status(error: BaseException) -> tuple[str, str]:
-    """`(error_code, error_message)` of a load failure, as TF Serving reports one."""
-    code = getattr(error, "error_code", None)  # tf.errors.OpError, without importing TensorFlow
-    if isinstance(code, int) and 0 < code < len(_CODE_NAMES):
-        name, text = _CODE_NAMES[code], str(getattr(error, "message", error))
+    """`(error_code, error_message)` of a load failure, as TF Serving reports one: of
+    TensorFlow's pages of context, the line that says what is wrong (an assertion's)."""
+    if isinstance(error, WarmupRequestFailed):
+        # A Python-side refusal of the request's inputs is an invalid argument too.
+        return tensorflow_code(error.error) or "INVALID_ARGUMENT", str(error)[:_MAX_MESSAGE]
+    name = tensorflow_code(error)
+    if name is not None:
+        text = error_text(error) if str(getattr(error, "message", error)).strip() else ""
     else:
         name = (
             "NOT_FOUND" if isinstance(error, FileNotFoundError)
@@ -117,14 +119,15 @@ def error_status(error: BaseException) -> tuple[str, str]:
             else "UNKNOWN"
         )  # fmt: skip
         text = f"{type(error).__name__}: {error}"
-    first = (text.strip().splitlines() or [""])[0]  # TensorFlow appends pages of context
+    first = (text.strip().splitlines() or [""])[0]
     return name, first[:_MAX_MESSAGE]
 
 
 class _Failure:
     """A version that failed to load: when to try again, the files it had, why it failed."""
 
-    def __init__(self, fingerprint, delay, code, message):
+    def __init__(self, fingerprint, delay, code, message, attempts):
+        self.attempts = attempts  # loads of these files that failed
         self.fingerprint = fingerprint
         self.delay = delay
         self.retry_at = time.monotonic() + delay
@@ -220,6 +223,10 @@ class ModelRepository:
         poll_seconds: Seconds between scans of `base_path`.
         loader: `loader(path, version)` returns a servable (tests swap it).
         policy: Which versions to serve (`VersionPolicy`; default: the latest one).
+        max_load_retries: Loads tried again after a version fails to load, with
+            back-off, while its files stay the same; then it is left failed until
+            they change (a deterministic failure, a warmup the export refuses, is
+            not retried forever).
     """
 
     def __init__(
@@ -229,8 +236,10 @@ class ModelRepository:
         poll_seconds: float = POLL_SECONDS,
         loader: Callable[[str, int], Any] = Servable,
         policy: VersionPolicy | None = None,
+        max_load_retries: int = MAX_LOAD_RETRIES,
     ):
         self.base_path = base_path
+        self.max_load_retries = max_load_retries
         self.name = name
         self.poll_seconds = poll_seconds
         self.policy = policy if policy is not None else VersionPolicy()
@@ -311,15 +320,21 @@ class ModelRepository:
         path = os.path.join(self.base_path, folder)
         failure = self._failed.get(version)
         fingerprint = _fingerprint(path)
-        if failure and failure.fingerprint == fingerprint and time.monotonic() < failure.retry_at:
+        same = failure if failure is not None and failure.fingerprint == fingerprint else None
+        if same and (same.attempts > self.max_load_retries
+                     or time.monotonic() < same.retry_at):  # fmt: skip
             return None
         try:
             servable = self._loader(path, version)
         except Exception as error:  # a broken or half-copied export must not stop serving
             delay = min(2 * failure.delay, MAX_RETRY_SECONDS) if failure else self.poll_seconds
             code, message = error_status(error)
-            self._failed[version] = _Failure(fingerprint, delay, code, message)
-            log.error("Could not load version %s of %s (retried): %s", version, self.name, error)
+            attempts = same.attempts + 1 if same else 1
+            self._failed[version] = _Failure(fingerprint, delay, code, message, attempts)
+            retry = ("retried" if attempts <= self.max_load_retries
+                     else f"failed {attempts} times: tried again when its files change")
+            log.error("Could not load version %s of %s (%s): %s", version, self.name, retry,
+                      error)  # fmt: skip
             return None
         self._failed.pop(version, None)
         return servable

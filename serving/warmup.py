@@ -16,10 +16,37 @@ from typing import Any
 
 import numpy as np
 
+from serving.codes import error_text
 from serving.names import LENGTH_INPUT
 
 #: Where TensorFlow Serving looks for warmup requests in a version folder.
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+#: The most records TensorFlow Serving replays: a file with more fails the load.
+MAX_WARMUP_RECORDS = 1000
+
+
+class WarmupRecordsError(ValueError):
+    """A warmup file a version cannot be warmed up from (too many records, or one that
+    is no predict request, or names a signature the version lacks)."""
+
+    error_code = 3  # tf.errors.INVALID_ARGUMENT, as TensorFlow Serving answers these
+
+
+class WarmupRequestFailed(Exception):
+    """A warmup request the version's signature refused; its text is one line, the one of
+    TensorFlow's error that says what is wrong (a failed assertion's).
+
+    Attributes:
+        index: The request's record number in the warmup file.
+        signature: The signature it called.
+        error: What the signature raised (TensorFlow's error, with its code).
+    """
+
+    def __init__(self, index: int, signature: str, error: BaseException):
+        super().__init__(
+            f"warmup request {index} (signature {signature!r}) failed: {error_text(error)}"
+        )
+        self.index, self.signature, self.error = index, signature, error
 
 
 def representative_inputs(function: Any) -> dict[str, np.ndarray]:
@@ -62,7 +89,8 @@ def write(version_dir: str, signatures: dict[str, Any]) -> str:
 
 def read(version_dir: str) -> list[tuple[str, dict[str, np.ndarray]]]:
     """The predict requests of a version's warmup file: `(signature, arrays)` each (none
-    without the file). Raises `ValueError` for a record that is no predict request."""
+    without the file). Raises `WarmupRecordsError` for a record that is no predict
+    request and for a file of more than `MAX_WARMUP_RECORDS` records."""
     path = os.path.join(version_dir, WARMUP_FILE)
     if not os.path.isfile(path):
         return []
@@ -71,9 +99,12 @@ def read(version_dir: str) -> list[tuple[str, dict[str, np.ndarray]]]:
 
     requests = []
     for index, record in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
+        if index == MAX_WARMUP_RECORDS:
+            raise WarmupRecordsError(f"Number of warmup records exceeds the maximum "
+                                     f"({MAX_WARMUP_RECORDS:,}) at {path}")  # fmt: skip
         log = prediction_log_pb2.PredictionLog.FromString(record)
         if log.WhichOneof("log_type") != "predict_log":
-            raise ValueError(f"warmup record {index} of {path} is not a predict request")
+            raise WarmupRecordsError(f"warmup record {index} of {path} is not a predict request")
         request = log.predict_log.request
         arrays = {key: tf.make_ndarray(proto) for key, proto in request.inputs.items()}
         requests.append((request.model_spec.signature_name or "serving_default", arrays))
@@ -83,16 +114,22 @@ def read(version_dir: str) -> list[tuple[str, dict[str, np.ndarray]]]:
 def replay(version_dir: str, signatures: dict[str, Any]) -> tuple[int, float]:
     """Runs every warmup request of `version_dir` through `signatures`; `(count, seconds)`.
 
-    Raises `ValueError` when a request names a signature the version lacks; the
-    signature's own error when it refuses the request (the version is then not served,
-    as TensorFlow Serving fails a load whose warmup fails).
+    Raises `WarmupRecordsError` for a file `read` refuses or a request naming a
+    signature the version lacks; `WarmupRequestFailed` when a signature refuses its
+    request (the version is then not served, as TensorFlow Serving fails a load whose
+    warmup fails).
     """
     import tensorflow as tf
 
     started = time.monotonic()
     requests = read(version_dir)
-    for signature, arrays in requests:
+    for index, (signature, arrays) in enumerate(requests):
         if signature not in signatures:
-            raise ValueError(f"a warmup request names signature {signature!r}, which is absent")
-        signatures[signature](**{key: tf.constant(value) for key, value in arrays.items()})
+            raise WarmupRecordsError(
+                f"a warmup request names signature {signature!r}, which is absent"
+            )
+        try:
+            signatures[signature](**{key: tf.constant(value) for key, value in arrays.items()})
+        except Exception as error:
+            raise WarmupRequestFailed(index, signature, error) from error
     return len(requests), time.monotonic() - started

@@ -192,6 +192,45 @@ def test_a_failed_version_waits_for_its_retry_unless_its_files_change(tmp_path):
     assert calls == [1, 1, 1]
 
 
+def test_a_version_that_keeps_failing_is_left_after_its_retries_until_its_files_change(
+    tmp_path, monkeypatch, caplog
+):
+    """Two retries allowed: three loads of the same files, then none however long the
+    server waits (said once); a changed copy is tried again with retries of its own."""
+    from serving.repository import ModelRepository
+
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    calls = []
+
+    def failing(path, version):
+        calls.append(version)
+        raise ValueError(f"cannot load {version}")
+
+    _fake_version(str(tmp_path), "1")
+    repository = ModelRepository(str(tmp_path), "m", poll_seconds=0.5, loader=failing,
+                                 max_load_retries=2)  # fmt: skip
+    with caplog.at_level("ERROR", logger="serving.server"):
+        for _ in range(12):
+            repository.refresh()
+            now[0] += 40.0  # past any back-off
+    assert calls == [1, 1, 1]
+    assert [r.getMessage() for r in caplog.records] == [
+        "Could not load version 1 of m (retried): cannot load 1",
+        "Could not load version 1 of m (retried): cannot load 1",
+        "Could not load version 1 of m (failed 3 times: tried again when its files change): "
+        "cannot load 1",
+    ]
+    (status,) = repository.status("m")["model_version_status"]
+    assert (status["state"], status["status"]["error_code"]) == ("END", "UNKNOWN")
+    with open(os.path.join(str(tmp_path), "1", "variables", "more"), "w") as f:
+        f.write("a new copy")
+    for _ in range(12):
+        repository.refresh()
+        now[0] += 40.0
+    assert calls == [1] * 6
+
+
 def test_a_failed_version_is_retried_once_its_delay_has_passed_exactly(
     tmp_path, monkeypatch, caplog
 ):

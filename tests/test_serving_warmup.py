@@ -89,6 +89,76 @@ def test_a_version_whose_warmup_fails_is_not_served(tmp_path):
     assert status["state"] == "AVAILABLE"
 
 
+def _rewritten(base, tmp_path, change):
+    """A copy of the export at `base` whose version 1 warmup records went through
+    `change(records)`; the copy's base path."""
+    copy = tmp_path / "models"
+    shutil.copytree(base, copy)
+    version_dir = str(copy / "1")
+    logs = change(_records(version_dir))
+    with tf.io.TFRecordWriter(os.path.join(version_dir, warmup.WARMUP_FILE)) as records:
+        for log in logs:
+            records.write(log.SerializeToString())
+    return str(copy)
+
+
+def test_a_warmup_refused_inside_the_graph_reports_the_assertion_s_line(tmp_path, caplog):
+    """The `padded` request's length beyond its 12 steps fails the graph's own assertion:
+    the status and the log give that line, with the request and signature, not
+    TensorFlow's "Graph execution error:" heading."""
+    from serving.repository import ModelRepository
+
+    def too_long(logs):
+        for log in logs:
+            request = log.predict_log.request
+            if request.model_spec.signature_name == PADDED_SIGNATURE:
+                steps = tf.make_ndarray(request.inputs[SEQUENCE_INPUT]).shape[1]
+                request.inputs[LENGTH_INPUT].CopyFrom(
+                    tf.make_tensor_proto(np.array([steps + 5], "int32"))
+                )
+        return logs
+
+    _, base = exported("antisymmetric")
+    repository = ModelRepository(_rewritten(base, tmp_path, too_long), "m")
+    with caplog.at_level(logging.ERROR, logger="serving.server"):
+        repository.refresh()
+    (status,) = repository.status("m")["model_version_status"]
+    code, message = status["status"]["error_code"], status["status"]["error_message"]
+    assert (status["state"], code) == ("END", "INVALID_ARGUMENT")
+    index = [log.predict_log.request.model_spec.signature_name
+             for log in _records(os.path.join(base, "1"))].index(PADDED_SIGNATURE)  # fmt: skip
+    assert message.startswith(f"warmup request {index} (signature 'padded') failed: ")
+    assert "assertion failed" in message.lower() and "length" in message, message
+    assert "\n" not in message and "Graph execution error" not in message
+    (line,) = [r.getMessage() for r in caplog.records if "Could not load" in r.getMessage()]
+    assert line.endswith(message), line
+
+
+def test_a_warmup_file_of_more_than_1000_records_fails_the_load(tmp_path):
+    """TensorFlow Serving replays at most 1,000 records: one more fails the load with its
+    message, before any is replayed; 1,000 load."""
+    from serving.repository import ModelRepository
+
+    _, base = exported("antisymmetric")
+    for count, state in ((1001, "END"), (1000, "AVAILABLE")):
+        folder = tmp_path / str(count)
+        folder.mkdir()
+        repository = ModelRepository(
+            _rewritten(base, folder, lambda logs, n=count: (logs * n)[:n]), "m"
+        )
+        repository.refresh()
+        (status,) = repository.status("m")["model_version_status"]
+        assert status["state"] == state, status
+    assert status["status"]["error_code"] == "OK"
+    repository = ModelRepository(str(tmp_path / "1001" / "models"), "m")
+    repository.refresh()
+    (status,) = repository.status("m")["model_version_status"]
+    assert status["status"]["error_code"] == "INVALID_ARGUMENT"
+    assert status["status"]["error_message"].startswith(
+        "Number of warmup records exceeds the maximum (1,000) at "
+    )
+
+
 def _no_warmup(path, version):
     from serving.repository import Servable
 
