@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from apputil.cli import EXIT_FAILURE, OneLineParser, run
+from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
 from apputil.errors import Literal, invalid
 from serving import tensors
 from serving.codes import status_name
@@ -722,4 +722,4 @@ def _describe_json(value: Any) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

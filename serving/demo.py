@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from apputil.cli import EXIT_FAILURE, OneLineParser, run
+from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
 from apputil.errors import check
 from serving.client import ServingClient, ServingError
 from training.run.rundir import RunDir
@@ -230,4 +230,4 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from apputil.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, run
+from apputil.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, finish, run
 from apputil.errors import Literal, UsageError, invalid
 from apputil.files import fsync_directory, fsync_tree, write_atomically
 from apputil.processes import pid_alive
@@ -613,4 +613,4 @@ def _export(prog: str, args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

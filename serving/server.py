@@ -38,12 +38,12 @@ import math
 import os
 import resource
 import signal
-import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from apputil.cli import EXIT_FAILURE, OneLineParser, run
+from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
 from apputil.errors import Literal, invalid
 from apputil.net import is_loopback
 from serving.httpd import ServerThread
@@ -350,15 +350,22 @@ def make_server(
 
 
 @contextmanager
-def _draining_on_signals(server: LocalServer) -> Iterator[None]:
-    """SIGTERM and SIGINT drain `server` (a second one stops it at once) while inside."""
+def _draining_on_signals(server: LocalServer) -> Iterator[threading.Event]:
+    """SIGTERM and SIGINT drain `server` (a second one stops it at once) while inside;
+    once the event it yields is set (the server closes), one is logged and changes
+    nothing."""
+    closing = threading.Event()
 
     def handler(signum, frame):
-        server.drain(server.settings.drain_seconds)  # signal-safe: flags and a pipe write
+        if closing.is_set():  # the drain is over: nothing left to stop
+            name = signal.Signals(signum).name
+            log.info("%s while closing: the server is stopping already", name)
+        else:
+            server.drain(server.settings.drain_seconds)  # signal-safe: flags and a pipe write
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield closing
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -367,8 +374,10 @@ def _draining_on_signals(server: LocalServer) -> Iterator[None]:
 def _serve(server: LocalServer, name: str) -> int:
     """Print the URL line, serve until SIGTERM/SIGINT, drain; the exit status."""
     host, port = server.server_address
-    try:
-        with _draining_on_signals(server):
+    # The handler stays through the close: a signal then finds the drain over, not the
+    # default handler that would kill the process.
+    with _draining_on_signals(server) as closing:
+        try:
             # Parseable lines: tests and scripts started with --port 0 (--grpc-port 0) read the
             # ports from them; the URL's comes last, so a reader waiting for it has both.
             if server.grpc_address is not None:
@@ -376,8 +385,9 @@ def _serve(server: LocalServer, name: str) -> int:
                 print(f"Serving {name} over gRPC on {grpc_host}:{grpc_port}", flush=True)
             print(f"Serving {name} on http://{host}:{port}", flush=True)
             server.serve_forever()
-    finally:
-        server.close()
+        finally:
+            closing.set()
+            server.close()
     return EXIT_FAILURE if server.dropped else 0
 
 
@@ -445,4 +455,4 @@ def _start(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

@@ -151,6 +151,45 @@ def test_run_lets_bugs_keep_their_traceback():
         cli.run("prog", bug, {_Expected: 1})
 
 
+_FINISHING = """
+import atexit, os, sys, time
+from apputil import cli
+def slow_exit():  # an exit function that takes its time, as TensorFlow's and JAX's do
+    print("exit functions running", flush=True)
+    time.sleep(1.5)
+    print("exit functions done", flush=True)
+atexit.register(slow_exit)
+atexit.register(lambda: print("flushed by the exit functions", flush=True))
+print("work done", flush=True)
+cli.finish(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_finish_runs_the_exit_functions_and_a_signal_meanwhile_is_one_line(tmp_path, number):
+    """A stop signal while the exit functions run: one line, the exit functions go on to
+    their end, and the status is the work's own (3), not the signal's."""
+    script = tmp_path / "finishing.py"
+    script.write_text(_FINISHING)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    process = subprocess.Popen([sys.executable, str(script), "3"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert process.stdout.readline() == "work done\n"
+        assert process.stdout.readline() == "flushed by the exit functions\n"  # last in, first
+        assert process.stdout.readline() == "exit functions running\n"
+        process.send_signal(number)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 3
+    assert out == "exit functions done\n"
+    name = signal.Signals(number).name
+    assert err == f"finishing.py: {name} while exiting: its work was done (exit status 3)\n"
+
+
 def test_one_line_parser_errors_are_one_line():
     code = (
         "from apputil.cli import OneLineParser\n"

@@ -170,6 +170,39 @@ def test_sigterm_restart_under_traffic_answers_every_request(restarts, per_resta
 # --- Expect: 100-continue ------------------------------------------------------------
 
 
+def test_signals_while_the_server_closes_and_exits_change_nothing():
+    """After the drain, SIGTERM every 50 ms until the process is gone: the status stays
+    the drain's 0, not death by the signal, and each one that lands is one line
+    (logged while the server closes, printed while the process exits)."""
+    _, base = exported("antisymmetric")
+    server = ServerProcess(base, "antisym")
+    try:
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not any("drained: every HTTP request" in line for line in server.log):
+            assert server.process.poll() is None and time.monotonic() < deadline, server.log
+            time.sleep(0.01)
+        sent = 0
+        while server.process.poll() is None and time.monotonic() < deadline:
+            server.process.send_signal(signal.SIGTERM)
+            sent += 1
+            time.sleep(0.05)
+        server.process.wait(timeout=30)
+    finally:
+        server.stop()
+    time.sleep(0.2)  # the reader thread takes the last lines
+    text = "".join(server.log)
+    assert server.process.returncode == 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    told = [line for line in server.log if "SIGTERM while" in line]
+    assert sent >= 1 and len(told) <= sent, (sent, text[-3000:])
+    for line in told:
+        assert line.rstrip().endswith(
+            ("SIGTERM while closing: the server is stopping already",
+             "python -m serving.server: SIGTERM while exiting: its work was done (exit status 0)")
+        ), line  # fmt: skip
+
+
 def _expect_continue(url, length, body_budget):
     """Headers with `Expect: 100-continue`; sends the body only if invited.
 

@@ -392,6 +392,43 @@ def test_a_signal_stops_the_search_with_one_line_and_the_shell_s_status(
         assert " in trial 0 at step " in line, line
 
 
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_after_the_best_trial_is_printed_is_one_line_and_keeps_the_status(
+    tmp_path, number
+):
+    """The process took seconds to exit after its last line, killed by a signal then:
+    stop signals sent every 50 ms from the best trial's line on leave the finished
+    search's status 0 and best.json whole; one that lands before the end is one line."""
+    directory = tmp_path / "search"
+    argv = [*TINY, "--model", "antisymmetric", "--tuner", "random", "--max-trials", "1"]
+    argv += ["--steps-per-trial", "5", "--directory", str(directory), "--project-name", "p"]
+    log = tmp_path / "tune.log"
+    search = _start(argv, log)
+    try:
+        deadline = time.monotonic() + 120
+        while "best trial 0 " not in log.read_text():
+            assert search.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.01)
+        sent = 0
+        while search.poll() is None and time.monotonic() < deadline:
+            search.send_signal(number)
+            sent += 1
+            time.sleep(0.05)
+        search.wait(timeout=60)
+    finally:
+        _stop([search])
+    text = log.read_text()
+    name = signal.Signals(number).name
+    told = [line for line in text.splitlines() if f"{name} while exiting" in line]
+    assert search.returncode == 0, text[-3000:]
+    assert "Traceback" not in text and ": error: " not in text, text[-3000:]
+    assert sent >= 1 and len(told) <= sent, (sent, text[-3000:])
+    assert set(told) <= {
+        f"python -m training.tune: {name} while exiting: its work was done (exit status 0)"
+    }
+    assert json.loads((directory / "p" / "best.json").read_text())["completed_trials"] == 1
+
+
 def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):
     directory = tmp_path / "search"
     argv = [*TINY, "--model", "antisymmetric", "--tuner", "random", "--max-trials", "3"]

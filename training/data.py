@@ -17,7 +17,6 @@ backend then takes `--data-dir data/` and needs neither TensorFlow nor TFDS.
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 
@@ -67,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.finish(main())

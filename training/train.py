@@ -20,8 +20,6 @@ in progress).
 
 from __future__ import annotations
 
-import sys
-
 from apputil import cli, quiet, signals
 from training import options
 from training.backends.cluster import Cluster
@@ -62,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.finish(main())

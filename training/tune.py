@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 from apputil import cli, quiet, signals
 from apputil.cli import OneLineParser
@@ -200,4 +199,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.finish(main())
