@@ -113,3 +113,16 @@ def test_skipped_blocks_say_why(page):
     for language, _, skip, line in page_blocks(page):
         if language in RUNNABLE and skip is not None:
             assert len(skip.split()) >= 2, f"{page}:{line}: give a reason"
+
+
+def test_every_extra_of_the_package_is_listed_in_the_readme_and_the_install_page():
+    import configparser
+
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "setup.cfg")
+    extras = set(config["options.extras_require"])
+    readme = re.search(r"^Extras: (.*?); see", (ROOT / "README.md").read_text(), re.M | re.S)
+    assert readme, "README.md: no 'Extras: ...; see' sentence"
+    assert set(re.findall(r"`([a-z]+)`", readme[1])) == extras
+    table = re.findall(r"^\| `([a-z]+)` \|", (ROOT / "docs" / "install.md").read_text(), re.M)
+    assert sorted(table) == sorted(extras)
