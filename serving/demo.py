@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ import numpy as np
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
 from apputil.errors import check
+from apputil.net import free_port
 from serving.client import ServingClient, ServingError
 from training.run.rundir import RunDir
 from training.tasks.catalog import get_task
@@ -49,12 +49,6 @@ MODEL_NAME = "antisym"
 
 class DemoError(RuntimeError):
     """A step of the demo failed (the server did not start, a command failed)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _next_version(export_base: str) -> int:
@@ -212,7 +206,7 @@ def _demo(args: argparse.Namespace) -> None:
     if args.litert:
         _stream_and_print(_litert_answers(args, version), args, version + 1)
         return
-    port = _free_port()
+    port = free_port()
     command = ["-m", "serving.server", "--model-base-path", args.export_base]
     command += ["--model-name", MODEL_NAME, "--port", str(port), "--grpc-port", "0"]
     print(f"[serve] {' '.join(command)}", flush=True)

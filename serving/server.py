@@ -24,8 +24,9 @@ requests in progress (`--drain-seconds`, 10 s at most) and exits. Exit statuses:
 0 after a drain that answered every request in progress; 1 when the address
 cannot be bound, or when the drain ran out of time or a second signal cut it
 short (the log says how many requests went unanswered); 2 for invalid arguments
-(a model name `/v1/models/NAME` cannot reach, a base path that is not a folder
-or is a version folder itself). Errors at start-up are one line on stderr.
+(a port another process holds, checked before the models load; a model name
+`/v1/models/NAME` cannot reach, a base path that is not a folder or is a version
+folder itself). Errors at start-up are one line on stderr.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
 from apputil.errors import Literal, invalid
-from apputil.net import is_loopback
+from apputil.net import is_loopback, port_in_use
 from serving.httpd import ServerThread
 from serving.metrics import ServingMetrics
 from serving.model_config import ModelConfig, ModelConfigError, Models, read_model_config
@@ -171,8 +172,9 @@ class ServerSettings:
         (the command line: its flag).
 
         The model name must be reachable in URLs, the base path must not be a
-        version folder itself, the port must be a TCP port and every other
-        number positive and finite.
+        version folder itself, the ports must be TCP ports, two apart and free
+        (asked by binding them, before any model loads), and every other number
+        positive and finite.
         """
         self.model_configs(argument)
         for name, value in {"poll_seconds": self.poll_seconds, **self.limits()}.items():
@@ -182,9 +184,18 @@ class ServerSettings:
             raise invalid(
                 argument("model_config_file_poll_wait_seconds"), "0 or more seconds", poll
             )
-        for name, port in (("port", self.port), ("grpc_port", self.grpc_port)):
+        ports = (("port", self.port), ("grpc_port", self.grpc_port))
+        for name, port in ports:
             if port is not None and not 0 <= port <= 65535:
                 raise invalid(argument(name), "0 to 65535", port)
+        if self.port and self.port == self.grpc_port:
+            raise invalid(argument("grpc_port"), f"a port other than {argument('port')}'s",
+                          self.grpc_port)  # fmt: skip
+        # Before the models load (seconds): a taken port is a mistake in the command line.
+        for name, port in ports:
+            if port and port_in_use(self.host, port):
+                raise invalid(argument(name), f"a port no other process holds on {self.host}",
+                              Literal(f"{port} (in use: {_address(self.host, port)})"))  # fmt: skip
         return self
 
 
@@ -243,9 +254,10 @@ class LocalServer(ServerThread):
                 expose_tracebacks=False,
                 asyncore_use_poll=True,  # select() fails on descriptors above 1,023
             )
-        except OSError:  # the address cannot be bound: nothing left running
+        except OSError as error:  # the address cannot be bound: nothing left running
             self.models.stop()
-            raise
+            address = _address(settings.host, settings.port)
+            raise OSError(f"cannot bind REST to {address}: {error.strerror or error}") from None
         if settings.grpc_port is not None:
             try:
                 self.grpc = _grpc_server(settings, self.models, self.app.metrics)
@@ -284,6 +296,10 @@ class LocalServer(ServerThread):
         if self.grpc is not None:
             self.grpc.close()
         self.server_close()
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _grpc_server(settings: ServerSettings, models: Models, metrics: ServingMetrics) -> GrpcServer:

@@ -3,6 +3,7 @@ stop signals."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -620,3 +621,15 @@ def test_off_the_main_thread_the_blocks_install_nothing():
     thread.start()
     thread.join()
     assert outcome == [(before, [])]
+
+
+def test_port_in_use_tells_a_listening_port_from_a_free_one_and_leaves_other_failures():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        assert net.port_in_use("127.0.0.1", port)
+    assert not net.port_in_use("127.0.0.1", port)  # closed: free again
+    free = net.free_port()
+    assert not net.port_in_use("127.0.0.1", free)
+    assert not net.port_in_use("192.0.2.1", free)  # not this machine's: the server's bind says

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from apputil.net import free_port
 from training import launch
 
 # Each stand-in prints its argv and environment, then does what its process id asks.
@@ -122,7 +123,7 @@ def test_the_backend_set_by_the_user_is_kept_and_a_free_port_is_taken(
 def test_free_port_is_one_nothing_listens_on():
     import socket
 
-    port = launch.free_port()
+    port = free_port()
     assert 0 < port < 65536
     with socket.socket() as again:
         again.bind(("127.0.0.1", port))  # free: it binds
@@ -151,7 +152,7 @@ def test_a_process_killed_by_a_signal_exits_as_a_shell_reports_it(stand_ins, cap
 def test_stop_kills_a_process_that_ignores_sigterm_after_the_grace(stand_ins, capsys):
     _, plan = stand_ins
     plan(**{"0": "ignore-term"})
-    running = launch.Launch(1, launch.free_port(), ["--steps", "1"])
+    running = launch.Launch(1, free_port(), ["--steps", "1"])
     running.start()
     (child,) = running.children
     while "ignoring" not in capsys.readouterr().out:
@@ -385,8 +386,9 @@ def test_the_processes_die_with_a_launcher_killed_outright(tmp_path):
 
     driver = """
 import sys
+from apputil.net import free_port
 from training import launch
-running = launch.Launch(2, launch.free_port(), [], command=(sys.executable, "-c",
+running = launch.Launch(2, free_port(), [], command=(sys.executable, "-c",
     "import sys, time; print('up', flush=True); time.sleep(120)"))
 running.start()
 print(" ".join(str(child.pid) for child in running.children), flush=True)

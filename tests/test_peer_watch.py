@@ -16,9 +16,9 @@ import time
 
 import pytest
 
+from apputil.net import free_port
 from training.backends.cluster import Cluster, Processes, check_processes
 from training.errors import ProcessLostError, StrategyError
-from training.launch import free_port
 
 
 class _KeyValueStore:

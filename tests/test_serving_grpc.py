@@ -755,7 +755,9 @@ def test_a_bad_or_unreachable_grpc_target_is_one_line(capsys, target, status, li
     assert err.count("\n") == 1 and line in err, err
 
 
-def test_the_server_command_serves_grpc_and_a_taken_grpc_port_is_one_line(served):
+def test_the_server_command_serves_grpc_and_a_taken_port_is_one_line_before_any_load(served):
+    """A port another process holds, REST's or gRPC's, is refused naming its flag and the
+    address, with status 2, before the model loads (no version is logged)."""
     _, server = served
     base = server.server.settings.model_base_path
     process = ServerProcess(base, "stacked")
@@ -765,19 +767,25 @@ def test_the_server_command_serves_grpc_and_a_taken_grpc_port_is_one_line(served
             assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
     finally:
         process.stop()
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        done = subprocess.run(
-            [sys.executable, "-m", "serving.server", "--model-base-path", base, "--model-name",
-             "stacked", "--port", "0", "--grpc-port", str(port)],
-            cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-    assert done.returncode == 1, done.stderr[-2000:]
-    (line,) = [line for line in done.stderr.splitlines() if ": error: " in line]
-    assert line.startswith("python -m serving.server: error: cannot bind gRPC to 127.0.0.1:")
+    for flag, other in (("--grpc-port", "--port"), ("--port", "--grpc-port")):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            port = taken.getsockname()[1]
+            done = subprocess.run(
+                [sys.executable, "-m", "serving.server", "--model-base-path", base,
+                 "--model-name", "stacked", other, "0", flag, str(port)],
+                cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "Serving version" not in done.stderr and "Warmed up" not in done.stderr
+        (line,) = [line for line in done.stderr.splitlines() if ": error: " in line]
+        assert line == (
+            f"python -m serving.server: error: Received an invalid value for argument `{flag}`, "
+            f"expected a port no other process holds on 127.0.0.1, got {port} (in use: "
+            f"127.0.0.1:{port})."
+        )
 
 
 def test_a_grpc_port_out_of_range_is_refused_naming_the_flag(capsys, tmp_path):

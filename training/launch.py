@@ -22,7 +22,6 @@ import dataclasses
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from apputil import cli
 from apputil.errors import UsageError, check, invalid
+from apputil.net import free_port
 from training.backends.cluster import check_port_free
 from training.errors import StrategyError
 
@@ -150,13 +150,6 @@ def _nproc_room(proc):
             except OSError:
                 continue
     return [(soft - tasks, f"the user's process limit (ulimit -u {soft})")]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the coordinator binds it moments later)."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
