@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import common
+from serving.names import DEFAULT_SIGNATURE, SEQUENCE_INPUT
 
 FEATURES, CLASSES = 28, 10
 HEADS = {"last step": "classification", "every step": "per_step_classification"}
@@ -63,7 +64,7 @@ def measure(steps: int, units: int, repeats: int) -> dict[str, Any]:
             runtimes = _runtimes(model, head, os.path.join(base, head))
             for runtime_name, runtime in runtimes.items():
                 calls[f"{runtime_name}, {label}"] = lambda runtime=runtime: runtime.run(
-                    "serving_default", sequence=sequence
+                    DEFAULT_SIGNATURE, **{SEQUENCE_INPUT: sequence}
                 )
         times = common.interleaved(calls, repeats=repeats, warmup=2)
     median = {name: stats["median"] for name, stats in times.items()}

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from serving.names import DEFAULT_SIGNATURE, SEQUENCE_INPUT, STREAM_SIGNATURE
+
 CHUNK = 28
 BLOCK = 10
 
@@ -51,7 +53,7 @@ def _accuracy(predict: Callable[[np.ndarray], np.ndarray], x: np.ndarray, y: np.
 
 
 def _classes(runtime: Any) -> Callable[[np.ndarray], np.ndarray]:
-    return lambda batch: runtime.run("serving_default", sequence=batch)["class_id"]
+    return lambda batch: runtime.run(DEFAULT_SIGNATURE, **{SEQUENCE_INPUT: batch})["class_id"]
 
 
 def _call(runtime: Any, signature: str, inputs: dict[str, np.ndarray]) -> Callable[[], Any]:
@@ -120,14 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, runtime in runtimes.items():
         states = runtime.start(1)
         calls[name] = {
-            "chunk": _call(runtime, "stream", {"sequence": chunk, **states}),
-            "whole": _call(runtime, "serving_default", {"sequence": one}),
+            "chunk": _call(runtime, STREAM_SIGNATURE, {SEQUENCE_INPUT: chunk, **states}),
+            "whole": _call(runtime, DEFAULT_SIGNATURE, {SEQUENCE_INPUT: one}),
         }
-    stream_fn, whole_fn = saved["stream"], saved["serving_default"]
+    stream_fn, whole_fn = saved[STREAM_SIGNATURE], saved[DEFAULT_SIGNATURE]
     zero_states = {
         key: tf.zeros([1, spec.shape[1]])
         for key, spec in stream_fn.structured_input_signature[1].items()
-        if key != "sequence"
+        if key != SEQUENCE_INPUT
     }
     chunk_t, one_t = tf.constant(chunk), tf.constant(one)
     calls["savedmodel"] = {

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import common
+from serving.names import DEFAULT_SIGNATURE, SEQUENCE_INPUT, STREAM_SIGNATURE
 
 FULL = {"steps": 1000, "chunk": 28, "units": 128, "repeats": 300, "warmup": 20,
         "block": 10}  # fmt: skip
@@ -169,11 +170,11 @@ def _updates(shape: dict, send_whole: Callable, send_chunk: Callable) -> dict:
 
 def _state_sizes(signature_def: dict) -> dict[str, int]:
     """`{state input: units}` of the `stream` signature, from the metadata's signature_def."""
-    inputs = signature_def["signature_def"]["stream"]["inputs"]
+    inputs = signature_def["signature_def"][STREAM_SIGNATURE]["inputs"]
     return {
         name: int(info["tensor_shape"]["dim"][-1]["size"])
         for name, info in inputs.items()
-        if name != "sequence"
+        if name != SEQUENCE_INPUT
     }
 
 
@@ -186,7 +187,8 @@ def measure(shape: dict, connection: http.client.HTTPConnection) -> dict:
     state = {name: [[0.0] * size] for name, size in sizes.items()}
 
     def send_chunk(chunk):
-        body = {"signature_name": "stream", "inputs": {"sequence": chunk.tolist(), **state}}
+        body = {"signature_name": STREAM_SIGNATURE,
+                "inputs": {SEQUENCE_INPUT: chunk.tolist(), **state}}
         outputs = post(body)["outputs"]
         state.update((name, outputs[name]) for name in sizes)
 
@@ -198,11 +200,12 @@ def measure_grpc(shape: dict, client: Any) -> dict:
     their bytes, the states carried as the arrays of the answers."""
     version, sizes = client.stream_states()
     signatures = client.metadata(version)["metadata"]["signature_def"]["signature_def"]
-    (input_name,) = signatures["serving_default"]["inputs"]
+    (input_name,) = signatures[DEFAULT_SIGNATURE]["inputs"]
     state = {name: np.zeros((1, size), "float32") for name, size in sizes.items()}
 
     def send_chunk(chunk):
-        outputs = client.predict({"sequence": chunk, **state}, version, "stream")["outputs"]
+        inputs = {SEQUENCE_INPUT: chunk, **state}
+        outputs = client.predict(inputs, version, STREAM_SIGNATURE)["outputs"]
         state.update((name, outputs[name]) for name in sizes)
 
     def send_whole(window):
@@ -217,12 +220,12 @@ def measure_in_process(shape: dict, base: str) -> dict:
 
     tf = import_tensorflow()
     loaded = tf.saved_model.load(os.path.join(base, "1"))
-    whole_fn, stream_fn = loaded.signatures["serving_default"], loaded.signatures["stream"]
+    whole_fn, stream_fn = loaded.signatures[DEFAULT_SIGNATURE], loaded.signatures[STREAM_SIGNATURE]
     (input_name,) = whole_fn.structured_input_signature[1]
     state = {
         name: tf.zeros([1, spec.shape[-1]])
         for name, spec in stream_fn.structured_input_signature[1].items()
-        if name != "sequence"
+        if name != SEQUENCE_INPUT
     }
 
     def send_chunk(chunk):

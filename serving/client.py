@@ -44,7 +44,13 @@ from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
 from apputil.errors import Literal, invalid
 from serving import tensors
 from serving.codes import status_name
-from serving.names import SEQUENCE_INPUT, STREAM_SIGNATURE, check_model_name
+from serving.names import (
+    DEFAULT_SIGNATURE,
+    SEQUENCE_INPUT,
+    STREAM_SIGNATURE,
+    check_model_name,
+    unknown_signature,
+)
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 DEFAULT_CHUNK = 28
@@ -399,7 +405,7 @@ class GrpcClient(_StreamingClient):
         """
         from tensorflow_serving.apis import predict_pb2
 
-        signature = signature_name or "serving_default"
+        signature = signature_name or DEFAULT_SIGNATURE
         named = inputs if isinstance(inputs, dict) else None
         if named is None or any(not isinstance(v, np.ndarray) for v in named.values()):
             dtypes = self._dtypes(version, signature)
@@ -434,7 +440,7 @@ class GrpcClient(_StreamingClient):
         if key not in self._input_dtypes:
             signatures = metadata["metadata"]["signature_def"]["signature_def"]
             if signature not in signatures:
-                message = f'Serving signature name: "{signature}" not found in signature def'
+                message = unknown_signature(signature, signatures)
                 raise ServingError(None, message, self.target, code="FAILED_PRECONDITION")
             self._input_dtypes[key] = {
                 name: _NUMPY_DTYPES.get(info["dtype"], "float32")

@@ -53,6 +53,7 @@ from apputil.quiet import import_keras, import_tensorflow
 from serving import warmup
 from serving.litert import QUANTIZATIONS
 from serving.names import (
+    DEFAULT_SIGNATURE,
     PADDED_SIGNATURE,
     SEQUENCE_INPUT,
     STREAM_SIGNATURE,
@@ -74,7 +75,6 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-SIGNATURE_NAME = "serving_default"
 HEADS = ("classification", "regression", "per_step_classification")
 # Staging folders `.tmp-<version>-<pid>@<host>-<random>`; dot-prefixed, because
 # TensorFlow Serving only loads all-digit names. Older exports wrote `.tmp-<version>-<random>`.
@@ -248,7 +248,7 @@ def build_archive(
     head, _ = resolve_head(model, head)
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint(name=SIGNATURE_NAME, fn=_serve(model, head), input_signature=[spec])
+    archive.add_endpoint(name=DEFAULT_SIGNATURE, fn=_serve(model, head), input_signature=[spec])
     notes = [] if notes is None else notes
     steps, features = spec.shape[1], spec.shape[2]
     for name, wanted, plan, endpoint in (

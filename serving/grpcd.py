@@ -41,9 +41,9 @@ from tensorflow_serving.apis import (
 
 from serving import tensors
 from serving.metrics import ServingMetrics
+from serving.names import DEFAULT_SIGNATURE
 from serving.payload import (
     DEFAULT_MAX_INPUT_ELEMENTS,
-    DEFAULT_SIGNATURE,
     Budget,
     Repository,
     RestError,

@@ -16,17 +16,27 @@ One rule for both sides, so that what `serving.export` writes is what
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from apputil.errors import invalid
 
 #: The signatures and inputs of an export's contract, beside `serving_default`: `stream`
 #: (a chunk of `sequence` with the recurrent states in and out, each state input named
 #: `STATE_PREFIX` + its layer) and `padded` (`sequence` with each row's `length`).
+#: The signature a request without a `signature_name` calls (TensorFlow's
+#: `DEFAULT_SERVING_SIGNATURE_DEF_KEY`).
+DEFAULT_SIGNATURE = "serving_default"
 STREAM_SIGNATURE = "stream"
 PADDED_SIGNATURE = "padded"
 SEQUENCE_INPUT = "sequence"
 LENGTH_INPUT = "length"
 STATE_PREFIX = "state_"
+
+def unknown_signature(name: str, signatures: Iterable[str]) -> str:
+    """TensorFlow Serving's words for a signature a version lacks, with the ones it has."""
+    there = ", ".join(sorted(signatures)) or "none"
+    return f'Serving signature name: "{name}" not found in signature def (signatures: {there})'
+
 
 MAX_VERSION = 2**63 - 1  # TensorFlow Serving's versions are int64
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() accepts "²", int() rejects it

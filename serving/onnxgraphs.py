@@ -25,7 +25,7 @@ import io
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from serving.names import SEQUENCE_INPUT, STREAM_SIGNATURE
+from serving.names import DEFAULT_SIGNATURE, SEQUENCE_INPUT, STREAM_SIGNATURE
 from serving.runtimes import next_name
 from serving.signatures import StreamPlanError
 from serving.steploop import FrozenWeights, StepProgram, check_float32, step_program
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 OPSET = 17
 # Keras layers whose PyTorch ops the TorchScript exporter cannot trace with a dynamic batch.
 TORCH_UNTRACEABLE = frozenset({"LayerNormalization"})
-SIGNATURE_NAME = "serving_default"
 
 
 def convert(
@@ -110,7 +109,7 @@ def _from_torch(model: keras.Model, head: str, stream: bool) -> tuple[dict[str, 
     steps = model.inputs[0].shape[1]
     step, head_graph, outputs = _traced(model, program, head, features)
     models = {
-        SIGNATURE_NAME: loop_model(step, head_graph, program, features, steps, outputs, False)
+        DEFAULT_SIGNATURE: loop_model(step, head_graph, program, features, steps, outputs, False)
     }
     if stream:
         models[STREAM_SIGNATURE] = loop_model(
@@ -303,7 +302,7 @@ def loop_model(
             float_info(next_name(n), TensorProto.FLOAT, ["batch", s]) for n, s in pairs
         ]
     graph = helper.make_graph(
-        nodes, STREAM_SIGNATURE if streaming else SIGNATURE_NAME, inputs, graph_outputs,
+        nodes, STREAM_SIGNATURE if streaming else DEFAULT_SIGNATURE, inputs, graph_outputs,
         initializer=[*constants, *head_graph.initializer],
     )  # fmt: skip
     merged = helper.make_model(graph, opset_imports=list(step.opset_import))

@@ -17,12 +17,11 @@ import numpy as np
 
 from apputil.quiet import import_tensorflow
 from serving.codes import error_text, status_name
-from serving.names import LENGTH_INPUT, PADDED_SIGNATURE, SEQUENCE_INPUT
+from serving.names import DEFAULT_SIGNATURE, LENGTH_INPUT, PADDED_SIGNATURE, SEQUENCE_INPUT
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-DEFAULT_SIGNATURE = "serving_default"
 DEFAULT_MAX_INPUT_ELEMENTS = 1 << 18  # 4,096 digits of 64 x 1
 # By dtype name: the specs come from the loaded SavedModel, so this module needs no TensorFlow.
 _NUMPY_DTYPES = {

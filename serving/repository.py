@@ -23,7 +23,7 @@ from typing import Any
 
 from apputil.quiet import import_tensorflow
 from serving.codes import error_text, tensorflow_code
-from serving.names import parse_version
+from serving.names import parse_version, unknown_signature
 from serving.payload import RestError
 from serving.warmup import WarmupRequestFailed
 from serving.warmup import replay as replay_warmup
@@ -90,7 +90,7 @@ class Servable:
         if signature_name not in self.signatures:
             raise RestError(
                 HTTPStatus.BAD_REQUEST,
-                f'Serving signature name: "{signature_name}" not found in signature def',
+                unknown_signature(signature_name, self.signatures),
                 code="FAILED_PRECONDITION",
             )
         return self.signatures[signature_name].structured_input_signature[1]

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.names import SEQUENCE_INPUT, STATE_PREFIX, STREAM_SIGNATURE
+from serving.names import DEFAULT_SIGNATURE, SEQUENCE_INPUT, STATE_PREFIX, STREAM_SIGNATURE
 
 #: ONNX's output name of a new state, from its input's name.
 NEXT_PREFIX = "next_"
@@ -99,7 +99,7 @@ class _Model:
     @property
     def signatures(self) -> list[str]:
         """The signature names, `serving_default` first."""
-        return sorted(self.specs, key=lambda name: name != "serving_default")
+        return sorted(self.specs, key=lambda name: name != DEFAULT_SIGNATURE)
 
     def _check(self, signature: str, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if signature not in self.specs:

@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from apputil.quiet import import_tensorflow
-from serving.names import SEQUENCE_INPUT, STREAM_SIGNATURE
+from serving.names import DEFAULT_SIGNATURE, SEQUENCE_INPUT, STREAM_SIGNATURE
 from serving.signatures import StreamPlanError, head_outputs
 from serving.steploop import FrozenWeights, StepProgram, step_program
 
 if TYPE_CHECKING:
     import keras
 
-SIGNATURE_NAME = "serving_default"
 
 
 @dataclass
@@ -195,7 +194,7 @@ def graphs(
             return head_outputs(result, head)
 
     whole_function = tf.function(whole, input_signature=[sequence_spec], autograph=False)
-    functions = {SIGNATURE_NAME: whole_function}
+    functions = {DEFAULT_SIGNATURE: whole_function}
     names: dict[str, str] = {}
     if stream and program is not None:
         names = {name: state_output(name) for name in program.states}

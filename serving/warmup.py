@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from serving.codes import error_text
-from serving.names import LENGTH_INPUT
+from serving.names import DEFAULT_SIGNATURE, LENGTH_INPUT
 
 #: Where TensorFlow Serving looks for warmup requests in a version folder.
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
@@ -107,7 +107,7 @@ def read(version_dir: str) -> list[tuple[str, dict[str, np.ndarray]]]:
             raise WarmupRecordsError(f"warmup record {index} of {path} is not a predict request")
         request = log.predict_log.request
         arrays = {key: tf.make_ndarray(proto) for key, proto in request.inputs.items()}
-        requests.append((request.model_spec.signature_name or "serving_default", arrays))
+        requests.append((request.model_spec.signature_name or DEFAULT_SIGNATURE, arrays))
     return requests
 
 

@@ -226,3 +226,23 @@ def test_download_flag_prepares_the_tasks_data_set_before_training(monkeypatch, 
     with pytest.raises(DataError, match="cannot download"):
         experiment.train_and_evaluate(config.validate(), str(tmp_path / "run"), log=lambda _: 0)
     assert calls == [("fashion_mnist", str(tmp_path / "new"))]
+
+
+def test_signature_and_input_names_are_spelled_only_in_serving_names():
+    """The export contract's names have one home: a module spelling one of them as a
+    literal would drift from what the exporter writes and the server reads."""
+    from serving import names
+
+    literals = {f'"{value}"' for value in (names.DEFAULT_SIGNATURE, names.PADDED_SIGNATURE)}
+    found = []
+    for package in ("serving", "training", "benchmarks", "apputil"):
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for file in files:
+                path = os.path.join(folder, file)
+                if not file.endswith(".py") or path == names.__file__:
+                    continue
+                with open(path) as f:
+                    text = f.read()
+                where = os.path.relpath(path, ROOT)
+                found += [f"{where}: {literal}" for literal in literals if literal in text]
+    assert found == []

@@ -231,7 +231,8 @@ def _bad_calls():
         ("version label", ("Predict", _label_request()), "INVALID_ARGUMENT",
          "Unrecognized servable version label: canary"),
         ("unknown signature", predict(signature="nope"), "FAILED_PRECONDITION",
-         'Serving signature name: "nope" not found in signature def'),
+         'Serving signature name: "nope" not found in signature def (signatures: padded, '
+         'serving_default, stream)'),
         ("missing input", predict({"seq": good}), "INVALID_ARGUMENT",
          "input size does not match signature: 1!=1 len({seq}) != len({sequence}). Sent extra: "
          "{seq}. Missing but required: {sequence}."),
