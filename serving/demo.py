@@ -1,7 +1,7 @@
 """The main job end to end, offline: train, export, serve, predict over REST, stop.
 
     python -m serving.demo [--output-dir runs/demo] [--export-base models/antisym]
-    python -m serving.demo --stream [--timesteps 256] [--chunk 8] [--litert]
+    python -m serving.demo --stream [--timesteps 256] [--chunk 8] [--litert [--litert-base B]]
 
 1. `python -m training.train` on the embedded `digits` task (resumes if run before),
 2. `python -m serving.export` to the next free version under `--export-base`,
@@ -17,9 +17,10 @@ each chunk: the model's answer for the steps received so far. Training scores
 only the answer after all T steps, so the answer wanders while the digit's
 rows and the noise arrive and settles as the sequence nears T; each update
 costs one chunk, not the whole sequence again. `--stream --litert` also exports
-`model.tflite` (the next version, `--format litert`) and streams the digit
-through LiteRT's interpreter in this process, as an on-device loop would, with
-no server.
+`model.tflite` (`--format litert`) to the next free version of its own base path,
+`--litert-base` (default: `--export-base` with `-litert`, so that a server of the
+SavedModel base path never meets a LiteRT version), and streams the digit through
+LiteRT's interpreter in this process, as an on-device loop would, with no server.
 
 A failed step prints one line and exits with status 1.
 """
@@ -113,14 +114,16 @@ def _predict_and_print(client: ServingClient, count: int, version: int) -> None:
     print(f"[predict] {correct}/{len(labels)} correct (model version {version})")
 
 
-def _litert_answers(args: argparse.Namespace, version: int) -> Callable[[Iterable], Iterator]:
-    """`stream(chunks)` through `model.tflite` of the next version, exported from the run."""
+def _litert_answers(args: argparse.Namespace) -> tuple[Callable[[Iterable], Iterator], int]:
+    """`(stream(chunks), version)`: `model.tflite` of the run, exported to the next free
+    version of `--litert-base`, and its stream through LiteRT's interpreter."""
     from serving.runtimes import LiteRTModel
 
-    folder = os.path.join(args.export_base, str(version + 1))
+    version = _next_version(args.litert_base)
+    folder = os.path.join(args.litert_base, str(version))
     model = RunDir(args.output_dir).model
-    export = ["-m", "serving.export", "--model", model, "--export-base", args.export_base]
-    _run([*export, "--version", str(version + 1), "--format", "litert"], "export")
+    export = ["-m", "serving.export", "--model", model, "--export-base", args.litert_base]
+    _run([*export, "--version", str(version), "--format", "litert"], "export")
     runtime = LiteRTModel(os.path.join(folder, "model.tflite"))
     print(f"[litert] {os.path.join(folder, 'model.tflite')}: builtin ops only, in this process")
 
@@ -131,11 +134,11 @@ def _litert_answers(args: argparse.Namespace, version: int) -> Callable[[Iterabl
             states = {name: answer[name] for name in states}
             yield {key: value[0].tolist() for key, value in answer.items()}
 
-    return stream
+    return stream, version
 
 
 def _stream_and_print(
-    stream: Callable[[Iterable], Iterator], args: argparse.Namespace, version: int
+    stream: Callable[[Iterable], Iterator], version: int, args: argparse.Namespace
 ) -> None:
     """Streams one noise-padded test digit chunk by chunk; prints how the prediction settles."""
     x, labels = _test_digits(args.examples, args.timesteps)
@@ -186,10 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         help="--stream: export model.tflite and stream through LiteRT's interpreter in this "
         "process, as an on-device loop would (no server)",
     )
+    parser.add_argument("--litert-base", help="--litert: default <--export-base>-litert")
     args = parser.parse_args(argv)
     suffix = "-stream" if args.stream else ""
     args.output_dir = args.output_dir or f"runs/demo{suffix}"
     args.export_base = args.export_base or os.path.join("models", MODEL_NAME + suffix)
+    args.litert_base = args.litert_base or args.export_base.rstrip(os.sep) + "-litert"
     return run(
         parser.prog, lambda: _demo(args), {DemoError: EXIT_FAILURE, ServingError: EXIT_FAILURE}
     )
@@ -202,9 +207,11 @@ def _demo(args: argparse.Namespace) -> None:
         check(args.timesteps >= 64, "--timesteps", "at least 64 (a digit's own steps)",
               args.timesteps)  # fmt: skip
     check(not args.litert or args.stream, "--litert", "with --stream", args.litert)
+    check(os.path.abspath(args.litert_base) != os.path.abspath(args.export_base),
+          "--litert-base", "a folder other than --export-base", args.litert_base)  # fmt: skip
     version = _train_and_export(args)
     if args.litert:
-        _stream_and_print(_litert_answers(args, version), args, version + 1)
+        _stream_and_print(*_litert_answers(args), args)
         return
     port = free_port()
     command = ["-m", "serving.server", "--model-base-path", args.export_base]
@@ -216,7 +223,7 @@ def _demo(args: argparse.Namespace) -> None:
         status = _wait_until_serving(client, server, deadline_seconds=120)
         print(f"[serve] {json.dumps(status)}")
         if args.stream:
-            _stream_and_print(client.stream, args, version)
+            _stream_and_print(client.stream, version, args)
         else:
             _predict_and_print(client, args.examples, version)
     finally:

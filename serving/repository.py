@@ -103,6 +103,20 @@ def _specs(function):
 _MAX_MESSAGE = 500
 
 
+def _other_format(path: str) -> str:
+    """What a version folder without a SavedModel holds instead, said to the user who
+    pointed a server at it."""
+    try:
+        files = os.listdir(path)
+    except OSError:
+        return ""
+    for kind, found in (("a LiteRT model", [f for f in files if f.endswith(".tflite")]),
+                        ("an ONNX model", [f for f in files if f.endswith(".onnx")])):  # fmt: skip
+        if found:
+            return f": it holds {kind} ({', '.join(sorted(found))}), which is not served here"
+    return ""
+
+
 def error_status(error: BaseException) -> tuple[str, str]:
     """`(error_code, error_message)` of a load failure, as TF Serving reports one: of
     TensorFlow's pages of context, the line that says what is wrong (an assertion's)."""
@@ -278,7 +292,8 @@ class ModelRepository:
                     "remove or rename one",
                 )
             elif not os.path.isfile(os.path.join(path, "saved_model.pb")):
-                broken[version] = ("NOT_FOUND", f"No saved_model.pb in version folder {names[0]}")
+                broken[version] = ("NOT_FOUND", f"No saved_model.pb in version folder "
+                                   f"{names[0]}{_other_format(path)}")  # fmt: skip
             else:
                 loadable[version] = names[0]
         return loadable, broken

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from apputil.net import free_port
 from serving import demo
 from serving.client import ServingClient
 from training.tasks.catalog import get_task
@@ -75,6 +76,8 @@ def test_stream_demo_prints_the_prediction_after_every_chunk(tmp_path, capfd, qu
         (["--chunk", "0"], "argument `--chunk`, expected a positive number of steps, got 0"),
         (["--timesteps", "63"],
          "argument `--timesteps`, expected at least 64 (a digit's own steps), got 63"),
+        (["--litert", "--export-base", "m", "--litert-base", "m/"],
+         "argument `--litert-base`, expected a folder other than --export-base, got 'm/'"),
     ],
 )  # fmt: skip
 def test_stream_demo_refuses_bad_flags_before_training(tmp_path, capsys, flags, message):
@@ -100,7 +103,7 @@ def test_a_failed_step_names_itself_and_its_status(capsys):
 
 
 def test_waiting_for_the_server_stops_when_it_exits_or_the_time_is_up():
-    client = ServingClient(f"http://127.0.0.1:{demo._free_port()}", "antisym", timeout=1)
+    client = ServingClient(f"http://127.0.0.1:{free_port()}", "antisym", timeout=1)
     exited = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(4)"])
     exited.wait()
     with pytest.raises(demo.DemoError, match="^the server exited with status 4$"):
@@ -142,9 +145,10 @@ def test_default_folders_depend_on_the_mode(monkeypatch):
     assert demo.main(["--stream"]) == 0
     plain, stream = seen
     assert (plain.output_dir, plain.export_base) == ("runs/demo", os.path.join("models", "antisym"))
-    assert (stream.output_dir, stream.export_base) == (
+    assert (stream.output_dir, stream.export_base, stream.litert_base) == (
         "runs/demo-stream",
         os.path.join("models", "antisym-stream"),
+        os.path.join("models", "antisym-stream-litert"),
     )
     assert (plain.steps, plain.examples, plain.timesteps, plain.chunk) == (2000, 8, 256, 8)
     assert not plain.stream and stream.stream
@@ -171,8 +175,13 @@ def test_litert_stream_demo_answers_as_the_keras_model_on_each_prefix(
     argv += ["--export-base", str(tmp_path / "models")]
     assert demo.main(argv) == 0
     out = capfd.readouterr().out
-    assert "--version 2 --format litert" in out and "[litert]" in out
-    assert sorted(os.listdir(tmp_path / "models" / "2")) == ["model.tflite"]
+    # Its own base path: the SavedModel's has version 1 only, a server of it meets no LiteRT.
+    assert f"--export-base {tmp_path / 'models-litert'} --version 1 --format litert" in out
+    assert sorted(os.listdir(tmp_path / "models-litert")) == ["1"]
+    assert sorted(os.listdir(tmp_path / "models-litert" / "1")) == ["model.tflite"]
+    assert sorted(os.listdir(tmp_path / "models")) == ["1"]
+    assert "saved_model.pb" in os.listdir(tmp_path / "models" / "1")
+    assert "[litert]" in out
     rows = re.findall(r"steps +(\d+)/72 \((?:digit|noise)\)  predicted (\d)  p=([0-9.]+)", out)
     assert [int(seen) for seen, *_ in rows] == [16, 32, 48, 64, 72]
     model = keras.saving.load_model(tmp_path / "run" / "model.keras")
@@ -184,7 +193,7 @@ def test_litert_stream_demo_answers_as_the_keras_model_on_each_prefix(
         assert int(predicted) == logits.argmax()
         softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
         assert abs(float(p) - softmax.max()) < 2e-3
-    assert "(model version 2)" in out and "server" not in out.split("[litert]")[1]
+    assert "(model version 1)" in out and "server" not in out.split("[litert]")[1]
 
 
 def test_litert_demo_needs_stream(tmp_path, capsys):

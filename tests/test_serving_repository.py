@@ -459,6 +459,29 @@ def test_a_new_repository_polls_every_second_watches_nothing_and_answers_404(tmp
     assert _served(repository) is None
 
 
+@pytest.mark.parametrize(
+    "files, said",
+    [(["model.tflite"], ": it holds a LiteRT model (model.tflite), which is not served here"),
+     (["serving_default.onnx", "stream.onnx"],
+      ": it holds an ONNX model (serving_default.onnx, stream.onnx), which is not served here"),
+     (["notes.txt"], "")],
+)  # fmt: skip
+def test_a_version_folder_of_another_format_is_named_as_such(tmp_path, files, said):
+    """A server pointed at a LiteRT or ONNX export's base path says what it found."""
+    from serving.repository import ModelRepository
+
+    os.makedirs(tmp_path / "1")
+    for name in files:
+        (tmp_path / "1" / name).write_bytes(b"x")
+    repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
+    repository.refresh()
+    (status,) = repository.status("m")["model_version_status"]
+    assert status["status"] == {
+        "error_code": "NOT_FOUND",
+        "error_message": f"No saved_model.pb in version folder 1{said}",
+    }
+
+
 def test_a_broken_version_on_the_first_scan_is_logged_once(tmp_path, caplog):
     from serving.repository import ModelRepository
 
