@@ -42,7 +42,7 @@ import numpy as np
 
 from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
 from apputil.errors import Literal, invalid
-from serving import tensors
+from serving import protos, tensors
 from serving.codes import status_name
 from serving.names import (
     DEFAULT_SIGNATURE,
@@ -296,8 +296,10 @@ class GrpcClient(_StreamingClient):
         model: The model name.
         timeout: Seconds to wait for each answer (the call's deadline).
         retries: How many times to retry a call refused as RESOURCE_EXHAUSTED
-            (too many calls at once) or UNAVAILABLE (not reachable yet, draining).
-        backoff: Seconds before the first retry, doubled after each.
+            (too many calls at once) or UNAVAILABLE (not reachable yet, draining),
+            at most 4 (grpcio's retry policy: 5 attempts in all); within `timeout`.
+        backoff: Seconds of the first retry's back-off (gRPC jitters it), doubled
+            after each.
     """
 
     def __init__(
@@ -314,12 +316,13 @@ class GrpcClient(_StreamingClient):
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         # Heavy, and needed only here: the REST client runs without them.
         import grpc
-        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-        self._grpc = grpc
-        self.channel = grpc.insecure_channel(self.target)
-        self._prediction = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
-        self._models = model_service_pb2_grpc.ModelServiceStub(self.channel)
+        self._grpc, self._protos = grpc, protos.load()  # the protos without TensorFlow
+        self.channel = grpc.insecure_channel(self.target, options=_retry_options(retries, backoff))
+        self._prediction = self._protos.prediction_service_pb2_grpc.PredictionServiceStub(
+            self.channel
+        )
+        self._models = self._protos.model_service_pb2_grpc.ModelServiceStub(self.channel)
         self._input_dtypes: dict[tuple[int | None, str], dict[str, str]] = {}
 
     def close(self) -> None:
@@ -336,23 +339,15 @@ class GrpcClient(_StreamingClient):
         return self.target
 
     def call(self, method: Any, request: Any) -> Any:
-        """`method(request)` with the deadline and the retries; a `ServingError` with the
-        canonical code when the server refuses it or cannot be reached."""
-        grpc = self._grpc
-        retried = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
-            try:
-                return method(request, timeout=self.timeout)
-            except grpc.RpcError as error:
-                code = error.code()
-                if code in retried and attempt < self.retries:
-                    time.sleep(delay)
-                    delay *= 2
-                    continue
-                raise ServingError(None, error.details() or code.name, self.target,
-                                   code=code.name) from None  # fmt: skip
-        raise AssertionError("unreachable")
+        """`method(request)` within the deadline, retried by the channel's policy; a
+        `ServingError` with the canonical code when the server refuses it or cannot be
+        reached."""
+        try:
+            return method(request, timeout=self.timeout)
+        except self._grpc.RpcError as error:
+            code = error.code()
+            raise ServingError(None, error.details() or code.name, self.target,
+                               code=code.name) from None  # fmt: skip
 
     def _spec(self, request: Any, version: int | None, signature_name: str | None = None) -> None:
         request.model_spec.name = self.model
@@ -364,9 +359,8 @@ class GrpcClient(_StreamingClient):
     def status(self, version: int | None = None) -> dict:
         """`ModelService.GetModelStatus`, as the REST API's JSON body."""
         from google.protobuf import json_format
-        from tensorflow_serving.apis import get_model_status_pb2
 
-        request = get_model_status_pb2.GetModelStatusRequest()
+        request = self._protos.get_model_status_pb2.GetModelStatusRequest()
         self._spec(request, version)
         return _as_json(json_format, self.call(self._models.GetModelStatus, request))
 
@@ -374,8 +368,8 @@ class GrpcClient(_StreamingClient):
         """`PredictionService.GetModelMetadata` (the signature definitions), as the REST
         API's JSON body."""
         from google.protobuf import json_format
-        from tensorflow_serving.apis import get_model_metadata_pb2
 
+        get_model_metadata_pb2 = self._protos.get_model_metadata_pb2
         request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         self._spec(request, version)
         response = self.call(self._prediction.GetModelMetadata, request)
@@ -403,8 +397,7 @@ class GrpcClient(_StreamingClient):
             version: Optional integer version; the newest when `None`.
             signature_name: Optional signature; `serving_default` when `None`.
         """
-        from tensorflow_serving.apis import predict_pb2
-
+        predict_pb2 = self._protos.predict_pb2
         signature = signature_name or DEFAULT_SIGNATURE
         named = inputs if isinstance(inputs, dict) else None
         if named is None or any(not isinstance(v, np.ndarray) for v in named.values()):
@@ -456,6 +449,27 @@ class GrpcClient(_StreamingClient):
 
 _NUMPY_DTYPES = {"DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_HALF": "float16",
                  "DT_INT32": "int32", "DT_INT64": "int64"}  # fmt: skip
+
+
+#: gRPC's most attempts of a call: `maxAttempts` above it count as this.
+MAX_GRPC_ATTEMPTS = 5
+
+
+def _retry_options(retries: int, backoff: float) -> list[tuple[str, Any]]:
+    """The channel options of grpcio's own retry policy: RESOURCE_EXHAUSTED and
+    UNAVAILABLE retried `retries` times (at most 4: gRPC's limit of 5 attempts), with
+    jittered back-off from `backoff` seconds, doubling; the call's deadline covers them all."""
+    if retries == 0:
+        return [("grpc.enable_retries", 0)]
+    policy = {
+        "maxAttempts": min(retries + 1, MAX_GRPC_ATTEMPTS),
+        "initialBackoff": f"{backoff}s",
+        "maxBackoff": f"{max(backoff, 10.0)}s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["RESOURCE_EXHAUSTED", "UNAVAILABLE"],
+    }
+    config = {"methodConfig": [{"name": [{}], "retryPolicy": policy}]}
+    return [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(config))]
 
 
 def _as_json(json_format: Any, message: Any) -> dict:

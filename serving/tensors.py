@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from serving import protos
 from serving.payload import Budget, bad_request, shape_text
 
 if TYPE_CHECKING:
@@ -34,11 +35,7 @@ _NAMES = {1: "DT_FLOAT", 2: "DT_DOUBLE", 3: "DT_INT32", 9: "DT_INT64", 19: "DT_H
 
 
 def _tensor_pb2() -> Any:
-    # TensorFlow's protos: importing them loads the `tensorflow` package, which only the
-    # gRPC paths need.
-    from tensorflow.core.framework import tensor_pb2
-
-    return tensor_pb2
+    return protos.load().tensor_pb2  # without TensorFlow's Python package
 
 
 def to_tensor_proto(array: Any) -> Any:
