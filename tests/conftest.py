@@ -8,6 +8,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from apputil.quiet import import_keras  # noqa: E402
+from tests.limits import TIME_FACTOR, limit  # noqa: E402
 
 # TensorFlow's native start-up lines (oneDNN, CUDA stubs, cuInit on a machine without a
 # GPU) would otherwise print outside pytest's capture, in every process that loads this.
@@ -179,3 +180,17 @@ def check_every_argument_round_trips(cls):
             assert value != serialize(getattr(default, name)), f"{name} kept its default"
     assert clone.get_config() == config
     return layer
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test's time limit (its `timeout` mark, else pyproject's) scaled by the suite's
+    time factor (`tests/limits.py`)."""
+    if TIME_FACTOR == 1:
+        return
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        seconds = float(mark.args[0]) if mark is not None and mark.args else default
+        if seconds > 0:
+            kwargs = dict(mark.kwargs) if mark is not None else {}
+            item.add_marker(pytest.mark.timeout(limit(seconds), **kwargs), append=False)

@@ -16,6 +16,7 @@ import time
 import keras
 
 from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN
+from tests.limits import limit
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_KINDS = ("antisymmetric", "gated", "ablation", "lstm")
@@ -168,10 +169,10 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=limit(10))
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=limit(10))
 
 
 def _limit_files(count):
@@ -196,10 +197,13 @@ class ThreadServer:
         """Shut the server down and release its port."""
         self.server.shutdown()
         self.server.close()
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=limit(10))
 
 
-def http_call(url, method="GET", body=None, headers=None, timeout=30):
+HTTP_TIMEOUT = limit(30)  # seconds an answer may take here
+
+
+def http_call(url, method="GET", body=None, headers=None, timeout=HTTP_TIMEOUT):
     """One raw HTTP request: `(status, decoded JSON body or raw text)`."""
     match = re.match(r"http://([^/:]+):(\d+)(/.*)?$", url)
     conn = http.client.HTTPConnection(match[1], int(match[2]), timeout=timeout)

@@ -18,13 +18,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import import_graph  # noqa: E402
 
+from tests.limits import limit  # noqa: E402
+
 
 def test_no_import_cycles_in_the_repository():
     # In a child: parsing every module builds many small objects, which a test process
     # holding large models makes the garbage collector slow to walk.
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", "import_graph.py")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=limit(120),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout
     assert proc.stdout.rstrip().endswith("import cycles: 0")
@@ -64,7 +66,7 @@ def test_command_modules_import_neither_keras_nor_tensorflow():
         "'keras_tuner') if m in sys.modules)))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=limit(120)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout) == []
@@ -84,7 +86,7 @@ def test_help_and_usage_errors_answer_without_keras(command):
         "print('ok')\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=limit(120)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.rstrip().endswith("ok")

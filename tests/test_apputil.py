@@ -12,6 +12,7 @@ import pytest
 
 from apputil import cli, errors, files, net, signals
 from tests.helpers import ended_pid
+from tests.limits import limit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -180,7 +181,7 @@ def test_finish_runs_the_exit_functions_and_a_signal_meanwhile_is_one_line(tmp_p
         assert process.stdout.readline() == "flushed by the exit functions\n"  # last in, first
         assert process.stdout.readline() == "exit functions running\n"
         process.send_signal(number)
-        out, err = process.communicate(timeout=30)
+        out, err = process.communicate(timeout=limit(30))
     finally:
         if process.poll() is None:
             process.kill()
@@ -199,7 +200,7 @@ def test_one_line_parser_errors_are_one_line():
         "p.parse_args(['--n', 'x'])\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=limit(60)
     )
     assert proc.returncode == 2
     assert proc.stderr == "prog: error: argument --n: invalid int value: 'x'\n"
@@ -633,3 +634,28 @@ def test_port_in_use_tells_a_listening_port_from_a_free_one_and_leaves_other_fai
     free = net.free_port()
     assert not net.port_in_use("127.0.0.1", free)
     assert not net.port_in_use("192.0.2.1", free)  # not this machine's: the server's bind says
+
+
+_SLOW_TEST = """
+import time
+import pytest
+
+@pytest.mark.timeout(1)
+def test_slow(request):
+    assert request.node.get_closest_marker("timeout").args[0] == 3.0
+    time.sleep(1.5)  # past its own 1 s, within the scaled 3 s
+"""
+
+
+def test_the_time_factor_scales_the_tests_limits(tmp_path):
+    """`KERAS_ANTISYM_TEST_TIME_FACTOR=3`: a test marked with 1 s runs under 3 s."""
+    (tmp_path / "test_slow.py").write_text(_SLOW_TEST)
+    root = os.path.dirname(os.path.dirname(__file__))
+    env = dict(os.environ, KERAS_ANTISYM_TEST_TIME_FACTOR="3", PYTHONPATH=root)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:randomly",
+         "-p", "no:cacheprovider", str(tmp_path / "test_slow.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=limit(120),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 passed" in done.stdout

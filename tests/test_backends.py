@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks import reference
 from tests.backend_probe import CASES
+from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
@@ -71,7 +72,7 @@ def test_backend_matches_numpy_reference(backend, probe_inputs, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=limit(600),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = np.load(out_path)

@@ -11,6 +11,7 @@ import pytest
 from benchmarks import accelerator
 from benchmarks.accelerator import KERNEL_LAYERS
 from benchmarks.run import LAYERS
+from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +30,7 @@ def test_accelerator_benchmark_runs_on_tiny_shapes(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=limit(600),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for backend in ("jax", "torch"):
@@ -73,7 +74,7 @@ def test_gpu_kernel_check_runs_on_tiny_shapes(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=limit(600),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for backend in ("jax", "torch"):
@@ -102,7 +103,7 @@ def test_entry_points_reject_unknown_names_in_a_list(module, flag, value, choice
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=limit(120),
     )
     assert proc.returncode == 2
     assert f"`{flag}`" in proc.stderr and repr(value) in proc.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.run import LAYERS, QUICK, hoist_models, random_batch
+from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +28,7 @@ def test_benchmark_runs_on_tiny_shapes(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=limit(600),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -87,7 +88,7 @@ def _run_quick(module, output):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
     proc = subprocess.run(
         [sys.executable, "-m", module, "--quick", "--output", str(output)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit(600),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import common
+from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -92,7 +93,7 @@ def test_entry_points_import_no_keras_and_default_to_runs():
         "print(json.dumps({'heavy': heavy, 'helps': helps}))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=limit(120)
     )
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
@@ -189,7 +190,7 @@ def test_environment_names_the_framework_of_a_jax_or_torch_process(backend):
     )
     env = {**os.environ, "KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+                          text=True, timeout=limit(120))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     info = answer["info"]

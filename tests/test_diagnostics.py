@@ -32,6 +32,7 @@ from keras_antisym import (
     transition_eigenvalues,
 )
 from tests.conftest import make_layer, random_weights
+from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,7 +168,7 @@ def test_same_numbers_on_other_backend(backend, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=limit(300),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     other = json.loads(out_path.read_text())

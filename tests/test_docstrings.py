@@ -5,6 +5,8 @@ import importlib
 
 import pytest
 
+from tests.limits import limit
+
 MODULES = [
     "keras_antisym.cells",
     "keras_antisym.layers",
@@ -33,7 +35,7 @@ def test_the_built_reference_shows_examples_as_code_and_call_arguments_as_lists(
     root = Path(__file__).resolve().parents[1]
     subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", str(tmp_path)],
-        cwd=root, check=True, capture_output=True, timeout=120,
+        cwd=root, check=True, capture_output=True, timeout=limit(120),
     )  # fmt: skip
     page = (tmp_path / "api" / "index.html").read_text()
     blocks = re.findall(r"<pre\b.*?</pre>", page, re.S)
@@ -60,7 +62,7 @@ def test_the_built_site_needs_nothing_from_the_network_and_highlights_every_guid
     root = Path(__file__).resolve().parents[1]
     subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", str(tmp_path)],
-        cwd=root, check=True, capture_output=True, timeout=120,
+        cwd=root, check=True, capture_output=True, timeout=limit(120),
     )  # fmt: skip
     pages = sorted(tmp_path.rglob("*.html"))
     assert len(pages) > 10

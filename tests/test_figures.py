@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from keras_antisym import AntisymmetricRNN
+from tests.limits import limit
 from training import figures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def test_runs_headless():
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
     code = "import training.figures, matplotlib; print(matplotlib.get_backend())"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=limit(120))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().lower() == "agg"
 

@@ -18,6 +18,7 @@ import pytest
 
 from benchmarks import reference
 from keras_antisym import AntisymmetricCell, AntisymmetricRNN, _keras_private
+from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -586,7 +587,7 @@ def test_fallbacks_when_the_private_pieces_are_missing(backend, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=limit(300),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads((tmp_path / "o").read_text())

@@ -25,6 +25,7 @@ import pytest
 
 from benchmarks import reference
 from benchmarks.gradients import outputs_and_grads
+from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]
 EPSILON, GAMMA = 0.3, 0.05
@@ -175,7 +176,10 @@ def test_pallas_kernels_lower_for_a_cuda_gpu(gated, batch):
     assert exported.mlir_module().count("xla.gpu.triton") == 2  # forward, backward
 
 
-def run_subprocess(args, backend, interpret=True, timeout=600):
+SUBPROCESS_LIMIT = limit(600)
+
+
+def run_subprocess(args, backend, interpret=True, timeout=SUBPROCESS_LIMIT):
     env = {
         **os.environ,
         "KERAS_BACKEND": backend,

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from apputil.net import free_port
+from tests.limits import limit
 from training import launch
 
 # Each stand-in prints its argv and environment, then does what its process id asks.
@@ -294,9 +295,9 @@ def _cgroup_tree(tmp_path, self_cgroup, limits):
     (proc / "self").mkdir(parents=True)
     (proc / "self" / "cgroup").write_text(self_cgroup)
     root = tmp_path / "cgroup"
-    for folder, (limit, current) in limits.items():
+    for folder, (most, current) in limits.items():
         (root / folder).mkdir(parents=True, exist_ok=True)
-        (root / folder / "pids.max").write_text(f"{limit}\n")
+        (root / folder / "pids.max").write_text(f"{most}\n")
         (root / folder / "pids.current").write_text(f"{current}\n")
     return str(proc), str(root)
 
@@ -364,7 +365,7 @@ def test_a_launch_inside_a_small_pids_cgroup_is_refused_with_one_line(tmp_path):
         done = subprocess.run(
             [sys.executable, "-m", "training.launch", "--processes", "2", "--max-processes", "2",
              "--", "--steps", "1"],
-            preexec_fn=enter, capture_output=True, text=True, timeout=60,
+            preexec_fn=enter, capture_output=True, text=True, timeout=limit(60),
         )  # fmt: skip
         assert done.returncode == 2, done.stderr
         assert done.stdout == ""
@@ -405,12 +406,12 @@ running.wait()
         pids = [int(pid) for pid in pid_line.split()]
         assert len(pids) == 2 and all(pid_alive(pid) for pid in pids)
         launcher.kill()
-        launcher.wait(timeout=10)
-        deadline = time.monotonic() + 10
+        launcher.wait(timeout=limit(10))
+        deadline = time.monotonic() + limit(10)
         while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(pid_alive(pid) for pid in pids)
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.wait(timeout=10)
+        launcher.wait(timeout=limit(10))

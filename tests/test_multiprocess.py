@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.limits import limit
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 20
 COMMON = [
@@ -88,7 +90,7 @@ class Processes:
         for process in self.started:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)  # the process and anything it started
-            process.wait(timeout=30)
+            process.wait(timeout=limit(30))
 
 
 def _weights(output, step=STEPS):
@@ -157,7 +159,7 @@ def test_killed_worker_stops_the_chief_and_a_restart_resumes(tmp_path, one_proce
             time.sleep(0.05)
         worker.send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        chief.wait(timeout=30)
+        chief.wait(timeout=limit(30))
         latency = time.monotonic() - killed
         text = chief.log.read_text()
         assert chief.returncode == 1, text[-3000:]
@@ -190,7 +192,7 @@ def test_processes_that_disagree_on_their_count_fail_fast(tmp_path):
             for i, count in enumerate((2, 3))
         ]
         begun = time.monotonic()
-        texts = started.wait_all(processes, timeout=60)
+        texts = started.wait_all(processes, timeout=limit(60))
         seconds = time.monotonic() - begun
     assert [p.returncode for p in processes] == [2, 2], texts
     for text, (mine, theirs) in zip(texts, ((0, 1), (1, 0)), strict=True):
@@ -212,7 +214,7 @@ def test_a_wrong_coordinator_address_fails_fast(tmp_path):
         worker = started.train("worker", tmp_path / "b", 1, 2, _free_port(), "--connect-timeout",
                                "3")  # fmt: skip
         begun = time.monotonic()
-        chief_text, worker_text = started.wait_all([chief, worker], timeout=60)
+        chief_text, worker_text = started.wait_all([chief, worker], timeout=limit(60))
         seconds = time.monotonic() - begun
     assert chief.returncode == 2 and worker.returncode == 2, (chief_text, worker_text)
     assert _errors(chief_text) == [
@@ -289,7 +291,7 @@ def test_launcher_stops_the_others_when_one_process_dies(tmp_path):
         children = sorted(_children(launcher.pid))
         assert len(children) == 2
         os.kill(children[1], signal.SIGKILL)  # process 1: started second
-        launcher.wait(timeout=60)
+        launcher.wait(timeout=limit(60))
         text = launcher.log.read_text()
         assert launcher.returncode == 128 + signal.SIGKILL, text[-3000:]
         assert "python -m training.launch: process 1 exited with status -9 (SIGKILL)" in text
@@ -300,7 +302,7 @@ def test_launcher_stops_every_process_on_sigterm(tmp_path):
     with Processes(tmp_path) as started:
         launcher = _launch_until_training(started, tmp_path)
         launcher.send_signal(signal.SIGTERM)
-        launcher.wait(timeout=60)
+        launcher.wait(timeout=limit(60))
         text = launcher.log.read_text()
         assert launcher.returncode == 128 + signal.SIGTERM, text[-3000:]
         assert "python -m training.launch: stopping the processes (SIGTERM)" in text
@@ -314,7 +316,7 @@ def test_a_coordinator_that_accepts_but_never_answers_is_one_line_within_the_tim
         silent.listen(16)  # the kernel completes connections; nobody reads or writes
         port = silent.getsockname()[1]
         worker = started.train("worker", tmp_path / "w", 1, 2, port, "--connect-timeout", "4")
-        (text,) = started.wait_all([worker], timeout=60)
+        (text,) = started.wait_all([worker], timeout=limit(60))
     assert worker.returncode == 2, text[-3000:]
     assert _errors(text) == [
         f"python -m training.train: error: process 1 of 2 could not join the coordinator at "
@@ -331,7 +333,7 @@ def test_a_coordinator_port_in_use_is_one_line(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         chief = started.train("chief", tmp_path / "c", 0, 2, port)
-        (text,) = started.wait_all([chief], timeout=60)
+        (text,) = started.wait_all([chief], timeout=limit(60))
     assert chief.returncode == 2, text[-3000:]
     (line,) = _errors(text)
     assert line.startswith(f"python -m training.train: error: port {port} on 127.0.0.1 is in use")
@@ -343,7 +345,7 @@ def test_a_process_whose_peers_never_come_gives_up_within_the_connect_timeout(tm
     with Processes(tmp_path) as started:
         chief = started.train("chief", tmp_path / "c", 0, 2, _free_port(), "--connect-timeout", "3")
         begun = time.monotonic()
-        (text,) = started.wait_all([chief], timeout=60)
+        (text,) = started.wait_all([chief], timeout=limit(60))
         seconds = time.monotonic() - begun
     assert chief.returncode == 2, text[-3000:]
     (line,) = _errors(text)

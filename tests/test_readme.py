@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import limit
+
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = re.compile(r"<!-- tests/test_readme\.py does not run this block: (?P<reason>.+?) -->\s*$")
 FENCE = re.compile(r"^```(?P<language>\w*)\s*$")
@@ -29,7 +31,7 @@ PAGES = ["README.md"] + sorted(
     if path not in GENERATED
 )
 # The longest block is a 30-second training run; a loaded CI machine takes a few times that.
-BLOCK_TIMEOUT = 300
+BLOCK_TIMEOUT = limit(300)
 
 
 def readme_blocks(text):

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
+from tests.limits import limit
 from tests.recording import RecordingWriter
 from training import train
 from training.backends.distributions import JaxBackend
@@ -205,7 +206,7 @@ def test_a_run_killed_mid_schedule_resumes_to_bit_identical_weights(tmp_path, ca
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     child = subprocess.run(
         [sys.executable, "-c", _KILLED_CHILD, "13", *common, "--output-dir", str(killed)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180,
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=limit(180),
     )  # fmt: skip
     assert child.returncode == -9, child.stderr[-2000:]  # SIGKILL at step 13, mid-decay
     assert not (killed / "metrics.json").exists()

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from serving.client import ServingClient, ServingError
+from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT
 
 
@@ -56,7 +57,7 @@ def stub():
     finally:
         server.shutdown()
         server.server_close()
-        thread.join(timeout=10)
+        thread.join(timeout=limit(10))
 
 
 def _client(server, **kwargs):
@@ -230,7 +231,7 @@ def test_cli_output_into_a_closed_pipe_ends_quietly_with_sigpipe_s_status(stub, 
     )
     client.stdout.readline()  # one line read, then the reader goes away as `head -1` does
     client.stdout.close()
-    _, err = client.communicate(timeout=60)
+    _, err = client.communicate(timeout=limit(60))
     assert err.decode() == ""
     assert client.returncode == 128 + signal.SIGPIPE
 

@@ -13,6 +13,7 @@ import pytest
 
 from serving.export import build_archive, export_model
 from tests.helpers import TrainingByDefault, ended_pid
+from tests.limits import limit
 from tests.serving_helpers import (
     FEATURES,
     NO_KERAS_PRELUDE,
@@ -79,11 +80,11 @@ def test_cli_writes_a_version_and_refuses_to_overwrite():
                "--export-base", base, "--version", "7"]  # fmt: skip
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+                          timeout=limit(120))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert os.path.isfile(os.path.join(base, "7", "saved_model.pb"))
     again = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                           timeout=120)  # fmt: skip
+                           timeout=limit(120))  # fmt: skip
     assert again.returncode == 2
     assert "argument `version`" in again.stderr.splitlines()[-1]
 
@@ -142,7 +143,7 @@ def test_loads_and_answers_without_keras(kind):
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=limit(120),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout)
@@ -342,7 +343,7 @@ def test_a_damaged_weights_file_prints_no_traceback():
         [sys.executable, "-m", "serving.export", "--model", path,
          "--export-base", work_dir("never-sub"), "--version", "1"],
         cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=limit(120),
     )  # fmt: skip
     assert done.returncode == 1
     errors = [line for line in done.stderr.splitlines() if "serving.export" in line]
@@ -406,7 +407,7 @@ def test_two_concurrent_cli_exports_of_one_version():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     runs = [subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
-    results = [(run.wait(timeout=180), *run.communicate()) for run in runs]
+    results = [(run.wait(timeout=limit(180)), *run.communicate()) for run in runs]
     assert sorted(status for status, _, _ in results) == [0, 2], results
     ((_, _, loser_err),) = [r for r in results if r[0] == 2]
     errors = [line for line in loser_err.splitlines() if "serving.export" in line]

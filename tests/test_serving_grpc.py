@@ -32,6 +32,7 @@ from serving.export import export_model
 from serving.grpcd import GrpcApp, GrpcServer
 from serving.metrics import ServingMetrics
 from serving.payload import RestError
+from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, ServerProcess, ThreadServer, http_call
 
 pytestmark = pytest.mark.timeout(300)
@@ -131,7 +132,7 @@ def test_predict_answers_every_signature_exactly_as_the_rest_api(served, stubs):
     }
     url = f"{server.url}/v1/models/stacked:predict"
     for signature, inputs in cases.items():
-        response = predict.Predict(_request(inputs, signature=signature), timeout=60)
+        response = predict.Predict(_request(inputs, signature=signature), timeout=limit(60))
         assert (response.model_spec.name, response.model_spec.version.value,
                 response.model_spec.signature_name) == ("stacked", 3, signature)  # fmt: skip
         got = _outputs(response)
@@ -142,7 +143,7 @@ def test_predict_answers_every_signature_exactly_as_the_rest_api(served, stubs):
         for name, value in got.items():
             expected = np.asarray(rest["outputs"][name]).astype(value.dtype)
             np.testing.assert_array_equal(value, expected, err_msg=f"{signature} {name}")
-    whole = _outputs(predict.Predict(_request({"sequence": x}), timeout=60))
+    whole = _outputs(predict.Predict(_request({"sequence": x}), timeout=limit(60)))
     np.testing.assert_allclose(whole["logits"], model.predict(x, verbose=0), atol=1e-5, rtol=0)
     assert whole["class_id"].tolist() == np.argmax(whole["logits"], axis=-1).tolist()
 
@@ -151,7 +152,7 @@ def test_predict_answers_every_signature_exactly_as_the_rest_api(served, stubs):
 def test_a_grpc_stream_chunk_by_chunk_equals_keras_on_the_whole_sequence(served, chunk):
     model, server = served
     x = _x(seed=chunk)
-    with GrpcClient(_target(server), "stacked", timeout=60) as client:
+    with GrpcClient(_target(server), "stacked", timeout=limit(60)) as client:
         answers = list(client.stream(x[:, start : start + chunk] for start in range(0, T, chunk)))
         single = list(client.stream([x[1]]))  # one sequence, no batch axis
     assert len(answers) == -(-T // chunk)
@@ -299,14 +300,14 @@ def test_bad_calls_get_tensorflow_serving_s_codes_and_the_server_keeps_serving(
     predict, models = stubs
     stub = models if method == "GetModelStatus" else predict
     with pytest.raises(grpc.RpcError) as refused:
-        getattr(stub, method)(request_, timeout=60)
+        getattr(stub, method)(request_, timeout=limit(60))
     assert (refused.value.code().name, refused.value.details()) == (code, message)
-    assert predict.Predict(_request({"sequence": _x(batch=1)}), timeout=60).outputs
+    assert predict.Predict(_request({"sequence": _x(batch=1)}), timeout=limit(60)).outputs
 
 
 def test_an_output_filter_answers_only_the_outputs_named(stubs):
     predict, _ = stubs
-    response = predict.Predict(_filtered(["probabilities"]), timeout=60)
+    response = predict.Predict(_filtered(["probabilities"]), timeout=limit(60))
     assert list(response.outputs) == ["probabilities"]
     np.testing.assert_allclose(tensors.to_array(response.outputs["probabilities"]).sum(-1), 1,
                                rtol=1e-5)  # fmt: skip
@@ -315,7 +316,7 @@ def test_an_output_filter_answers_only_the_outputs_named(stubs):
 def test_the_other_apis_of_the_services_are_unimplemented(stubs):
     predict, _ = stubs
     with pytest.raises(grpc.RpcError) as refused:
-        predict.Classify(classification_pb2.ClassificationRequest(), timeout=60)
+        predict.Classify(classification_pb2.ClassificationRequest(), timeout=limit(60))
     assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -331,17 +332,18 @@ def test_grpc_calls_are_counted_under_the_grpc_entrypoint(stubs):
     try:
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            stub.Predict(_small_request(), timeout=30)
-            stub.Predict(_small_request(), timeout=30)
+            stub.Predict(_small_request(), timeout=limit(30))
+            stub.Predict(_small_request(), timeout=limit(30))
             with pytest.raises(grpc.RpcError):
-                stub.Predict(_small_request(name="other"), timeout=30)
+                stub.Predict(_small_request(name="other"), timeout=limit(30))
             model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
-                get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "m"}), timeout=30
+                get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "m"}),
+                timeout=limit(30),
             )
             with pytest.raises(grpc.RpcError):  # no metadata_field: refused, still counted
                 stub.GetModelMetadata(
                     get_model_metadata_pb2.GetModelMetadataRequest(model_spec={"name": "m"}),
-                    timeout=30,
+                    timeout=limit(30),
                 )
     finally:
         server.close()
@@ -368,13 +370,13 @@ def test_errors_that_echo_a_huge_request_keep_their_own_code_and_a_bounded_messa
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             with pytest.raises(grpc.RpcError) as unknown:
-                stub.Predict(_small_request(name="n" * (4 << 20)), timeout=60)
+                stub.Predict(_small_request(name="n" * (4 << 20)), timeout=limit(60))
             many = _small_request()
             for index in range(3000):
                 many.inputs[f"input_{index:05d}"].CopyFrom(many.inputs["x"])
             with pytest.raises(grpc.RpcError) as mismatch:
-                stub.Predict(many, timeout=60)
-            assert stub.Predict(_small_request(), timeout=30).outputs  # still serving
+                stub.Predict(many, timeout=limit(60))
+            assert stub.Predict(_small_request(), timeout=limit(30)).outputs  # still serving
     finally:
         server.close()
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
@@ -396,11 +398,11 @@ def test_grpc_calls_to_unknown_models_add_no_series_however_many_names(stubs):
     try:
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            stub.Predict(_small_request(), timeout=30)
+            stub.Predict(_small_request(), timeout=limit(30))
             for index in range(40):
                 name = f"{index}-" + "x" * (100_000 if index % 10 == 0 else 10)
                 with pytest.raises(grpc.RpcError):
-                    stub.Predict(_small_request(name=name), timeout=30)
+                    stub.Predict(_small_request(name=name), timeout=limit(30))
     finally:
         server.close()
     page = metrics.exposition().decode()
@@ -437,14 +439,14 @@ def test_a_fault_is_internal_logged_with_the_api_and_model_and_the_server_keeps_
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             with caplog.at_level(logging.ERROR, logger="serving.server"):
                 with pytest.raises(grpc.RpcError) as refused:
-                    stub.Predict(_small_request(), timeout=30)
+                    stub.Predict(_small_request(), timeout=limit(30))
             assert refused.value.code() == grpc.StatusCode.INTERNAL
             assert refused.value.details() == "Internal: the graph's kernel is missing"
             (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
             assert record.getMessage() == "Internal error on gRPC predict for model 'm'"
             assert "the graph's kernel is missing" in caplog.text  # the traceback
             repository.servable = _Servable()
-            response = stub.Predict(_small_request(), timeout=30)
+            response = stub.Predict(_small_request(), timeout=limit(30))
             assert tensors.to_array(response.outputs["y"]).tolist() == [[2.0, 2.0]]
     finally:
         server.close()
@@ -459,14 +461,14 @@ def test_an_idle_connection_is_closed_after_idle_seconds():
     try:
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            stub.Predict(_small_request(), timeout=30)
+            stub.Predict(_small_request(), timeout=limit(30))
             channel.subscribe(states.append, try_to_connect=False)
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + limit(15)
             while grpc.ChannelConnectivity.IDLE not in states[1:]:
                 assert time.monotonic() < deadline, states
                 time.sleep(0.05)
             assert states[0] == grpc.ChannelConnectivity.READY
-            stub.Predict(_small_request(), timeout=30)  # reconnects
+            stub.Predict(_small_request(), timeout=limit(30))  # reconnects
             channel.unsubscribe(states.append)
     finally:
         server.close()
@@ -541,7 +543,7 @@ def _serve(repository, **limits):
 def _call_in_thread(stub, results):
     def call():
         try:
-            response = stub.Predict(_small_request(), timeout=30)
+            response = stub.Predict(_small_request(), timeout=limit(30))
             results.append(tensors.to_array(response.outputs["y"]).tolist())
         except grpc.RpcError as error:
             results.append(error.code().name)
@@ -562,9 +564,9 @@ def test_calls_beyond_the_workers_and_the_queue_are_refused_resource_exhausted()
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             calls = [_call_in_thread(stub, results)]
-            assert servable.started.acquire(timeout=30)  # the worker holds the first call
+            assert servable.started.acquire(timeout=limit(30))  # the worker holds the first call
             calls += [_call_in_thread(stub, results), _call_in_thread(stub, results)]
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + limit(30)
             while "RESOURCE_EXHAUSTED" not in results and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert results == ["RESOURCE_EXHAUSTED"]  # refused while the others still wait
@@ -596,14 +598,14 @@ def test_calls_that_never_send_their_request_hold_no_worker_and_are_cut_off(capl
             )
             with caplog.at_level(logging.INFO, logger="serving.server"):
                 opened = time.monotonic()
-                pending = [silent.future(never_sent(), timeout=30) for _ in range(2)]
+                pending = [silent.future(never_sent(), timeout=limit(30)) for _ in range(2)]
                 stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
                 response = stub.Predict(_small_request(), timeout=5)
                 assert tensors.to_array(response.outputs["y"]).tolist() == [[2.0, 2.0]]
-                codes = [call.exception(timeout=20).code() for call in pending]
+                codes = [call.exception(timeout=limit(20)).code() for call in pending]
                 ended = time.monotonic() - opened
                 assert stub.Predict(_small_request(), timeout=5).outputs  # still serving
-                deadline = time.monotonic() + 10  # the server's threads log after the cancel
+                deadline = time.monotonic() + limit(10)  # the server's threads log after the cancel
                 while sum("did not arrive" in m for m in caplog.messages) < 2:
                     assert time.monotonic() < deadline, caplog.messages
                     time.sleep(0.02)
@@ -642,7 +644,7 @@ def test_the_grpc_client_retries_a_busy_server_as_often_as_it_is_told(
     repository = _Busy(busy)
     server = _serve(repository, threads=2)
     try:
-        with GrpcClient(f"127.0.0.1:{server.port}", "m", timeout=30, retries=retries,
+        with GrpcClient(f"127.0.0.1:{server.port}", "m", timeout=limit(30), retries=retries,
                         backoff=0.01) as client:  # fmt: skip
             try:
                 outputs = client.predict({"x": np.ones((1, 2), "float32")})["outputs"]
@@ -679,13 +681,13 @@ def test_a_call_whose_deadline_passes_before_its_prediction_is_not_predicted():
             with pytest.raises(grpc.RpcError) as late:
                 stub.Predict(_small_request(), timeout=0.3)
             assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            deadline = time.monotonic() + 10  # the server finishes the call after the client
+            deadline = time.monotonic() + limit(10)  # the server finishes the call after the client
             while "DEADLINE_EXCEEDED" not in metrics.exposition().decode():
                 assert time.monotonic() < deadline, metrics.exposition().decode()[:600]
                 time.sleep(0.05)
             assert not servable.started.acquire(timeout=0)  # the signature never ran
             servable.slow = False
-            assert stub.Predict(_small_request(), timeout=30).outputs
+            assert stub.Predict(_small_request(), timeout=limit(30)).outputs
             assert servable.started.acquire(timeout=0)
     finally:
         server.close()
@@ -699,7 +701,7 @@ def test_a_drain_answers_the_call_in_progress_and_refuses_new_ones(caplog):
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         call = _call_in_thread(stub, results)
-        assert servable.started.acquire(timeout=30)
+        assert servable.started.acquire(timeout=limit(30))
         server.drain(10)
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as fresh:
             with pytest.raises(grpc.RpcError) as refused:
@@ -726,7 +728,7 @@ def test_a_drain_that_runs_out_of_time_counts_the_call_it_cut_off(caplog):
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             call = _call_in_thread(stub, results)
-            assert servable.started.acquire(timeout=30)
+            assert servable.started.acquire(timeout=limit(30))
             server.drain(0.2)
             with caplog.at_level(logging.INFO, logger="serving.server"):
                 assert server.wait_drained() == 1
@@ -803,7 +805,7 @@ def test_the_server_command_serves_grpc_and_a_taken_port_is_one_line_before_any_
     process = ServerProcess(base, "stacked")
     try:
         assert process.grpc_target is not None
-        with GrpcClient(process.grpc_target, "stacked", timeout=60) as client:
+        with GrpcClient(process.grpc_target, "stacked", timeout=limit(60)) as client:
             assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
     finally:
         process.stop()
@@ -816,7 +818,7 @@ def test_the_server_command_serves_grpc_and_a_taken_port_is_one_line_before_any_
                 [sys.executable, "-m", "serving.server", "--model-base-path", base,
                  "--model-name", "stacked", other, "0", flag, str(port)],
                 cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-                capture_output=True, text=True, timeout=120,
+                capture_output=True, text=True, timeout=limit(120),
             )  # fmt: skip
         assert done.returncode == 2, done.stderr[-2000:]
         assert "Serving version" not in done.stderr and "Warmed up" not in done.stderr

@@ -19,6 +19,7 @@ from waitress.adjustments import Adjustments
 from waitress.parser import HTTPRequestParser
 
 from serving import httpd
+from tests.limits import limit
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,7 +39,7 @@ def _holding(release):
     """`_echo`, answering once `release` is set: a request held in flight."""
 
     def held(environ, start_response):
-        release.wait(timeout=60)
+        release.wait(timeout=limit(60))
         return _echo(environ, start_response)
 
     return held
@@ -66,7 +67,7 @@ def _serving(**adjustments):
     finally:
         server.shutdown()
         server.server_close()
-        worker.join(timeout=10)
+        worker.join(timeout=limit(10))
 
 
 def _connect(server, timeout=5.0):
@@ -366,7 +367,7 @@ def test_drain_answers_the_backlog_and_says_so(caplog, listen_fails):
         with caplog.at_level("INFO", logger="serving.server"):
             server.drain(0.9)  # under a second: the log shows it, not a floor of 1
             worker.start()
-            worker.join(timeout=10)
+            worker.join(timeout=limit(10))
         assert not worker.is_alive()
         for client in clients:
             raw, closed = _read_all(client)
@@ -463,14 +464,14 @@ def test_twenty_drains_under_traffic_lose_no_request():
         ]  # fmt: skip
         for client in clients:
             client.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + limit(10)
         while outcomes.count("answered") < 20 and time.monotonic() < deadline:
             time.sleep(0.005)
         server.drain(5)
-        worker.join(timeout=10)
+        worker.join(timeout=limit(10))
         stop.set()
         for client in clients:
-            client.join(timeout=30)
+            client.join(timeout=limit(30))
         server.server_close()
         assert server.dropped == 0, run
         assert outcomes.count("answered") >= 20, run
@@ -510,7 +511,7 @@ def test_drain_closes_idle_connections_without_waiting_for_them():
             assert _read_one(idle)[0] == "HTTP/1.1 200 OK"
             start = time.monotonic()
             server.drain(3.0)
-            worker.join(timeout=10)
+            worker.join(timeout=limit(10))
             assert time.monotonic() - start < 2.5  # not the drain's 3 s
             assert server.dropped == 0
             assert _closed_within(idle, 1)
@@ -592,7 +593,7 @@ def test_slow_heads_and_bodies_are_cut_off():
     finally:
         server.shutdown()
         server.server_close()
-        worker.join(timeout=10)
+        worker.join(timeout=limit(10))
 
 
 def test_server_close_closes_the_listener_and_every_connection():
@@ -674,7 +675,7 @@ def test_drain_returns_soon_after_the_last_answer():
             time.sleep(0.3)
             released = time.monotonic()
             release.set()
-            worker.join(timeout=10)
+            worker.join(timeout=limit(10))
             assert time.monotonic() - released < 2.0
             assert _read_one(client)[1]["Connection"] == "close"
             assert server.dropped == 0
@@ -695,7 +696,7 @@ def test_drain_stops_at_its_deadline_without_waiting_for_events(caplog):
             start = time.monotonic()
             with caplog.at_level("INFO", logger="serving.server"):
                 server.drain(0.3)
-                worker.join(timeout=10)
+                worker.join(timeout=limit(10))
             # Checked every 0.1 s while draining: the deadline is not overrun by the
             # loop's idle wait (1 s, and 30 s for waitress's loop), though no socket stirs.
             assert 0.3 <= time.monotonic() - start < 0.9
@@ -739,7 +740,7 @@ def test_a_request_being_answered_does_not_shield_a_slow_client():
         release.set()
         server.shutdown()
         server.server_close()
-        worker.join(timeout=10)
+        worker.join(timeout=limit(10))
 
 
 def test_a_connection_closed_after_its_answer_is_released_at_once():
@@ -875,7 +876,7 @@ def test_lingering_reads_on_while_one_byte_of_its_allowance_is_left(monkeypatch)
     closed = []
     monkeypatch.setattr(httpd.HTTPChannel, "handle_close", lambda self: closed.append(self))
     channel = object.__new__(httpd.LingeringChannel)  # handle_read reads only these
-    channel.linger_until, channel.linger_left = time.monotonic() + 60, 10
+    channel.linger_until, channel.linger_left = time.monotonic() + limit(60), 10
     channel.socket = _Socket(b"x" * 9)
     channel.handle_read()
     assert (channel.linger_left, closed) == (1, [])
@@ -898,7 +899,7 @@ def test_drain_waits_for_the_first_request_of_a_connection_just_accepted():
             raw, closed = _read_all(client)
             line, headers, _ = _answer(raw)
             assert (line, headers["Connection"], closed) == ("HTTP/1.1 200 OK", "close", True)
-        worker.join(timeout=10)
+        worker.join(timeout=limit(10))
         assert not worker.is_alive() and server.dropped == 0
     finally:
         server.server_close()
@@ -959,7 +960,7 @@ def test_a_drain_that_runs_out_closes_a_silent_new_connection_without_counting_i
             assert _wait_until(lambda: len(server.server.active_channels) == 1, 5)
             with caplog.at_level("INFO", logger="serving.server"):
                 server.drain(0.2)
-                worker.join(timeout=10)
+                worker.join(timeout=limit(10))
             assert not worker.is_alive() and server.dropped == 0
             assert caplog.messages[-1] == "stopped draining with 0 HTTP requests unanswered"
             assert _read_all(client) == (b"", True)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT
 
 HEAVY = ("tensorflow", "keras", "keras_antisym", "jax", "torch", "ai_edge_litert", "onnx",
@@ -23,7 +24,7 @@ def _modules_after(code):
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=limit(120),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -55,7 +56,7 @@ def test_export_help_answers_at_once():
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=limit(60),
     )
     assert done.returncode == 0 and "--export-base" in done.stdout
     # Cumulative microseconds of the slowest top-level import: well under a second.

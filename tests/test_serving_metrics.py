@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving import codes
 from serving import metrics as serving_metrics
+from tests.limits import limit
 from tests.serving_helpers import ThreadServer, exported, http_call
 
 PREDICT = {"instances": [[[0.5]] * 64] * 2}
@@ -81,7 +82,7 @@ def test_the_metrics_answer_in_prometheus_text_format_and_count_nothing_themselv
     import http.client
 
     host, port = server.url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection = http.client.HTTPConnection(host, int(port), timeout=limit(30))
     for _ in range(2):
         connection.request("GET", serving_metrics.METRICS_PATH)
         answer = connection.getresponse()

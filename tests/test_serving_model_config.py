@@ -23,6 +23,7 @@ from serving.model_config import (
 from serving.names import MAX_VERSION
 from serving.payload import RestError
 from serving.repository import ModelRepository, VersionPolicy
+from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, ThreadServer, exported, http_call
 
 pytestmark = pytest.mark.timeout(120)
@@ -333,7 +334,7 @@ def test_stop_waits_for_a_reload_in_progress_up_to_its_timeout(tmp_path):
         assert models.watching
     finally:
         gate.set()
-    assert models.stop(timeout=30) is True
+    assert models.stop(timeout=limit(30)) is True
     assert not models.watching
 
 
@@ -343,13 +344,13 @@ def test_the_watcher_rereads_on_its_interval(tmp_path):
     models.watch(str(path), poll_seconds=0.05)
     try:
         path.write_text(_config(("a", a, "all {}", {"stable": 2})))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + limit(30)
         while models.labels("a") != {"stable": 2} and time.monotonic() < deadline:
             time.sleep(0.02)
         assert models.labels("a") == {"stable": 2}
         assert models.watching
     finally:
-        assert models.stop(timeout=10)
+        assert models.stop(timeout=limit(10))
     assert not models.watching
 
 
@@ -396,11 +397,11 @@ def test_the_server_answers_labels_over_rest_and_grpc(two_versions):
             request.model_spec.name = "a"
             request.model_spec.version_label = "canary"
             request.inputs["sequence"].CopyFrom(tensors.to_tensor_proto(x))
-            response = stub.Predict(request, timeout=60)
+            response = stub.Predict(request, timeout=limit(60))
             assert response.model_spec.version.value == 2
             request.model_spec.version_label = "beta"
             with pytest.raises(grpc.RpcError) as refused:
-                stub.Predict(request, timeout=60)
+                stub.Predict(request, timeout=limit(60))
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert refused.value.details() == "Unrecognized servable version label: beta"
     finally:

@@ -20,6 +20,7 @@ from serving import litert, onnxgraphs
 from serving.export import export_model, main
 from serving.runtimes import InputSpec, LiteRTModel, OnnxModel, RuntimeInputError, check_inputs
 from serving.steploop import PortableExportError
+from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, digits
 
 STEPS, FEATURES, CLASSES = 20, 3, 4
@@ -230,7 +231,7 @@ def test_the_pytorch_backend_exports_onnx_equal_to_keras(tmp_path):
         env=dict(os.environ, KERAS_BACKEND="torch"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=limit(300),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from serving.export import export_model
+from tests.limits import limit
 from tests.serving_helpers import ServerProcess, ThreadServer, http_call, work_dir
 
 pytestmark = pytest.mark.timeout(180)
@@ -59,7 +60,7 @@ def test_variable_length_input_is_bounded(variable_length):
         for steps in (500_000, 200_000):
             start = time.monotonic()
             body = {"instances": [[[0.5, 0.5]] * steps]}
-            status, answer = http_call(url, "POST", body, timeout=60)
+            status, answer = http_call(url, "POST", body, timeout=limit(60))
             assert status == 400 and "--max-input-elements" in answer["error"], answer
             assert time.monotonic() - start < 10
         assert http_call(url, "POST", {"instances": [[[0.5, 0.5]] * 1000]})[0] == 200

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, ThreadServer, exported
 
 _WITHOUT_TENSORFLOW = """
@@ -35,7 +36,7 @@ print("ok", flush=True)
 def _python(code, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP")}
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+                          capture_output=True, text=True, timeout=limit(180))  # fmt: skip
 
 
 def test_the_protos_load_without_tensorflow_and_tensorflow_imports_after_them():
@@ -54,7 +55,7 @@ def test_the_grpc_client_command_answers_without_tensorflow_s_start_up():
         done = subprocess.run(
             [sys.executable, "-m", "serving.client", "--grpc", f"{host}:{port}", "--model",
              "antisym", "status"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=limit(120),
             env={k: v for k, v in os.environ.items() if not k.startswith("TF_CPP")},
         )  # fmt: skip
     finally:

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from tests.limits import limit
 from tests.serving_helpers import (
     REPO_ROOT,
     ServerProcess,
@@ -72,7 +73,7 @@ class _Traffic:
     def __exit__(self, *exc):
         self.stop.set()
         for thread in self.threads:
-            thread.join(timeout=30)
+            thread.join(timeout=limit(30))
 
     @property
     def sent(self):
@@ -80,7 +81,7 @@ class _Traffic:
 
     def _run(self):
         while not self.stop.is_set() and self.sent < self.limit:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=limit(30))
             try:
                 conn.connect()
             except OSError:  # refused: the server is down, retry soon
@@ -143,7 +144,7 @@ def test_sigterm_restart_under_traffic_answers_every_request(restarts, per_resta
                 before = traffic.sent
                 start = time.monotonic()
                 servers[-1].process.send_signal(signal.SIGTERM)
-                status = servers[-1].process.wait(timeout=30)
+                status = servers[-1].process.wait(timeout=limit(30))
                 drained = time.monotonic() - start
                 servers.append(ServerProcess(base, "antisym", extra_args=args))
                 _wait_count(traffic, traffic.sent + per_restart, 60)
@@ -179,12 +180,12 @@ def test_signals_while_the_server_closes_and_exits_change_nothing():
     server = ServerProcess(base, "antisym")
     sent = 0
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + limit(60)
         while server.process.poll() is None and time.monotonic() < deadline:
             server.process.send_signal(signal.SIGTERM)
             sent += 1
             time.sleep(0.05)
-        server.process.wait(timeout=30)
+        server.process.wait(timeout=limit(30))
     finally:
         server.stop()
     time.sleep(0.2)  # the reader thread takes the last lines
@@ -211,7 +212,7 @@ def _expect_continue(url, length, body_budget):
         f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
     ).encode()
     received, sent = b"", 0
-    with socket.create_connection((host, port), timeout=10) as sock:
+    with socket.create_connection((host, port), timeout=limit(10)) as sock:
         sock.sendall(head)
         ready, _, _ = select.select([sock], [], [], 3)
         if ready:
@@ -230,7 +231,7 @@ def _expect_continue(url, length, body_budget):
                     if not data:
                         break
                     received += data
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + limit(10)
         while b"\r\n\r\n" not in received and time.monotonic() < deadline:
             try:
                 data = sock.recv(65536)
@@ -267,7 +268,7 @@ def _stall(url, count):
     host, port = _host_port(url)
     sockets = []
     for _ in range(count):
-        sock = socket.create_connection((host, port), timeout=10)
+        sock = socket.create_connection((host, port), timeout=limit(10))
         sock.sendall(b"POST /v1/models/antisym:predict HTTP/1.1\r\nHost: x\r\n")
         sockets.append(sock)
     return sockets
@@ -285,7 +286,7 @@ def test_stalled_clients_do_not_starve_a_good_request():
         time.sleep(0.5)
         start = time.monotonic()
         status, answer = http_call(
-            f"{server.url}/v1/models/antisym:predict", "POST", PREDICT_BODY, timeout=45
+            f"{server.url}/v1/models/antisym:predict", "POST", PREDICT_BODY, timeout=limit(45)
         )
         waited = time.monotonic() - start
         print(f"\n200 stalled connections: a good predict answered in {waited:.2f} s")
@@ -312,7 +313,7 @@ def test_drain_answers_in_flight_requests_then_stops(monkeypatch):
 
     def held_predict(*args):
         started.set()
-        release.wait(timeout=60)
+        release.wait(timeout=limit(60))
         return real_predict(*args)
 
     monkeypatch.setattr(rest, "predict", held_predict)
@@ -330,10 +331,11 @@ def test_drain_answers_in_flight_requests_then_stops(monkeypatch):
         )
         try:
             client.start()
-            assert started.wait(timeout=60)
-            idle = socket.create_connection((host, port), timeout=10)  # keep-alive, no request
+            assert started.wait(timeout=limit(60))
+            # A keep-alive connection, no request.
+            idle = socket.create_connection((host, port), timeout=limit(10))
             server.server.drain(seconds)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + limit(10)
             while True:  # the listener closes within a loop turn
                 try:
                     # A SYN sent between the SYN filter and the close is dropped; the
@@ -349,18 +351,21 @@ def test_drain_answers_in_flight_requests_then_stops(monkeypatch):
             idle.close()
             if released:
                 release.set()
-            server.thread.join(timeout=30)
+            server.thread.join(timeout=limit(30))
             assert not server.thread.is_alive()
             assert server.server.dropped == dropped
         finally:
             release.set()
             server.stop()
-        client.join(timeout=30)
+        client.join(timeout=limit(30))
         if released:
             assert results and results[0][0] == 200, results
 
 
-def _run_cli(module, *args, timeout=120):
+CLI_LIMIT = limit(120)
+
+
+def _run_cli(module, *args, timeout=CLI_LIMIT):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -447,7 +452,7 @@ def test_failed_and_odd_versions_are_reported_over_rest(tmp_path):
         _copy_version(one, os.path.join(base, str(MAX_VERSION)))
         _copy_version(one, os.path.join(base, "7"))  # 7 and 007: a clash
         os.makedirs(os.path.join(base, "9"))  # no saved_model.pb
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + limit(60)
         while http_call(status_url)[1]["model_version_status"][0]["state"] != "AVAILABLE":
             assert time.monotonic() < deadline, http_call(status_url)
             time.sleep(0.2)

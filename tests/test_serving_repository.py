@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tests.limits import limit
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -90,7 +92,7 @@ def test_version_watcher_survives_any_error(tmp_path, monkeypatch):
         monkeypatch.undo()
         assert repository.watching and _served(repository) == 1
         _fake_version(base, "5")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + limit(10)
         while _served(repository) != 5:
             assert time.monotonic() < deadline, "version 5 was not loaded"
             time.sleep(0.02)
@@ -394,7 +396,7 @@ def test_an_unreadable_base_path_is_named_until_a_scan_succeeds(tmp_path):
             "FileNotFoundError: "
         ), message
         _fake_version(base, "1")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + limit(10)
         while _served(repository) != 1:
             assert time.monotonic() < deadline, "version 1 was not loaded"
             time.sleep(0.02)
@@ -654,4 +656,4 @@ def test_stop_gives_up_after_its_timeout_on_a_scan_that_does_not_end(tmp_path):
     assert repository.stop(timeout=0.2) is False  # still loading: it says so
     assert 0.2 <= time.monotonic() - started < 2 and repository.watching
     release.set()
-    assert repository.stop(timeout=10) is True and not repository.watching
+    assert repository.stop(timeout=limit(10)) is True and not repository.watching

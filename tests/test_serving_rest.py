@@ -24,6 +24,7 @@ import pytest
 
 from serving.client import GrpcClient, ServingClient, ServingError
 from serving.export import export_model
+from tests.limits import limit
 from tests.serving_helpers import (
     MODEL_KINDS,
     REPO_ROOT,
@@ -97,7 +98,7 @@ def target(request):
 def grpc_client(target):
     if target.grpc is None:
         pytest.skip("no gRPC endpoint given for this server (TF_SERVING_GRPC)")
-    with GrpcClient(target.grpc, target.model, timeout=60, retries=0) as client:
+    with GrpcClient(target.grpc, target.model, timeout=limit(60), retries=0) as client:
         yield client
 
 
@@ -140,7 +141,7 @@ def test_bad_grpc_calls_get_their_codes_and_keep_serving(target, grpc_client):
         assert refused.value.message.strip(), case
     for url in ("no_such_model", f"{target.model}/versions/987654"):
         model, _, version = url.partition("/versions/")
-        with GrpcClient(target.grpc, model, timeout=60, retries=0) as other:
+        with GrpcClient(target.grpc, model, timeout=limit(60), retries=0) as other:
             with pytest.raises(ServingError) as refused:
                 other.status(version=int(version) if version else None)
         assert refused.value.code == "NOT_FOUND", url
@@ -303,7 +304,7 @@ def test_refused_body_still_lets_the_client_read_the_413(target):
     host, port = re.match(r"http://([^/:]+):(\d+)", target.url).groups()
     length = 3 * LOCAL_MAX_BODY_BYTES
     path = f"/v1/models/{target.model}:predict"
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
+    with socket.create_connection((host, int(port)), timeout=limit(30)) as sock:
         sock.sendall(
             f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode()
         )
@@ -318,7 +319,7 @@ def test_refused_body_still_lets_the_client_read_the_413(target):
 
 
 def test_client_against_server(target):
-    client = ServingClient(target.url, target.model, timeout=30)
+    client = ServingClient(target.url, target.model, timeout=limit(30))
     assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
     assert "signature_def" in client.metadata()["metadata"]
     x = target.batch(2)
@@ -341,7 +342,7 @@ def test_client_cli(target):
     def cli(*args):
         return subprocess.run(
             [sys.executable, "-m", "serving.client", "--url", target.url, *args],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=limit(60),
         )  # fmt: skip
 
     done = cli("--model", target.model, "predict", "--instances-file", instances)
@@ -442,7 +443,7 @@ def test_bounded_load(target, capsys):
     per_client = LOAD_REQUESTS // LOAD_CLIENTS
 
     def client(index):
-        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn = http.client.HTTPConnection(host, int(port), timeout=limit(30))
         mine = []
         try:
             for i in range(per_client):
@@ -468,7 +469,7 @@ def test_bounded_load(target, capsys):
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=300)
+        thread.join(timeout=limit(300))
     elapsed = time.perf_counter() - start
     assert not errors, errors[:5]
     assert len(latencies) == LOAD_REQUESTS

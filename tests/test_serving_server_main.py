@@ -20,6 +20,7 @@ import types
 import pytest
 
 from serving import server as server_module
+from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, exported, http_call
 
 PROG = "python -m serving.server"
@@ -250,7 +251,7 @@ def test_the_highest_port_is_accepted(made, tmp_path):
 
 def _client(made, answers, signum):
     """Waits for the server, predicts once, then signals this process (the server's)."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + limit(120)
     while not made and time.monotonic() < deadline:
         time.sleep(0.05)
     host, port = made[0].server_address[:2]
@@ -258,7 +259,8 @@ def _client(made, answers, signum):
     # Answered only once serve_forever runs, after the signal handlers are installed.
     answers.append(
         http_call(
-            f"http://{host}:{port}/v1/models/antisym:predict", "POST", PREDICT_BODY, timeout=60
+            f"http://{host}:{port}/v1/models/antisym:predict", "POST", PREDICT_BODY,
+            timeout=limit(60),
         )
     )
     os.kill(os.getpid(), signum)
@@ -282,7 +284,7 @@ def test_serves_until_a_signal_then_drains_closes_and_gives_the_handlers_back(
     status = server_module.main(
         ["--model-base-path", base, "--model-name", "antisym", "--port", "0", "--grpc-port", "0"]
     )
-    client.join(timeout=60)
+    client.join(timeout=limit(60))
     assert status == 0
     port, (code, body) = answers
     assert code == 200 and len(body["predictions"]) == 3

@@ -14,6 +14,7 @@ import pytest
 from keras_antisym import AntisymmetricCell, AntisymmetricRNN, GatedAntisymmetricRNN
 from serving.client import NoStreamSignatureError, ServingClient, stream
 from serving.export import export_model
+from tests.limits import limit
 from tests.serving_helpers import (
     NO_KERAS_PRELUDE,
     REPO_ROOT,
@@ -229,7 +230,7 @@ def test_three_signatures_load_and_run_without_keras():
     done = subprocess.run(
         [sys.executable, "-c", NO_KERAS_PRELUDE + _THREE_WITHOUT_KERAS, path, x_path],
         cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=limit(120),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout)
@@ -375,7 +376,7 @@ def test_every_answer_of_a_version_names_it_in_a_header(lstm_server):
     host, port = server.url.removeprefix("http://").split(":")
 
     def version_header(method, path, body=None):
-        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection = http.client.HTTPConnection(host, int(port), timeout=limit(30))
         try:
             connection.request(method, path, body=body and json.dumps(body))
             response = connection.getresponse()
@@ -405,7 +406,7 @@ def test_client_stream_equals_whole_sequence(lstm_server, capsys):
     x = np.random.default_rng(4).normal(size=(2, T, M)).astype("float32")
     whole = signatures["serving_default"](sequence=tf.constant(x))["value"].numpy()
     chunks = [x[:, start : start + 5] for start in range(0, T, 5)]
-    answers = list(stream(server.url, chunks, "lstm", timeout=30))
+    answers = list(stream(server.url, chunks, "lstm", timeout=limit(30)))
     assert len(answers) == 3 and sorted(answers[-1]) == ["value"]
     np.testing.assert_allclose(answers[-1]["value"], whole, atol=1e-5)
     one = list(ServingClient(server.url, "lstm").stream(x[1, start : start + 4] for start in

@@ -15,6 +15,7 @@ import tensorflow_datasets as tfds
 import yaml
 
 from benchmarks import reference
+from tests.limits import limit
 from training import train
 from training.config import LaunchConfig, RunConfig
 from training.run import experiment
@@ -35,7 +36,10 @@ def _env(backend="tensorflow"):
     }
 
 
-def _run_cli(args, timeout=240, backend="tensorflow"):
+CLI_LIMIT = limit(240)
+
+
+def _run_cli(args, timeout=CLI_LIMIT, backend="tensorflow"):
     return subprocess.run(
         [sys.executable, "-m", "training.train", *args],
         cwd=ROOT,
@@ -212,7 +216,8 @@ def test_command_line_overrides_config(tmp_path):
 )
 def test_bad_flags_exit_with_one_line(tmp_path, args, message):
     args = [a.replace("{empty}", str(tmp_path)) for a in args]
-    proc = _run_cli([*args, "--output-dir", str(tmp_path / "out"), "--steps", "1"], timeout=120)
+    argv = [*args, "--output-dir", str(tmp_path / "out"), "--steps", "1"]
+    proc = _run_cli(argv, timeout=limit(120))
     assert proc.returncode == 2, proc.stderr[-2000:]
     # One line and nothing else: TensorFlow's native start-up lines are silenced too.
     lines = proc.stderr.splitlines()
@@ -272,12 +277,12 @@ def test_kill_and_resume_finishes_with_nothing_lost(tmp_path, backend):
         text=True,
     )
     index = killed_dir / "checkpoints" / CHECKPOINT_INDEX[backend]
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + limit(180)
     while not index.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     assert index.exists(), "no checkpoint before the deadline"
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=limit(30))
     assert not (killed_dir / "metrics.json").exists(), "the run finished before the kill"
 
     resumed = _run_cli([*common, "--output-dir", str(killed_dir)], backend=backend)

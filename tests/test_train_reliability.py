@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from apputil.files import FolderLock
+from tests.limits import limit
 from training import train, tune
 from training.errors import DivergenceError
 from training.run import loop
@@ -47,12 +48,12 @@ def test_a_signal_checkpoints_the_step_in_progress_and_the_rerun_resumes_there(
     out = tmp_path / "run"
     proc, argv = _endless_run(out)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + limit(120)
         for line in proc.stdout:  # wait until it trains
             if line.startswith("step 10/") or time.monotonic() > deadline:
                 break
         proc.send_signal(number)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=limit(60))
     finally:
         proc.kill()
     assert proc.returncode == status, err[-2000:]
@@ -66,7 +67,7 @@ def test_a_signal_checkpoints_the_step_in_progress_and_the_rerun_resumes_there(
     rerun = subprocess.run(
         [sys.executable, "-m", "training.train", *argv[:-4], "--steps", str(step + 2),
          "--output-dir", str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True,
-        timeout=180,
+        timeout=limit(180),
     )  # fmt: skip
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert f"at step {step}" in rerun.stdout
@@ -265,13 +266,13 @@ def test_a_diverged_run_resumes_from_its_last_good_checkpoint_with_a_new_learnin
     common = [*TINY, "--optimizer", "sgd", "--checkpoint-every", "1", "--output-dir", str(out)]
     first = subprocess.run(
         [sys.executable, "-m", "training.train", *common, "--steps", "3"], cwd=ROOT, env=_env(),
-        capture_output=True, text=True, timeout=180,
+        capture_output=True, text=True, timeout=limit(180),
     )  # fmt: skip
     assert first.returncode == 0, first.stderr[-2000:]
     blown = subprocess.run(
         [sys.executable, "-m", "training.train", *common, "--steps", "40",
          "--learning-rate", "1e38", "--change-on-resume", "learning_rate"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180,
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=limit(180),
     )  # fmt: skip
     assert blown.returncode == 2, blown.stderr[-2000:]
     assert "training diverged at step" in blown.stderr and "Traceback" not in blown.stderr
@@ -282,13 +283,13 @@ def test_a_diverged_run_resumes_from_its_last_good_checkpoint_with_a_new_learnin
     refused = subprocess.run(
         [sys.executable, "-m", "training.train", *common, "--steps", "6",
          "--learning-rate", "0.05"], cwd=ROOT, env=_env(), capture_output=True, text=True,
-        timeout=180,
+        timeout=limit(180),
     )  # fmt: skip
     assert refused.returncode == 2 and "argument `--learning-rate`" in refused.stderr
     resumed = subprocess.run(
         [sys.executable, "-m", "training.train", *common, "--steps", "6",
          "--learning-rate", "0.05", "--change-on-resume", "learning_rate"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180,
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=limit(180),
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming with learning_rate 0.05 (was 1e+38)" in resumed.stdout
@@ -453,12 +454,12 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_keeps_the_last_and_the_rerun_re
         )  # fmt: skip
         try:
             states = [out / "checkpoints" / name for name in ("checkpoint", "checkpoint.json")]
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + limit(120)
             while not any(state.exists() for state in states):  # the first one is complete
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
                 time.sleep(0.05)
             _fill(disk)
-            _, err = proc.communicate(timeout=120)
+            _, err = proc.communicate(timeout=limit(120))
         finally:
             proc.kill()
             proc.wait()
@@ -478,7 +479,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_keeps_the_last_and_the_rerun_re
         rerun = subprocess.run(
             [sys.executable, "-m", "training.train", *argv[:-6], "--steps", str(failed + 5),
              "--checkpoint-every", "100", "--output-dir", str(out)],
-            cwd=ROOT, env=_env(backend), capture_output=True, text=True, timeout=120,
+            cwd=ROOT, env=_env(backend), capture_output=True, text=True, timeout=limit(120),
         )  # fmt: skip
         assert rerun.returncode == 0, rerun.stderr[-2000:]
         kept = failed - 20  # the checkpoint before the one the full disk refused
@@ -530,7 +531,7 @@ def _start_up_stop(tmp_path, number, delay):
     try:
         time.sleep(delay)
         proc.send_signal(number)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=limit(120))
     finally:
         proc.kill()
     return proc.returncode, err

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from tests.limits import limit
 from tests.recording import RecordingWriter
 from training import data, errors
 from training.config import RunConfig
@@ -33,7 +34,10 @@ def _env(backend, **extra):
     }
 
 
-def _train(backend, args, timeout=300, **env):
+TRAIN_LIMIT = limit(300)
+
+
+def _train(backend, args, timeout=TRAIN_LIMIT, **env):
     return subprocess.run(
         [sys.executable, "-m", "training.train", *args],
         cwd=ROOT,
@@ -94,7 +98,7 @@ def test_every_mnist_family_and_synthetic_task_trains_without_tensorflow(tmp_pat
         env=_env(backend, PYTHONPATH=_blocked_path(tmp_path)),
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=limit(400),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tensorflow-free" in done.stdout
@@ -419,7 +423,7 @@ def test_jax_trained_model_exports_and_serves_the_same_predictions(tmp_path):
     )
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, env=_env("jax"),
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=limit(300),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     version = export_model(str(out / "model.keras"), str(tmp_path / "export"), 1)
@@ -446,7 +450,7 @@ def test_library_runs_without_tensorflow(tmp_path, backend):
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT,
         env=_env(backend, PYTHONPATH=_blocked_path(tmp_path)),
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=limit(120),
     )  # fmt: skip
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
@@ -458,7 +462,7 @@ def test_tune_runs_its_trials_on_jax(tmp_path):
          "0.01,0.1", "--gamma-values", "0.01", "--sigma-w-values", "1", "--optimizer-values",
          "adam", "--learning-rate-values", "0.01", "--max-trials", "2", "--steps-per-trial",
          "5", "--directory", str(tmp_path)],
-        cwd=ROOT, env=_env("jax"), capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=_env("jax"), capture_output=True, text=True, timeout=limit(300),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     best = json.loads((tmp_path / "digits-antisymmetric" / "best.json").read_text())

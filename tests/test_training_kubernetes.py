@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT
 
 KUBERNETES = "1.33"
@@ -137,7 +138,7 @@ def test_the_job_s_command_trains_as_two_processes_with_the_pods_environment(tmp
         log.close()
     assert host.endswith(".antisym-train")
     try:
-        statuses = [process.wait(timeout=240) for process in processes]
+        statuses = [process.wait(timeout=limit(240)) for process in processes]
     finally:
         for process in processes:
             if process.poll() is None:

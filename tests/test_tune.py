@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from apputil.errors import UsageError
+from tests.limits import limit
 from training import tune
 from training.errors import SearchError
 from training.search.space import MODEL_HYPERPARAMETERS, PAPER_GRID, SearchSpace, flag_name
@@ -46,7 +47,7 @@ def _stop(processes):
     for process in processes:
         if process.poll() is None:
             process.kill()
-        process.wait(timeout=30)
+        process.wait(timeout=limit(30))
 
 
 def _trials(project_dir):
@@ -305,7 +306,7 @@ def test_trials_run_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=limit(120),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trials run on MirroredStrategy (2 replicas)" in result.stdout
@@ -328,7 +329,7 @@ def test_chief_and_two_workers_run_every_trial_once(tmp_path):
             processes.append(
                 _start(argv, tmp_path / f"{name}.log", KERASTUNER_TUNER_ID=name, **oracle)
             )
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + limit(150)
         for process in processes:
             process.wait(timeout=max(1, deadline - time.monotonic()))
     finally:
@@ -368,13 +369,13 @@ def test_a_signal_stops_the_search_with_one_line_and_the_shell_s_status(
     log = tmp_path / "tune.log"
     search = _start(argv, log)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + limit(90)
         while wait_for not in log.read_text():
             assert search.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
         time.sleep(seconds)
         search.send_signal(number)
-        search.wait(timeout=60)
+        search.wait(timeout=limit(60))
     finally:
         _stop([search])
     text = log.read_text()
@@ -405,7 +406,7 @@ def test_a_signal_after_the_best_trial_is_printed_is_one_line_and_keeps_the_stat
     log = tmp_path / "tune.log"
     search = _start(argv, log)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + limit(120)
         while "best trial 0 " not in log.read_text():
             assert search.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.01)
@@ -414,7 +415,7 @@ def test_a_signal_after_the_best_trial_is_printed_is_one_line_and_keeps_the_stat
             search.send_signal(number)
             sent += 1
             time.sleep(0.05)
-        search.wait(timeout=60)
+        search.wait(timeout=limit(60))
     finally:
         _stop([search])
     text = log.read_text()
@@ -436,7 +437,7 @@ def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):
     project = directory / "p"
     first = _start(argv, tmp_path / "first.log")
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + limit(90)
         while time.monotonic() < deadline and first.poll() is None:
             trial = _trials(project).get("0")
             oracle = _read_json(project / "oracle.json")
@@ -451,7 +452,7 @@ def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):
             time.sleep(0.05)
         assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
+        first.wait(timeout=limit(30))
     finally:
         _stop([first])
     before = _trials(project)
@@ -460,7 +461,7 @@ def test_killed_search_resumes_without_redoing_finished_trials(tmp_path):
 
     second = _start(argv, tmp_path / "second.log")
     try:
-        second.wait(timeout=90)
+        second.wait(timeout=limit(90))
     finally:
         _stop([second])
     log = (tmp_path / "second.log").read_text()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import limit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,7 +23,7 @@ def mypy(*args, cwd=ROOT):
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=limit(300),
         env={**os.environ, "MYPY_FORCE_COLOR": "0"},
     )
     return proc.stdout + proc.stderr, proc.returncode
