@@ -61,19 +61,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("serving.server")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-# Limits: the CLI flags and make_server's keyword arguments, with default and meaning.
-LIMITS: dict[str, tuple[Any, str]] = {
-    "max_body_bytes": (DEFAULT_MAX_BODY_BYTES, "larger request bodies get 413"),
-    "max_input_elements": (DEFAULT_MAX_INPUT_ELEMENTS, "more input numbers per request: 400"),
-    "max_header_bytes": (64 * 1024, "larger request line + headers get 431"),
-    "threads": (4, "worker threads running predictions"),
-    "connection_limit": (1000, "open connections; more wait in the listen backlog"),
-    "max_queued_requests": (32, "more requests waiting for a worker get 503"),
-    "channel_timeout": (30, "seconds a keep-alive connection may sit idle"),
-    "header_timeout": (10.0, "seconds to send a request's line and headers"),
-    "request_timeout": (30.0, "seconds to send one request's headers and body (gRPC: its message)"),
-    "drain_seconds": (10.0, "seconds to answer requests in progress after SIGTERM/SIGINT"),
-}
 FD_RESERVE = 64  # descriptors kept for TensorFlow, model files and logs
 
 
@@ -106,12 +93,18 @@ def _connection_limit(wanted: int) -> int:
     return fitted
 
 
+def _limit(default: Any, meaning: str) -> Any:
+    """A limit's field: its default, and its meaning for the CLI's help."""
+    return dataclasses.field(default=default, metadata={"limit": meaning})
+
+
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-    """Every setting of the local server, checked once (as waitress' `Adjustments`).
+    """Every setting of the local server, each default in one place and checked once (as
+    waitress' `Adjustments`).
 
-    The limits' defaults and meanings are `LIMITS`; the CLI's flags are these
-    fields (`--max-body-bytes` is `max_body_bytes`).
+    The CLI's flags are these fields (`--max-body-bytes` is `max_body_bytes`);
+    `LIMITS` lists the limits among them with their defaults and meanings.
     """
 
     model_base_path: str | None = None
@@ -119,16 +112,24 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8501
     poll_seconds: float = POLL_SECONDS
-    max_body_bytes: int = LIMITS["max_body_bytes"][0]
-    max_input_elements: int = LIMITS["max_input_elements"][0]
-    max_header_bytes: int = LIMITS["max_header_bytes"][0]
-    threads: int = LIMITS["threads"][0]
-    connection_limit: int = LIMITS["connection_limit"][0]
-    max_queued_requests: int = LIMITS["max_queued_requests"][0]
-    channel_timeout: float = LIMITS["channel_timeout"][0]
-    header_timeout: float = LIMITS["header_timeout"][0]
-    request_timeout: float = LIMITS["request_timeout"][0]
-    drain_seconds: float = LIMITS["drain_seconds"][0]
+    # The limits: a flag each (`--max-body-bytes`) and a keyword of `make_server`, with
+    # their meaning, from which `LIMITS` and the CLI's help are made.
+    max_body_bytes: int = _limit(DEFAULT_MAX_BODY_BYTES, "larger request bodies get 413")
+    max_input_elements: int = _limit(
+        DEFAULT_MAX_INPUT_ELEMENTS, "more input numbers per request: 400"
+    )
+    max_header_bytes: int = _limit(64 * 1024, "larger request line + headers get 431")
+    threads: int = _limit(4, "worker threads running predictions")
+    connection_limit: int = _limit(1000, "open connections; more wait in the listen backlog")
+    max_queued_requests: int = _limit(32, "more requests waiting for a worker get 503")
+    channel_timeout: float = _limit(30, "seconds a keep-alive connection may sit idle")
+    header_timeout: float = _limit(10.0, "seconds to send a request's line and headers")
+    request_timeout: float = _limit(
+        30.0, "seconds to send one request's headers and body (gRPC: its message)"
+    )
+    drain_seconds: float = _limit(
+        10.0, "seconds to answer requests in progress after SIGTERM/SIGINT"
+    )
     #: Replay each version's warmup requests before serving it (`serving.warmup`).
     warmup: bool = True
     #: TensorFlow Serving's gRPC API on this port (0: any free one), None: REST only.
@@ -142,6 +143,7 @@ class ServerSettings:
     def limits(self) -> dict[str, float]:
         """The settings of `LIMITS`, by name."""
         return {name: getattr(self, name) for name in LIMITS}
+
 
     def model_configs(self, argument: Callable[[str], str] = str) -> list[ModelConfig]:
         """The models to serve: the config file's, or the one of `model_base_path` and
@@ -197,6 +199,14 @@ class ServerSettings:
                 raise invalid(argument(name), f"a port no other process holds on {self.host}",
                               Literal(f"{port} (in use: {_address(self.host, port)})"))  # fmt: skip
         return self
+
+
+#: The limits among the settings: `{name: (default, meaning)}`, read from their fields.
+LIMITS: dict[str, tuple[Any, str]] = {
+    field.name: (field.default, field.metadata["limit"])
+    for field in dataclasses.fields(ServerSettings)
+    if "limit" in field.metadata
+}
 
 
 class LocalServer(ServerThread):
