@@ -53,7 +53,7 @@ from serving.payload import (
     run_signature,
 )
 
-log = logging.getLogger("serving.server")
+log = logging.getLogger(__name__)
 
 #: The only metadata field TensorFlow Serving answers.
 SIGNATURE_DEF_FIELD = "signature_def"

@@ -41,7 +41,7 @@ from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher
 from waitress.utilities import BadRequest
 
-log = logging.getLogger("serving.server")
+log = logging.getLogger(__name__)
 
 LINGER_SECONDS = 5.0
 LINGER_FACTOR = 4  # drop at most this many times the body cap while lingering

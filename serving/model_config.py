@@ -44,7 +44,7 @@ from serving.repository import (
     base_path_problem,
 )
 
-log = logging.getLogger("serving.server")
+log = logging.getLogger(__name__)
 
 
 class ModelConfigError(ValueError):

@@ -28,7 +28,7 @@ from serving.payload import RestError
 from serving.warmup import WarmupRequestFailed
 from serving.warmup import replay as replay_warmup
 
-log = logging.getLogger("serving.server")
+log = logging.getLogger(__name__)
 
 MAX_RETRY_SECONDS = 30.0
 #: Seconds between scans of a base path for versions: TensorFlow Serving's default

@@ -38,7 +38,7 @@ from serving.payload import (
     predict,
 )
 
-log = logging.getLogger("serving.server")
+log = logging.getLogger(__name__)
 
 _PATH = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)"

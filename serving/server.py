@@ -58,7 +58,7 @@ from serving.rest import RestApp
 if TYPE_CHECKING:
     from serving.grpcd import GrpcServer
 
-log = logging.getLogger("serving.server")
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 FD_RESERVE = 64  # descriptors kept for TensorFlow, model files and logs

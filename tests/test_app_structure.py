@@ -248,3 +248,21 @@ def test_signature_and_input_names_are_spelled_only_in_serving_names():
                 where = os.path.relpath(path, ROOT)
                 found += [f"{where}: {literal}" for literal in literals if literal in text]
     assert found == []
+
+
+def test_each_application_module_logs_under_its_own_name():
+    """`logging.getLogger(__name__)`: a log line names the module it came from, and one
+    logger's level (`serving`, `serving.repository`) selects a part of the application."""
+    import re
+
+    own = re.compile(r"^log = logging\.getLogger\((.*)\)$", re.M)
+    found = {}
+    for package in ("serving", "training", "apputil"):
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for file in files:
+                if file.endswith(".py"):
+                    path = os.path.join(folder, file)
+                    with open(path) as f:
+                        for name in own.findall(f.read()):
+                            found[os.path.relpath(path, ROOT)] = name
+    assert len(found) >= 6 and set(found.values()) == {"__name__"}, found

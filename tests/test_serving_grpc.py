@@ -437,7 +437,7 @@ def test_a_fault_is_internal_logged_with_the_api_and_model_and_the_server_keeps_
     try:
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            with caplog.at_level(logging.ERROR, logger="serving.server"):
+            with caplog.at_level(logging.ERROR, logger="serving"):
                 with pytest.raises(grpc.RpcError) as refused:
                     stub.Predict(_small_request(), timeout=limit(30))
             assert refused.value.code() == grpc.StatusCode.INTERNAL
@@ -596,7 +596,7 @@ def test_calls_that_never_send_their_request_hold_no_worker_and_are_cut_off(capl
                 request_serializer=predict_pb2.PredictRequest.SerializeToString,
                 response_deserializer=predict_pb2.PredictResponse.FromString,
             )
-            with caplog.at_level(logging.INFO, logger="serving.server"):
+            with caplog.at_level(logging.INFO, logger="serving"):
                 opened = time.monotonic()
                 pending = [silent.future(never_sent(), timeout=limit(30)) for _ in range(2)]
                 stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
@@ -712,7 +712,7 @@ def test_a_drain_answers_the_call_in_progress_and_refuses_new_ones(caplog):
         # inside grpcio.
         assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         gate.set()
-        with caplog.at_level(logging.INFO, logger="serving.server"):
+        with caplog.at_level(logging.INFO, logger="serving"):
             assert server.wait_drained() == 0
         assert caplog.messages[-1] == "drained: every gRPC call in progress was answered"
         call.join(30)
@@ -730,7 +730,7 @@ def test_a_drain_that_runs_out_of_time_counts_the_call_it_cut_off(caplog):
             call = _call_in_thread(stub, results)
             assert servable.started.acquire(timeout=limit(30))
             server.drain(0.2)
-            with caplog.at_level(logging.INFO, logger="serving.server"):
+            with caplog.at_level(logging.INFO, logger="serving"):
                 assert server.wait_drained() == 1
             assert caplog.messages[-1] == "stopped draining with 1 gRPC calls unanswered"
             call.join(30)

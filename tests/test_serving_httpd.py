@@ -364,7 +364,7 @@ def test_drain_answers_the_backlog_and_says_so(caplog, listen_fails):
     time.sleep(0.1)
     worker = threading.Thread(target=server.serve_forever, daemon=True)
     try:
-        with caplog.at_level("INFO", logger="serving.server"):
+        with caplog.at_level("INFO", logger="serving"):
             server.drain(0.9)  # under a second: the log shows it, not a floor of 1
             worker.start()
             worker.join(timeout=limit(10))
@@ -694,7 +694,7 @@ def test_drain_stops_at_its_deadline_without_waiting_for_events(caplog):
             client.sendall(GOOD)
             time.sleep(0.3)
             start = time.monotonic()
-            with caplog.at_level("INFO", logger="serving.server"):
+            with caplog.at_level("INFO", logger="serving"):
                 server.drain(0.3)
                 worker.join(timeout=limit(10))
             # Checked every 0.1 s while draining: the deadline is not overrun by the
@@ -958,7 +958,7 @@ def test_a_drain_that_runs_out_closes_a_silent_new_connection_without_counting_i
     try:
         with _connect(server) as client:
             assert _wait_until(lambda: len(server.server.active_channels) == 1, 5)
-            with caplog.at_level("INFO", logger="serving.server"):
+            with caplog.at_level("INFO", logger="serving"):
                 server.drain(0.2)
                 worker.join(timeout=limit(10))
             assert not worker.is_alive() and server.dropped == 0

@@ -157,7 +157,7 @@ def test_public_host_warns_and_connection_limit_fits_ulimit(caplog, monkeypatch)
 
     monkeypatch.setattr(server_module.resource, "getrlimit", lambda _: (256, 256))
     _, base = exported("antisymmetric")
-    with caplog.at_level(logging.WARNING, logger="serving.server"):
+    with caplog.at_level(logging.WARNING, logger="serving"):
         server = server_module.make_server(
             base, "antisym", host="0.0.0.0", port=0, connection_limit=1000
         )

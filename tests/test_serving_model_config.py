@@ -249,7 +249,7 @@ def test_a_reread_applies_changes_and_a_bad_file_keeps_the_previous_config(tmp_p
         assert models.get("a", label="stable").version == 2
         assert models.get("b").version == 7
         caplog.clear()
-        with caplog.at_level(logging.ERROR, logger="serving.server"):
+        with caplog.at_level(logging.ERROR, logger="serving"):
             path.write_text("model_config_list { config { name: 'a' ")  # half written
             assert models.reread(str(path)) is False
             assert models.reread(str(path)) is False  # the same bad file: said once
@@ -283,7 +283,7 @@ def test_apply_keeps_what_did_not_change_and_unloads_what_left(tmp_path, caplog)
         kept, first = models.repository("a"), models.get("a")
         models.apply(read_model_config(str(path)))
         assert models.repository("a") is kept and models.get("a") is first
-        with caplog.at_level(logging.INFO, logger="serving.server"):
+        with caplog.at_level(logging.INFO, logger="serving"):
             models.apply(parse_model_config(_config(("a", moved, "", {}))))
         unloads = [r.getMessage() for r in caplog.records if "no longer" in r.getMessage()]
         assert unloads == ["Model b is no longer in the config: unloading it"]
@@ -432,7 +432,7 @@ def test_a_label_moved_to_a_version_still_loading_applies_once_it_loads(tmp_path
     try:
         _versions(tmp_path / "a", 2)  # exported; the next scan (60 s away) loads it
         path.write_text(_config(("a", a, policy, {"stable": 2})))
-        with caplog.at_level(logging.ERROR, logger="serving.server"):
+        with caplog.at_level(logging.ERROR, logger="serving"):
             assert models.reread(str(path)) is False
             assert models.reread(str(path)) is False  # tried again, not said again
         (record,) = caplog.records
@@ -490,7 +490,7 @@ def test_a_config_replaced_by_a_fifo_is_refused_at_the_re_read_and_the_models_ke
     try:
         path.unlink()
         os.mkfifo(path)
-        with caplog.at_level(logging.ERROR, logger="serving.server"):
+        with caplog.at_level(logging.ERROR, logger="serving"):
             assert models.reread(str(path)) is False
         assert "is not a regular file" in caplog.records[0].getMessage()
         assert models.get("a").version == 1

@@ -471,7 +471,7 @@ def test_a_base_path_without_versions_says_so(tmp_path, caplog):
 
     base = str(tmp_path / "empty")
     os.makedirs(base)
-    with caplog.at_level(logging.WARNING, logger="serving.server"):
+    with caplog.at_level(logging.WARNING, logger="serving"):
         server = ThreadServer(base, "m")
     try:
         assert "No versions of servable m found under base path" in caplog.text

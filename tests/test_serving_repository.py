@@ -212,7 +212,7 @@ def test_a_version_that_keeps_failing_is_left_after_its_retries_until_its_files_
     _fake_version(str(tmp_path), "1")
     repository = ModelRepository(str(tmp_path), "m", poll_seconds=0.5, loader=failing,
                                  max_load_retries=2)  # fmt: skip
-    with caplog.at_level("ERROR", logger="serving.server"):
+    with caplog.at_level("ERROR", logger="serving"):
         for _ in range(12):
             repository.refresh()
             now[0] += 40.0  # past any back-off
@@ -248,7 +248,7 @@ def test_a_failed_version_is_retried_once_its_delay_has_passed_exactly(
 
     _fake_version(str(tmp_path), "1")
     repository = ModelRepository(str(tmp_path), "m", poll_seconds=0.5, loader=failing)
-    with caplog.at_level("ERROR", logger="serving.server"):
+    with caplog.at_level("ERROR", logger="serving"):
         repository.refresh()
     assert [r.getMessage() for r in caplog.records] == [
         "Could not load version 1 of m (retried): cannot load 1"
@@ -297,7 +297,7 @@ def test_the_watcher_is_a_named_daemon_thread_and_each_version_served_is_logged(
 
     _fake_version(str(tmp_path), "4")
     repository = ModelRepository(str(tmp_path), "digits", 60.0, loader=_FakeServable)
-    with caplog.at_level("INFO", logger="serving.server"):
+    with caplog.at_level("INFO", logger="serving"):
         repository.start()
     try:
         # A daemon: a server that stops is not held open by the watcher.
@@ -491,7 +491,7 @@ def test_a_broken_version_on_the_first_scan_is_logged_once(tmp_path, caplog):
     _fake_version(str(tmp_path), "1")
     repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
     expected = ["Version 2 of m is not loaded: No saved_model.pb in version folder 2"]
-    with caplog.at_level("ERROR", logger="serving.server"):
+    with caplog.at_level("ERROR", logger="serving"):
         repository.refresh()
         assert [r.getMessage() for r in caplog.records] == expected  # at once
         repository.refresh()
@@ -509,7 +509,7 @@ def test_an_empty_base_path_warns_once_and_a_version_gone_is_logged(tmp_path, ca
         f"No versions of servable m found under base path {base} "
         "(version folders are numbered: 1/, 2/)"
     )
-    with caplog.at_level("WARNING", logger="serving.server"):
+    with caplog.at_level("WARNING", logger="serving"):
         repository.refresh()
         repository.refresh()
         assert [r.getMessage() for r in caplog.records] == [empty]
@@ -555,7 +555,7 @@ def test_scan_errors_are_logged_once_each_until_a_scan_succeeds(tmp_path, monkey
         return {}, {}
 
     monkeypatch.setattr(repository, "scan", scan)
-    with caplog.at_level("DEBUG", logger="serving.server"):
+    with caplog.at_level("DEBUG", logger="serving"):
         for _ in range(5):
             repository._refresh_logged()
     scans = [(r.levelname, r.getMessage()) for r in caplog.records if "Scan" in r.getMessage()]

@@ -641,7 +641,7 @@ def test_rest_app_logs_a_fault_with_its_request_and_answers_500(caplog):
     from serving.rest import RestApp
 
     app = RestApp(_StatusRepository(RuntimeError("boom")))
-    with caplog.at_level(logging.ERROR, logger="serving.server"):
+    with caplog.at_level(logging.ERROR, logger="serving"):
         status, _, body = _wsgi(app, "GET", "/v1/models/m")
     assert status == "500 Internal Server Error" and body == {"error": "Internal: boom"}
     (record,) = caplog.records
@@ -667,7 +667,7 @@ def test_rest_app_refusals_name_the_request_up_to_200_characters(caplog):
         "405 Method Not Allowed",
         {"error": f"Method POST not allowed for {long_name[:200]}, use GET"},
     )
-    with caplog.at_level(logging.DEBUG, logger="serving.server"):
+    with caplog.at_level(logging.DEBUG, logger="serving"):
         _wsgi(app, "GET", long_name)
     assert [r.getMessage() for r in caplog.records] == [f"GET {long_name[:200]} -> 200"]
 

@@ -317,7 +317,7 @@ def test_connection_limit_raises_the_soft_file_limit_or_fits_under_it(
     calls = []
     monkeypatch.setattr(resource, "getrlimit", lambda which: tuple(limits))
     monkeypatch.setattr(resource, "setrlimit", lambda which, pair: calls.append((which, pair)))
-    with caplog.at_level(logging.WARNING, logger="serving.server"):
+    with caplog.at_level(logging.WARNING, logger="serving"):
         assert server_module._connection_limit(wanted) == fits
     expected = [] if raised_to is None else [(resource.RLIMIT_NOFILE, (raised_to, limits[1]))]
     assert calls == expected
@@ -421,7 +421,7 @@ def test_binding_beyond_loopback_warns_that_there_is_no_authentication(
         raise OSError("not bound in this test")
 
     monkeypatch.setattr(server_module.ServerThread, "__init__", bind_nothing)
-    with caplog.at_level(logging.WARNING, logger="serving.server"):
+    with caplog.at_level(logging.WARNING, logger="serving"):
         with pytest.raises(OSError, match="not bound"):
             server_module.make_server(str(tmp_path), "m", host=host)
     warnings = [

@@ -53,12 +53,12 @@ def test_the_server_replays_the_warmup_before_serving_and_can_skip_it(caplog):
 
     _, base = exported("antisymmetric")
     version_dir = os.path.join(base, "1")
-    with caplog.at_level(logging.INFO, logger="serving.server"):
+    with caplog.at_level(logging.INFO, logger="serving"):
         servable = Servable(version_dir, 1)
     assert any(r.getMessage().startswith("Warmed up version 1 with 3 requests in ")
                for r in caplog.records)  # fmt: skip
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="serving.server"):
+    with caplog.at_level(logging.INFO, logger="serving"):
         Servable(version_dir, 1, warmup=False)
     assert not [r for r in caplog.records if "Warmed up" in r.getMessage()]
     count, seconds = warmup.replay(version_dir, servable.signatures)
@@ -120,7 +120,7 @@ def test_a_warmup_refused_inside_the_graph_reports_the_assertion_s_line(tmp_path
 
     _, base = exported("antisymmetric")
     repository = ModelRepository(_rewritten(base, tmp_path, too_long), "m")
-    with caplog.at_level(logging.ERROR, logger="serving.server"):
+    with caplog.at_level(logging.ERROR, logger="serving"):
         repository.refresh()
     (status,) = repository.status("m")["model_version_status"]
     code, message = status["status"]["error_code"], status["status"]["error_message"]
