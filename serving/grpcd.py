@@ -46,7 +46,7 @@ from serving.payload import (
     DEFAULT_MAX_INPUT_ELEMENTS,
     Budget,
     Repository,
-    RestError,
+    RequestError,
     bad_request,
     check_together,
     inputs_mismatch,
@@ -116,7 +116,7 @@ class GrpcApp(
         try:
             _check_live(context)  # a call that waited for a worker past its deadline
             return respond()
-        except RestError as error:
+        except RequestError as error:
             code, message = error.code, error.message
         except Exception as error:  # a real fault: answer INTERNAL and keep serving
             log.exception("Internal error on gRPC %s for model %r", api, name[:200])
@@ -196,14 +196,14 @@ def _version(spec: Any) -> tuple[str | None, str | None]:
 
 
 def _check_live(context: grpc.ServicerContext) -> None:
-    """Raises a `RestError` (DEADLINE_EXCEEDED or CANCELLED) for a call whose client no
+    """Raises a `RequestError` (DEADLINE_EXCEEDED or CANCELLED) for a call whose client no
     longer waits for its answer, so that no prediction is run for nobody."""
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
-        raise RestError(HTTPStatus.GATEWAY_TIMEOUT, "Deadline exceeded before the call was "
+        raise RequestError(HTTPStatus.GATEWAY_TIMEOUT, "Deadline exceeded before the call was "
                         "answered", code="DEADLINE_EXCEEDED")  # fmt: skip
     if not context.is_active():
-        raise RestError(HTTPStatus.BAD_REQUEST, "The call was cancelled before it was answered",
+        raise RequestError(HTTPStatus.BAD_REQUEST, "The call was cancelled before it was answered",
                         code="CANCELLED")  # fmt: skip
 
 

@@ -34,7 +34,7 @@ from http import HTTPStatus
 from typing import Any
 
 from serving.names import MAX_VERSION, check_model_name
-from serving.payload import RestError, bad_request
+from serving.payload import RequestError, bad_request
 from serving.repository import (
     POLL_SECONDS,
     STOP_TIMEOUT_SECONDS,
@@ -293,7 +293,7 @@ class Models:
         with self._lock:
             repository = self._repositories.get(name)
         if repository is None:
-            raise RestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: {request}")
+            raise RequestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: {request}")
         return repository
 
     def _version_of(self, name: str, label: str) -> str:
@@ -305,7 +305,7 @@ class Models:
 
     def get(self, name: str, version: str | None = None, label: str | None = None) -> Any:
         """The servable of model `name`: its highest served version, `version`, or the
-        version `label` names; a 404 (400 for an unknown label) `RestError` otherwise."""
+        version `label` names; a 404 (400 for an unknown label) `RequestError` otherwise."""
         repository = self._model(name, f"Latest({name})")
         if label is not None:
             version = self._version_of(name, label)

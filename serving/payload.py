@@ -63,7 +63,7 @@ class Repository(Protocol):
 MAX_MESSAGE_CHARS = 2000
 
 
-class RestError(Exception):
+class RequestError(Exception):
     """A request failure: `{"error": message}` with an HTTP status over REST, the canonical
     `code` with the message over gRPC.
 
@@ -84,9 +84,9 @@ class RestError(Exception):
         self.code = code if code is not None else status_name(self.status)
 
 
-def bad_request(message: str) -> RestError:
-    """A 400 (INVALID_ARGUMENT) `RestError` saying `message`."""
-    return RestError(HTTPStatus.BAD_REQUEST, message)
+def bad_request(message: str) -> RequestError:
+    """A 400 (INVALID_ARGUMENT) `RequestError` saying `message`."""
+    return RequestError(HTTPStatus.BAD_REQUEST, message)
 
 
 def check_body_size(body: bytes, max_elements: int, max_rank: int) -> None:
@@ -168,7 +168,7 @@ class Budget:
 
 
 def as_input_array(value: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> np.ndarray:
-    """`value` (nested JSON lists) as an array matching `spec`, or a 400 `RestError`.
+    """`value` (nested JSON lists) as an array matching `spec`, or a 400 `RequestError`.
 
     Args:
         value: The decoded JSON value of one input (all instances).
@@ -328,7 +328,7 @@ def _rows_to_columns(instances, specs):
 def run_signature(
     servable: Servable, signature_name: str, arrays: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """`{output name: array}` of a signature called on checked inputs, or a 400 `RestError`
+    """`{output name: array}` of a signature called on checked inputs, or a 400 `RequestError`
     with the line of TensorFlow's error that says what is wrong (a failed assertion)."""
     tf = import_tensorflow()  # loaded already with the servable; the signatures take tensors
     function = servable.signatures[signature_name]

@@ -24,7 +24,7 @@ from typing import Any
 from apputil.quiet import import_tensorflow
 from serving.codes import error_text, tensorflow_code
 from serving.names import parse_version, unknown_signature
-from serving.payload import RestError
+from serving.payload import RequestError
 from serving.warmup import WarmupRequestFailed
 from serving.warmup import replay as replay_warmup
 
@@ -86,9 +86,9 @@ class Servable:
                          seconds)  # fmt: skip
 
     def input_specs(self, signature_name: str) -> dict[str, Any]:
-        """`{name: tf.TensorSpec}` of a signature's inputs, or a 400 `RestError`."""
+        """`{name: tf.TensorSpec}` of a signature's inputs, or a 400 `RequestError`."""
         if signature_name not in self.signatures:
-            raise RestError(
+            raise RequestError(
                 HTTPStatus.BAD_REQUEST,
                 unknown_signature(signature_name, self.signatures),
                 code="FAILED_PRECONDITION",
@@ -416,7 +416,7 @@ class ModelRepository:
 
     def _check_name(self, name: str, request: str) -> None:
         if name != self.name:
-            raise RestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: {request}")
+            raise RequestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: {request}")
 
     def _why_unavailable(self, version: int | None = None, served: Any = None) -> str:
         """Why nothing (or not `version`, while `served` are) is served: for 404 messages."""
@@ -454,7 +454,7 @@ class ModelRepository:
         """The `GET /v1/models/NAME[/versions/V]` body: every version folder, highest first.
 
         Raises:
-            RestError: 404 for another model, an unknown version or no version folders;
+            RequestError: 404 for another model, an unknown version or no version folders;
                 400 for a `label` (a model alone has none: `serving.model_config`).
         """
         request = f"Latest({name})" if version is None else f"Specific({name}, {version})"
@@ -464,11 +464,11 @@ class ModelRepository:
         with self._lock:
             listing, served = self._listing, self._served
         if version is not None and number not in listing:
-            raise RestError(
+            raise RequestError(
                 HTTPStatus.NOT_FOUND, f"Could not find version {version} of model {name}"
             )
         if not listing:
-            raise RestError(HTTPStatus.NOT_FOUND, self._why_unavailable())
+            raise RequestError(HTTPStatus.NOT_FOUND, self._why_unavailable())
         entries = []
         for each, (code, message) in listing.items():
             if version is not None and each != number:
@@ -481,14 +481,14 @@ class ModelRepository:
         return {"model_version_status": entries}
 
     def get(self, name: str, version: str | None = None, label: str | None = None) -> Any:
-        """The servable for `name` and optional `version` string, or a 404 `RestError`
+        """The servable for `name` and optional `version` string, or a 404 `RequestError`
         (400 for a `label`: a model alone has none)."""
         self._check_name(name, f"Latest({name})")
         _no_label(label)
         with self._lock:
             served = self._served
         if not served:
-            raise RestError(
+            raise RequestError(
                 HTTPStatus.NOT_FOUND,
                 f"Servable not found for request: Latest({name}): {self._why_unavailable()}",
             )
@@ -498,7 +498,7 @@ class ModelRepository:
         if number not in served:
             shown = ", ".join(map(str, served))
             why = "not a version" if number is None else self._why_unavailable(number, shown)
-            raise RestError(
+            raise RequestError(
                 HTTPStatus.NOT_FOUND,
                 f"Servable not found for request: Specific({name}, {version}): {why}",
             )
@@ -507,4 +507,4 @@ class ModelRepository:
 
 def _no_label(label: str | None) -> None:
     if label is not None:
-        raise RestError(HTTPStatus.BAD_REQUEST, f"Unrecognized servable version label: {label}")
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"Unrecognized servable version label: {label}")

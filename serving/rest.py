@@ -32,7 +32,7 @@ from serving.metrics import CONTENT_TYPE, METRICS_PATH, ServingMetrics
 from serving.payload import (
     DEFAULT_MAX_INPUT_ELEMENTS,
     Repository,
-    RestError,
+    RequestError,
     model_metadata,
     parse_predict_request,
     predict,
@@ -114,7 +114,7 @@ class RestApp:
             status, (body, version) = HTTPStatus.OK, self._route(method, path, model, environ)
             if version is not None:
                 extra = [(VERSION_HEADER, str(version))]
-        except RestError as error:
+        except RequestError as error:
             status, body = HTTPStatus(error.status), {"error": error.message}
             if status == HTTPStatus.SERVICE_UNAVAILABLE:
                 extra = [("Retry-After", "1")]
@@ -135,12 +135,12 @@ class RestApp:
     def _route(
         self, method: str, path: str, match: re.Match | None, environ: dict
     ) -> tuple[Any, int | None]:
-        """`(body, the version that answered or None)` of a request, or a `RestError`."""
+        """`(body, the version that answered or None)` of a request, or a `RequestError`."""
         if match is None or match["verb"] not in (None, ":predict"):
-            raise RestError(HTTPStatus.NOT_FOUND, f"Malformed request: {method} {path[:200]}")
+            raise RequestError(HTTPStatus.NOT_FOUND, f"Malformed request: {method} {path[:200]}")
         allowed = "POST" if match["verb"] else "GET"
         if method != allowed:
-            raise RestError(
+            raise RequestError(
                 HTTPStatus.METHOD_NOT_ALLOWED,
                 f"Method {method} not allowed for {path[:200]}, use {allowed}",
             )
@@ -151,7 +151,7 @@ class RestApp:
         if not match["verb"]:
             return model_metadata(servable, name), servable.version
         if self.overloaded():
-            raise RestError(
+            raise RequestError(
                 HTTPStatus.SERVICE_UNAVAILABLE, "Server overloaded: too many queued requests"
             )
         # The server has read and size-checked the whole body already.

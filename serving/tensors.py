@@ -87,7 +87,7 @@ def _values(proto: Any, shape: list[int], name: str) -> np.ndarray:
 
 
 def to_array(proto: Any, name: str = "tensor") -> np.ndarray:
-    """The NumPy array of a `TensorProto` (an answer's output), or a 400 `RestError`."""
+    """The NumPy array of a `TensorProto` (an answer's output), or a 400 `RequestError`."""
     if proto.dtype not in _DTYPES:
         raise bad_request(f"Output '{name}' has an unsupported dtype {proto.dtype}")
     shape = _shape(proto, name)
@@ -103,7 +103,7 @@ def input_array(proto: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> n
     REST, whose JSON cannot carry NaN or Infinity).
 
     Raises:
-        RestError: 400 (INVALID_ARGUMENT) naming the input and what it needs.
+        RequestError: 400 (INVALID_ARGUMENT) naming the input and what it needs.
     """
     wanted = spec.dtype.as_datatype_enum
     if proto.dtype != wanted:

@@ -31,7 +31,7 @@ from serving.client import main as client_main
 from serving.export import export_model
 from serving.grpcd import GrpcApp, GrpcServer
 from serving.metrics import ServingMetrics
-from serving.payload import RestError
+from serving.payload import RequestError
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, ServerProcess, ThreadServer, http_call
 
@@ -510,7 +510,7 @@ class _Repository:
 
     def get(self, name, version=None, label=None):
         if name != "m":
-            raise RestError(404, f"Servable not found for request: Latest({name})")
+            raise RequestError(404, f"Servable not found for request: Latest({name})")
         return self.servable
 
     def status(self, name, version=None, label=None):
@@ -629,7 +629,7 @@ class _Busy(_Repository):
     def get(self, name, version=None, label=None):
         self.calls += 1
         if self.calls <= self.busy:
-            raise RestError(503, "busy", code="RESOURCE_EXHAUSTED")
+            raise RequestError(503, "busy", code="RESOURCE_EXHAUSTED")
         return super().get(name, version, label)
 
 

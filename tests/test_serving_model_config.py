@@ -21,7 +21,7 @@ from serving.model_config import (
     read_model_config,
 )
 from serving.names import MAX_VERSION
-from serving.payload import RestError
+from serving.payload import RequestError
 from serving.repository import ModelRepository, VersionPolicy
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, ThreadServer, exported, http_call
@@ -142,7 +142,7 @@ def test_each_version_policy_serves_its_versions(tmp_path, policy, served):
     states = {e["version"]: e["state"] for e in repository.status("m")["model_version_status"]}
     assert states == {str(v): "AVAILABLE" if v in served else "END" for v in (1, 2, 3, 4)}
     for version in {1, 2, 3, 4} - set(served):
-        with pytest.raises(RestError) as refused:
+        with pytest.raises(RequestError) as refused:
             repository.get("m", str(version))
         assert refused.value.status == 404
         assert refused.value.message == (
@@ -205,11 +205,11 @@ def test_labels_name_served_versions_and_an_unknown_label_is_400(tmp_path):
         status = models.status("a", label="stable")["model_version_status"]
         assert [(e["version"], e["state"]) for e in status] == [("1", "AVAILABLE")]
         for call in (lambda: models.get("a", label="beta"), lambda: models.get("b", label="x")):
-            with pytest.raises(RestError) as refused:
+            with pytest.raises(RequestError) as refused:
                 call()
             assert refused.value.status == 400 and refused.value.code == "INVALID_ARGUMENT"
             assert refused.value.message.startswith("Unrecognized servable version label: ")
-        with pytest.raises(RestError) as refused:
+        with pytest.raises(RequestError) as refused:
             models.get("c")
         assert (refused.value.status, refused.value.message) == (
             404, "Servable not found for request: Latest(c)"
@@ -263,7 +263,7 @@ def test_a_reread_applies_changes_and_a_bad_file_keeps_the_previous_config(tmp_p
         assert models.reread(str(path)) is True
         assert models.names == ["a"] and not b_repository.watching  # b unloaded
         assert models.repository("a").served_versions == [3]
-        with pytest.raises(RestError, match="Unrecognized servable version label: canary"):
+        with pytest.raises(RequestError, match="Unrecognized servable version label: canary"):
             models.get("a", label="canary")
     finally:
         models.stop()

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from serving import payload
-from serving.payload import RestError
+from serving.payload import RequestError
 
 
 class FakeServable:
@@ -32,7 +32,7 @@ TWO = FakeServable({"a": tf.TensorSpec([None, 2], tf.float32),
 
 def _error(body, servable=ONE, max_elements=payload.DEFAULT_MAX_INPUT_ELEMENTS):
     text = body if isinstance(body, str) else json.dumps(body)
-    with pytest.raises(RestError) as raised:
+    with pytest.raises(RequestError) as raised:
         payload.parse_predict_request(text.encode(), servable, max_elements)
     assert raised.value.status == 400
     return raised.value.message
@@ -98,7 +98,7 @@ def test_the_body_limit_counts_json_values_up_to_its_exact_bound():
         return '{"inputs": [' + "0," * (tokens - 2) + "0]}"
 
     assert body(1074).count(",") + body(1074).count("[") + body(1074).count("{") == 1074
-    with pytest.raises(RestError) as raised:
+    with pytest.raises(RequestError) as raised:
         payload.check_body_size(body(1075).encode(), 10, 3)
     assert "about 1075 JSON values" in raised.value.message
     payload.check_body_size(body(1074).encode(), 10, 3)  # at the bound: parsed
@@ -121,7 +121,7 @@ def test_a_signatures_error_is_a_400_with_its_first_line():
         raise tf.errors.InvalidArgumentError(None, None, "length must be at least 1\ndetails")
 
     servable = FakeServable({"x": SEQUENCE}, refuse)
-    with pytest.raises(RestError) as raised:
+    with pytest.raises(RequestError) as raised:
         payload.predict(servable, "serving_default", {"x": np.zeros((1, 3, 1), "float32")}, True)
     assert (raised.value.status, raised.value.message) == (400, "length must be at least 1")
 
@@ -145,7 +145,7 @@ def test_outputs_come_in_the_row_or_the_columnar_layout():
 
 
 def test_a_rest_error_is_an_exception_with_its_message_and_status():
-    error = RestError(404, "not here")
+    error = RequestError(404, "not here")
     assert (str(error), error.message, error.status) == ("not here", "not here", 404)
 
 
@@ -169,7 +169,7 @@ def test_row_instances_are_all_objects_or_all_plain_values_of_one_input(
 def _as_array(value, spec, budget=None):
     try:
         return payload.as_input_array(value, spec, "x", budget or payload.Budget(100))
-    except RestError as error:
+    except RequestError as error:
         assert error.status == 400
         return error.message
 
@@ -235,7 +235,7 @@ def test_the_request_s_number_budget_is_shared_by_its_inputs():
     ],
 )  # fmt: skip
 def test_a_body_that_is_not_json_is_tensorflow_serving_s_parse_error(body, message):
-    with pytest.raises(RestError) as caught:
+    with pytest.raises(RequestError) as caught:
         payload.decode_json(body)
     assert (caught.value.status, caught.value.message) == (400, f"JSON Parse error: {message}")
 

@@ -31,11 +31,11 @@ def _fake_version(base, name, variables=True):
 
 
 def _served(repository):
-    from serving.payload import RestError
+    from serving.payload import RequestError
 
     try:
         return repository.get(repository.name).version
-    except RestError:
+    except RequestError:
         return None
 
 
@@ -319,9 +319,9 @@ class _Refusing(_FakeServable):
 
 
 def _not_found(call):
-    from serving.payload import RestError
+    from serving.payload import RequestError
 
-    with pytest.raises(RestError) as caught:
+    with pytest.raises(RequestError) as caught:
         call()
     assert caught.value.status == 404
     return caught.value.message

@@ -699,9 +699,9 @@ class _Servable:
     signature_def = {"serving_default": {"method_name": "tensorflow/serving/predict"}}
 
     def input_specs(self, signature_name):
-        from serving.payload import RestError
+        from serving.payload import RequestError
 
-        raise RestError(400, f"reached the signature {signature_name!r}")
+        raise RequestError(400, f"reached the signature {signature_name!r}")
 
 
 def _post(app, body, content_length=None, trailing=b""):

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from serving import tensors
-from serving.payload import Budget, RestError
+from serving.payload import Budget, RequestError
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
@@ -61,7 +61,7 @@ def test_inputs_are_counted_against_the_budget_before_they_are_read():
     budget = Budget(20)
     tensors.input_array(proto, spec, "a", budget)
     assert budget.used == 12
-    with pytest.raises(RestError) as refused:
+    with pytest.raises(RequestError) as refused:
         tensors.input_array(proto, spec, "b", budget)
     assert refused.value.code == "INVALID_ARGUMENT"
     assert refused.value.message == (
@@ -73,5 +73,5 @@ def test_inputs_are_counted_against_the_budget_before_they_are_read():
 def test_an_input_of_an_unknown_dtype_number_is_named():
     proto = tensors.to_tensor_proto(np.zeros((1, 2), "float32"))
     proto.dtype = 7  # DT_STRING
-    with pytest.raises(RestError, match="Input 'x' expects dtype DT_FLOAT, got DataType 7"):
+    with pytest.raises(RequestError, match="Input 'x' expects dtype DT_FLOAT, got DataType 7"):
         tensors.input_array(proto, tf.TensorSpec([None, 2], tf.float32), "x", Budget(10))
