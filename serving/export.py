@@ -33,12 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import shutil
-import socket
 import sys
-import tempfile
-import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,19 +42,16 @@ from typing import TYPE_CHECKING
 
 from apputil.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, finish, run
 from apputil.errors import Literal, UsageError, invalid
-from apputil.files import fsync_directory, fsync_tree, write_atomically
-from apputil.processes import pid_alive
+from apputil.files import write_atomically
 from apputil.quiet import import_keras, import_tensorflow
-from serving import warmup
+from serving import versions, warmup
+from serving.heads import HEADS, resolve_head
 from serving.litert import QUANTIZATIONS
 from serving.names import (
     DEFAULT_SIGNATURE,
     PADDED_SIGNATURE,
     SEQUENCE_INPUT,
     STREAM_SIGNATURE,
-    check_version,
-    parse_version,
-    version_folder,
 )
 from serving.signatures import (
     StreamPlanError,
@@ -70,24 +62,15 @@ from serving.signatures import (
     stream_plan,
 )
 from serving.steploop import PortableExportError
+from serving.versions import VersionExistsError
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-HEADS = ("classification", "regression", "per_step_classification")
 # Staging folders `.tmp-<version>-<pid>@<host>-<random>`; dot-prefixed, because
-# TensorFlow Serving only loads all-digit names. Older exports wrote `.tmp-<version>-<random>`.
-_STAGING = re.compile(r"^\.tmp-\d+-(?:(?P<pid>\d+)@(?P<host>[\w.]+)-)?[^-@]+$")
-_UNOWNED_STALE_SECONDS = 3600
-
-
 class ModelFileError(ValueError):
     """The `.keras` file exists but cannot be loaded (exit status 1)."""
-
-
-class VersionExistsError(FileExistsError):
-    """The version folder exists already, or another export wrote it meanwhile (status 2)."""
 
 
 class ExportWriteError(OSError):
@@ -140,63 +123,6 @@ def _input_spec(model: keras.Model, variable_length: bool) -> tf.TensorSpec:
     steps, features = input_shape(model, variable_length)
     tf = import_tensorflow()  # heavy: only an export makes TensorFlow objects
     return tf.TensorSpec([None, steps, features], tf.float32, name=SEQUENCE_INPUT)
-
-
-def _output_layer(model: keras.Model) -> keras.Layer | None:
-    outputs = getattr(model, "outputs", None) or []
-    history = getattr(outputs[0], "_keras_history", None) if len(outputs) == 1 else None
-    if history is not None:
-        return history[0]
-    return model.layers[-1] if getattr(model, "layers", None) else None
-
-
-def recorded_head(model: keras.Model) -> str | None:
-    """The head recorded in `model` (its output layer's name `<head>_head`), or None."""
-    name = getattr(_output_layer(model), "name", None)
-    return next((head for head in HEADS if name == f"{head}_head"), None)
-
-
-def resolve_head(model: keras.Model, head: str | None = None) -> tuple[str, str]:
-    """`(head, how)`: the head to export `model` with, and where it came from.
-
-    `head` (one of `HEADS`) overrides the recorded one. A model that records no
-    head is exported as a classifier only when its output is `(batch, classes)`
-    with classes >= 2, the one layout older exports served; anything else is refused.
-
-    Raises:
-        apputil.errors.UsageError: naming the expected heads, when no head fits the model.
-    """
-    shape = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
-    if head is not None and head not in HEADS:
-        raise invalid("head", f"one of {', '.join(HEADS)}", head)
-    how = "given"
-    if head is None:
-        head, how = recorded_head(model), "recorded"
-    if head is None:
-        layer = getattr(_output_layer(model), "name", None)
-        if shape is None or len(shape) != 2 or not shape[1] or shape[1] < 2:
-            raise invalid(
-                "model",
-                "a model whose output layer is named for its head ("
-                + ", ".join(f"{h}_head" for h in HEADS)
-                + ") as training.tasks.models builds it, or --head "
-                + "|".join(HEADS),
-                Literal(f"output layer {layer!r} with output shape {shape}"),
-            )
-        head, how = "classification", f"inferred from output layer {layer!r} of shape {shape}"
-    rank = {"classification": 2, "regression": 2, "per_step_classification": 3}[head]
-    if shape is None or len(shape) != rank or (head != "regression" and (shape[-1] or 0) < 2):
-        layout = {
-            "classification": "(batch, classes >= 2)",
-            "regression": "(batch, k)",
-            "per_step_classification": "(batch, T, classes >= 2)",
-        }[head]
-        raise invalid(
-            "head",
-            f"a model with {layout} outputs for head {head!r} ({how})",
-            Literal(f"output shape {shape}"),
-        )
-    return head, how
 
 
 def _serve(model: keras.Model, head: str) -> Callable:
@@ -290,62 +216,6 @@ def load_keras_model(path: str | os.PathLike) -> keras.Model:
         ) from None
 
 
-def _owner_alive(pid: int, host: str) -> bool:
-    if host != _host():
-        return True  # another machine's exporter: cannot tell, keep it
-    return pid_alive(pid)
-
-
-def _host() -> str:
-    return re.sub(r"[^\w.]", "_", socket.gethostname()) or "localhost"
-
-
-def remove_stale_staging(export_base: str | os.PathLike) -> list[str]:
-    """Removes staging folders of exports that died; returns their names.
-
-    A folder is stale when its owner (pid and host in its name) is no longer
-    running on this host; one without an owner (older exports) when untouched
-    for an hour. A live exporter's folder is never removed.
-    """
-    removed = []
-    for name in sorted(os.listdir(export_base)):
-        match = _STAGING.match(name)
-        path = os.path.join(export_base, name)
-        if not match or not os.path.isdir(path):
-            continue
-        if match["pid"] is not None:
-            stale = not _owner_alive(int(match["pid"]), match["host"])
-        else:
-            stale = time.time() - os.path.getmtime(path) > _UNOWNED_STALE_SECONDS
-        if stale:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(name)
-    return removed
-
-
-def _exists_error(version: int, target: str, how: str = "exists") -> Exception:
-    return invalid("version", "a version not yet exported",
-                   Literal(f"{version} (`{target}` {how})"), VersionExistsError)  # fmt: skip
-
-
-def _check_version(export_base: str | os.PathLike, version: int) -> str:
-    """The target folder of `version` (`serving.names`); raises if invalid or exported."""
-    check_version(version)
-    if os.path.exists(export_base) and not os.path.isdir(export_base):
-        raise invalid("export_base", "a folder, or a path to create one", str(export_base))
-    target = os.path.join(export_base, version_folder(version))
-    if os.path.exists(target):
-        raise _exists_error(version, target)
-    try:
-        names = os.listdir(export_base)
-    except OSError:  # missing or unreadable: the write says why, if it fails
-        names = []
-    for name in names:  # the server reads `007` as version 7 too
-        if parse_version(name) == version:
-            raise _exists_error(version, os.path.join(export_base, name))
-    return target
-
-
 def export_model(
     model: keras.Model | str | os.PathLike,
     export_base: str | os.PathLike,
@@ -394,30 +264,11 @@ def export_model(
         OSError: the export could not be written.
     """
     writer = _writer(format, quantize)
-    target = _check_version(export_base, version)
+    target = versions.target(export_base, version)
     if isinstance(model, str | os.PathLike):
         model = load_keras_model(model)
     write = writer(model, _Options(variable_length, head, stream, padded, quantize), notes)
-    os.makedirs(export_base, exist_ok=True)
-    remove_stale_staging(export_base)
-    staging = tempfile.mkdtemp(prefix=f".tmp-{version}-{os.getpid()}@{_host()}-", dir=export_base)
-    try:
-        write(staging)
-        os.chmod(staging, 0o755)  # mkdtemp makes it 0700; the server may run as another user
-        fsync_tree(staging)
-        try:
-            os.rename(staging, target)  # atomic on one filesystem; fails if target appeared
-        except OSError:
-            if os.path.exists(target):
-                raise _exists_error(
-                    version, target, "was written by another export meanwhile"
-                ) from None
-            raise
-        fsync_directory(export_base)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+    return versions.write_version(export_base, version, target, write)
 
 
 FORMATS = ("savedmodel", "litert", "onnx")
@@ -588,7 +439,7 @@ def _export(prog: str, args: argparse.Namespace) -> None:
             f"one of {', '.join(FORMAT_BACKENDS[args.format])} for --format {args.format}",
             args.backend,
         )
-    _check_version(args.export_base, args.version)
+    versions.target(args.export_base, args.version)
     _keras(args.backend)
     model = load_keras_model(args.model)
     head, how = resolve_head(model, args.head)

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 
+from serving import versions
 from serving.export import build_archive, export_model
 from tests.helpers import TrainingByDefault, ended_pid
 from tests.limits import limit
@@ -393,9 +394,9 @@ def test_an_export_is_staged_beside_its_target_named_for_its_version_pid_and_hos
     (staging,) = staged
     assert os.path.dirname(staging) == base
     name = os.path.basename(staging)
-    assert re.fullmatch(rf"\.tmp-3-{os.getpid()}@{re.escape(export._host())}-\w+", name), name
-    match = export._STAGING.match(name)
-    assert (match["pid"], match["host"]) == (str(os.getpid()), export._host())
+    assert re.fullmatch(rf"\.tmp-3-{os.getpid()}@{re.escape(versions._host())}-\w+", name), name
+    match = versions._STAGING.match(name)
+    assert (match["pid"], match["host"]) == (str(os.getpid()), versions._host())
     assert sorted(os.listdir(base)) == ["3"]
 
 
@@ -422,7 +423,7 @@ def test_two_concurrent_cli_exports_of_one_version():
 def test_only_stale_staging_folders_are_removed():
     import time
 
-    from serving.export import _host
+    from serving.versions import _host
 
     base = work_dir("stale")
     dead = ended_pid()
@@ -446,7 +447,7 @@ def test_only_stale_staging_folders_are_removed():
 def test_build_model_records_every_task_head_and_stays_short():
     import inspect
 
-    from serving.export import HEADS, recorded_head
+    from serving.heads import HEADS, recorded_head
     from training.tasks import catalog as tasks
     from training.tasks import models
 
@@ -616,7 +617,7 @@ def test_a_compiled_model_loads_uncompiled():
 def test_the_head_is_read_from_the_layer_that_makes_the_output_not_the_last_listed():
     """A head layer applied twice (a refinement loop) is listed before the layer between
     its calls: the recorded head is the output's own layer."""
-    from serving.export import recorded_head
+    from serving.heads import recorded_head
 
     inputs = keras.Input((STEPS, FEATURES))
     head = keras.layers.Dense(4, name="regression_head")
@@ -642,7 +643,7 @@ class _Subclassed(keras.Model):
 
 
 def test_without_a_single_output_the_head_is_the_last_layer_s():
-    from serving.export import recorded_head
+    from serving.heads import recorded_head
 
     for name, head in (("classification_head", "classification"), ("dense_out", None)):
         model = _Subclassed(name)
@@ -706,10 +707,9 @@ def test_an_export_base_that_is_a_file_is_refused_before_anything_is_built():
 def test_the_host_in_a_staging_folder_s_name_is_the_hostname_with_only_word_characters_and_dots(
     hostname, host, monkeypatch
 ):
-    from serving import export
 
-    monkeypatch.setattr(export.socket, "gethostname", lambda: hostname)
-    assert export._host() == host
+    monkeypatch.setattr(versions.socket, "gethostname", lambda: hostname)
+    assert versions._host() == host
 
 
 @pytest.mark.parametrize(
@@ -814,7 +814,7 @@ def test_the_head_is_given_recorded_or_inferred_and_must_fit_the_output(
     units, name, per_step, head, resolved
 ):
     """Classes from 2 on: one class would make a softmax of always 1.0."""
-    from serving.export import resolve_head
+    from serving.heads import resolve_head
 
     model = _ending_in(units, name, per_step)
     if isinstance(resolved, tuple):
@@ -869,7 +869,7 @@ def test_the_served_function_runs_the_model_in_inference_mode():
 
 
 def test_a_subclassed_model_has_no_output_shape_to_fit_a_head():
-    from serving.export import resolve_head
+    from serving.heads import resolve_head
 
     model = _Subclassed("classification_head")
     model(np.zeros((1, STEPS, FEATURES), "float32"))
@@ -888,7 +888,7 @@ def test_a_subclassed_model_has_no_output_shape_to_fit_a_head():
 
 
 def test_stale_staging_removal_reads_every_entry_and_removes_only_staging_folders(tmp_path):
-    from serving.export import _host, remove_stale_staging
+    from serving.versions import _host, remove_stale_staging
 
     dead = ended_pid()
     stale = [f".tmp-{version}-{dead}@{_host()}-abc" for version in (1, 2)]
@@ -919,25 +919,23 @@ def test_a_failed_export_whose_staging_folder_went_meanwhile_raises_its_own_erro
 
 
 def test_an_ownerless_staging_folder_is_stale_after_more_than_an_hour(tmp_path, monkeypatch):
-    import serving.export as export
 
     now = 2_000_000_000
     # The module's clock alone (other threads keep the real one).
-    monkeypatch.setattr(export, "time", types.SimpleNamespace(time=lambda: float(now)))
+    monkeypatch.setattr(versions, "time", types.SimpleNamespace(time=lambda: float(now)))
     for name, age in ((".tmp-1-hour", 3600), (".tmp-1-older", 3601)):
         (tmp_path / name).mkdir()
         os.utime(tmp_path / name, (now - age, now - age))
-    assert export.remove_stale_staging(tmp_path) == [".tmp-1-older"]
+    assert versions.remove_stale_staging(tmp_path) == [".tmp-1-older"]
     assert os.listdir(tmp_path) == [".tmp-1-hour"]
 
 
 def test_a_stale_folder_removed_meanwhile_by_another_export_is_no_error(tmp_path, monkeypatch):
     import shutil
 
-    import serving.export as export
 
     dead = ended_pid()
-    name = f".tmp-1-{dead}@{export._host()}-abc"
+    name = f".tmp-1-{dead}@{versions._host()}-abc"
     (tmp_path / name).mkdir()
     rmtree = shutil.rmtree
 
@@ -945,8 +943,8 @@ def test_a_stale_folder_removed_meanwhile_by_another_export_is_no_error(tmp_path
         rmtree(path)
         rmtree(path, **kwargs)
 
-    monkeypatch.setattr(export, "shutil", types.SimpleNamespace(rmtree=removed_first_by_another))
-    assert export.remove_stale_staging(tmp_path) == [name]
+    monkeypatch.setattr(versions, "shutil", types.SimpleNamespace(rmtree=removed_first_by_another))
+    assert versions.remove_stale_staging(tmp_path) == [name]
 
 
 def test_the_padded_signature_of_a_fixed_length_model_takes_its_t_steps():
