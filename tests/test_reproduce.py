@@ -610,8 +610,10 @@ def test_the_paper_rows_carry_table_2_s_accuracies_on_mnist_only():
         for seed, mnist in zip(seeds, members, strict=True):
             assert (mnist.paper, mnist.data, mnist.steps) == (accuracy, "mnist", 10000)
             assert mnist.table == f"{task} (mnist)"
+            chosen = dict(suite.MNIST_CHOICES.get((task, model), ()))
             assert dict(mnist.overrides) == {"dataset": "mnist", "seed": seed,
-                                             "validation_fraction": 0.1, "keep_best": True}
+                                             "validation_fraction": 0.1, "keep_best": True,
+                                             **chosen}  # fmt: skip
             argv = suite.train_argv(mnist, 10000, "runs", "data")
             assert "--keep-best" in argv and argv[argv.index("--seed") + 1] == str(seed)
         fashion = rows[f"{task.replace('mnist', 'fashion_mnist')}_{model}"]

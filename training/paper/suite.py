@@ -58,6 +58,11 @@ class Run:
 MNIST_VALIDATION_FRACTION = 0.1  # 6,000 validation digits, 54,000 to train on
 MNIST_SEEDS = (0, 1, 2)  # each antisymmetric row: three initializations and data orders
 MNIST_STEPS = 10000
+# Chosen on MNIST's validation split where it differs from the config's (a Fashion-MNIST
+# choice): the gated model on pixel MNIST at γ = 0.01 reached 93.8% validation after
+# 10,000 steps (`pixel_mnist_gated_gamma0.01_seed0`), its three seeds at the config's
+# γ = 0.1 91.6-92.3%.
+MNIST_CHOICES = {("pixel_mnist", "gated"): (("gamma", 0.01),)}
 
 
 def _mnist_rows():
@@ -82,6 +87,7 @@ def _mnist_rows():
                             ("seed", seed),
                             ("validation_fraction", MNIST_VALIDATION_FRACTION),
                             ("keep_best", True),
+                            *MNIST_CHOICES.get((task, model), ()),
                         ),
                     )
                 )
