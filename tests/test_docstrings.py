@@ -37,7 +37,7 @@ def test_the_built_reference_shows_examples_as_code_and_call_arguments_as_lists(
         [sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", str(tmp_path)],
         cwd=root, check=True, capture_output=True, timeout=limit(120),
     )  # fmt: skip
-    page = (tmp_path / "api" / "index.html").read_text()
+    page = (tmp_path / "api.html").read_text()
     blocks = re.findall(r"<pre\b.*?</pre>", page, re.S)
     outside = re.sub(r"<pre\b.*?</pre>", "", page, flags=re.S)
     assert "&gt;&gt;&gt;" not in outside  # no prompt left in prose or a quote
@@ -70,9 +70,39 @@ def test_the_built_site_needs_nothing_from_the_network_and_highlights_every_guid
         text = page.read_text()
         loaded = re.findall(r'<(?:script|link)\b[^>]*(?:src|href)="([^"]+)"', text)
         assert not [url for url in loaded if re.match(r"(https?:)?//", url)], page
-    training = (tmp_path / "training" / "index.html").read_text()
+    training = (tmp_path / "training.html").read_text()
     blocks = re.findall(r'<div class="highlight"><pre>.*?</pre>', training, re.S)
     python = [block for block in blocks if "train_and_evaluate" in block]
     assert python and all('<span class="kn">import</span>' in block for block in python)
     css = (tmp_path / "css" / "site.css").read_text()
     assert ".highlight .kn" in css and "max-width: 1100px" in css
+
+
+def test_every_internal_link_of_the_built_site_opens_a_file_from_disk(tmp_path):
+    """The site read from disk (file://, no server): each link of each page, navigation
+    and "Next" included, resolves to a file it holds, never to a folder (which a browser
+    shows as a directory listing)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    from urllib.parse import unquote, urlsplit
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", str(tmp_path)],
+        cwd=root, check=True, capture_output=True, timeout=limit(120),
+    )  # fmt: skip
+    broken, checked = [], 0
+    # 404.html is a web server's error page, with links from the site's root: never opened
+    # from disk.
+    for page in sorted(set(tmp_path.rglob("*.html")) - {tmp_path / "404.html"}):
+        for href in re.findall(r'<a\b[^>]*\bhref="([^"]*)"', page.read_text()):
+            parts = urlsplit(href)
+            if parts.scheme or parts.netloc or not parts.path:  # another site, or #anchor
+                continue
+            checked += 1
+            target = (page.parent / unquote(parts.path)).resolve()
+            if not target.is_file():
+                broken.append(f"{page.relative_to(tmp_path)}: {href}")
+    assert checked > 100 and broken == [], broken[:20]
