@@ -48,12 +48,10 @@ from serving.client_base import (
     ServingError,
     StreamingClient,
     as_lists,
-    check_retries,
 )
 from serving.grpc_client import GrpcClient
 from serving.names import (
     STREAM_SIGNATURE,
-    check_model_name,
 )
 
 DEFAULT_CHUNK = 28
@@ -103,12 +101,8 @@ class ServingClient(StreamingClient):
         retries: int = 3,
         backoff: float = 0.2,
     ):
-        check_retries(retries, timeout)
+        super().__init__(model, timeout, retries, backoff)
         self.url = _check_url(url).rstrip("/")
-        self.model = check_model_name(model, "model")
-        self.timeout = timeout
-        self.retries = retries
-        self.backoff = backoff
 
     def _model_url(self, version: int | None = None) -> str:
         path = f"{self.url}/v1/models/{self.model}"

@@ -14,7 +14,7 @@ import numpy as np
 
 from apputil.errors import invalid
 from serving.codes import status_name
-from serving.names import SEQUENCE_INPUT, STREAM_SIGNATURE
+from serving.names import SEQUENCE_INPUT, STREAM_SIGNATURE, check_model_name
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
@@ -46,7 +46,7 @@ class NoStreamSignatureError(ServingError):
     """The served model version has no `stream` signature."""
 
 
-def check_retries(retries: object, timeout: object) -> None:
+def _check_retries(retries: object, timeout: object) -> None:
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise invalid("retries", "a non-negative integer", retries)
     if not timeout or not isinstance(timeout, int | float) or timeout <= 0:
@@ -69,7 +69,10 @@ class StreamingClient:
     from answer to request. A subclass answers `metadata(version)` as the REST API
     does and `_predict_stream(version, inputs)` with the `stream` signature's outputs."""
 
-    model: str
+    def __init__(self, model: str, timeout: float, retries: int, backoff: float):
+        _check_retries(retries, timeout)
+        self.model = check_model_name(model, "model")
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
 
     def metadata(self, version: int | None = None) -> dict:
         raise NotImplementedError

@@ -16,9 +16,8 @@ from serving.client_base import (
     DEFAULT_TIMEOUT_SECONDS,
     ServingError,
     StreamingClient,
-    check_retries,
 )
-from serving.names import DEFAULT_SIGNATURE, STREAM_SIGNATURE, check_model_name, unknown_signature
+from serving.names import DEFAULT_SIGNATURE, STREAM_SIGNATURE, unknown_signature
 
 
 def _check_target(target: object) -> str:
@@ -56,10 +55,8 @@ class GrpcClient(StreamingClient):
         retries: int = 3,
         backoff: float = 0.2,
     ):
-        check_retries(retries, timeout)
+        super().__init__(model, timeout, retries, backoff)
         self.target = _check_target(target)
-        self.model = check_model_name(model, "model")
-        self.timeout, self.retries, self.backoff = timeout, retries, backoff
         # Heavy, and needed only here: the REST client runs without them.
         import grpc
 

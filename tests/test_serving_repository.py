@@ -194,11 +194,9 @@ def test_a_failed_version_waits_for_its_retry_unless_its_files_change(tmp_path):
     assert calls == [1, 1, 1]
 
 
-def test_a_version_that_keeps_failing_is_left_after_its_retries_until_its_files_change(
-    tmp_path, monkeypatch, caplog
-):
-    """Two retries allowed: three loads of the same files, then none however long the
-    server waits (said once); a changed copy is tried again with retries of its own."""
+def _never_loading(tmp_path, monkeypatch, **settings):
+    """`(repository, calls, now)`: version 1 under `tmp_path` on a loader that always
+    fails (each call recorded in `calls`), on a clock `now[0]` the test moves."""
     from serving.repository import ModelRepository
 
     now = [100.0]
@@ -211,7 +209,16 @@ def test_a_version_that_keeps_failing_is_left_after_its_retries_until_its_files_
 
     _fake_version(str(tmp_path), "1")
     repository = ModelRepository(str(tmp_path), "m", poll_seconds=0.5, loader=failing,
-                                 max_load_retries=2)  # fmt: skip
+                                 **settings)  # fmt: skip
+    return repository, calls, now
+
+
+def test_a_version_that_keeps_failing_is_left_after_its_retries_until_its_files_change(
+    tmp_path, monkeypatch, caplog
+):
+    """Two retries allowed: three loads of the same files, then none however long the
+    server waits (said once); a changed copy is tried again with retries of its own."""
+    repository, calls, now = _never_loading(tmp_path, monkeypatch, max_load_retries=2)
     with caplog.at_level("ERROR", logger="serving"):
         for _ in range(12):
             repository.refresh()
@@ -236,18 +243,7 @@ def test_a_version_that_keeps_failing_is_left_after_its_retries_until_its_files_
 def test_a_failed_version_is_retried_once_its_delay_has_passed_exactly(
     tmp_path, monkeypatch, caplog
 ):
-    from serving.repository import ModelRepository
-
-    now = [100.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    calls = []
-
-    def failing(path, version):
-        calls.append(version)
-        raise ValueError(f"cannot load {version}")
-
-    _fake_version(str(tmp_path), "1")
-    repository = ModelRepository(str(tmp_path), "m", poll_seconds=0.5, loader=failing)
+    repository, calls, now = _never_loading(tmp_path, monkeypatch)
     with caplog.at_level("ERROR", logger="serving"):
         repository.refresh()
     assert [r.getMessage() for r in caplog.records] == [

@@ -50,6 +50,15 @@ def _stop(processes):
         process.wait(timeout=limit(30))
 
 
+def _wait_for_text(search, log, text, seconds):
+    """Waits until the search's log holds `text`; the deadline it set."""
+    deadline = time.monotonic() + limit(seconds)
+    while text not in log.read_text():
+        assert search.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.01)
+    return deadline
+
+
 def _trials(project_dir):
     """trial_id -> trial.json of every trial of a project."""
     trials = {}
@@ -369,10 +378,7 @@ def test_a_signal_stops_the_search_with_one_line_and_the_shell_s_status(
     log = tmp_path / "tune.log"
     search = _start(argv, log)
     try:
-        deadline = time.monotonic() + limit(90)
-        while wait_for not in log.read_text():
-            assert search.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+        _wait_for_text(search, log, wait_for, 90)
         time.sleep(seconds)
         search.send_signal(number)
         search.wait(timeout=limit(60))
@@ -406,10 +412,7 @@ def test_a_signal_after_the_best_trial_is_printed_is_one_line_and_keeps_the_stat
     log = tmp_path / "tune.log"
     search = _start(argv, log)
     try:
-        deadline = time.monotonic() + limit(120)
-        while "best trial 0 " not in log.read_text():
-            assert search.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.01)
+        deadline = _wait_for_text(search, log, "best trial 0 ", 120)
         sent = 0
         while search.poll() is None and time.monotonic() < deadline:
             search.send_signal(number)
