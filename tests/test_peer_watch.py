@@ -103,6 +103,19 @@ def test_a_loss_found_by_a_failed_collective_is_reported_once(exits, capsys):
     assert not cluster.claim_loss([1])
 
 
+def test_a_peer_that_leaves_after_the_run_ended_is_not_a_loss(exits, capsys):
+    """Once the run's status is known (`finish`), the peers exit at their own pace: one
+    that is gone before this process is no lost process, and the status stays 0."""
+    cluster, peer, calls, done = exits
+    cluster.watch_peers()
+    assert cluster.finish(0) == 0
+    peer.kill()
+    peer.wait()
+    assert not done.wait(0.5)
+    assert calls == [] and capsys.readouterr().err == ""
+    assert cluster.lost is None and not cluster.claim_loss([1])
+
+
 def test_one_process_or_peers_on_other_hosts_start_no_watch(exits):
     cluster, peer, calls, done = exits
     cluster.roster[1]["host"] = "another-host"

@@ -125,6 +125,7 @@ class Cluster:
         self.roster: dict[int, dict[str, Any]] = {}
         self.lost: list[int] | None = None
         self._attempted = False
+        self._ended = False
         # Whoever finds a lost process first (a failed collective or the peer watch) reports it.
         self._loss_claim = threading.Lock()
 
@@ -286,9 +287,10 @@ class Cluster:
         return ProcessLostError(self.lost_message(sorted(lost)))
 
     def claim_loss(self, lost: list[int]) -> bool:
-        """Records `lost`; False when a loss was claimed already (by the other finder)."""
+        """Records `lost`; False when a loss was claimed already (by the other finder), or
+        when the run has ended (`finish`): a peer that leaves then is leaving normally."""
         with self._loss_claim:
-            if self.lost is not None:
+            if self.lost is not None or self._ended:
                 return False
             self.lost = lost
             return True
@@ -324,7 +326,9 @@ class Cluster:
                     print(f"{self.prog}: error: {self.lost_message(lost)}", file=sys.stderr)
                     self.leave_together(EXIT_FAILURE)
                     self._exit(EXIT_FAILURE)
-                return  # a failed collective found it first: that path reports and exits
+                # A failed collective found it first (that path reports and exits), or the
+                # run has ended and the peer left at its own exit.
+                return
 
         threading.Thread(target=watch, name="peer-watch", daemon=True).start()
 
@@ -345,8 +349,12 @@ class Cluster:
         """The exit of a command: a failed multi-process run ends here, at once.
 
         On exit JAX waits at a barrier for every process, and aborts with a stack
-        trace when one is gone; a failed run has nothing left to wait for.
+        trace when one is gone; a failed run has nothing left to wait for. From
+        here on a peer that is gone is not a loss: the others leave at their own
+        pace once the run is over (the peer watch stops).
         """
+        with self._loss_claim:
+            self._ended = True
         if status and self._attempted:
             self.leave_together(status)
             self._exit(status)
