@@ -4,8 +4,8 @@ Every command of `training/`, `serving/` and `benchmarks/` parses its flags in
 `main` with `OneLineParser` and runs its body through `run`: the failures a user
 can cause and fix (bad options, unreadable inputs, a full disk) print one line
 `PROG: error: MESSAGE` and exit with the documented status; anything else is a
-bug and keeps its traceback. The commands of `training/` and `serving/` end their
-process with `finish`.
+bug and keeps its traceback. The commands of `training/` and `serving/` run their
+`main` with `execute`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
+from apputil import signals
 from apputil.errors import UsageError
 
 #: Exit statuses: 0 success, 1 an environment failure (files, disk, network),
@@ -65,28 +66,27 @@ def run(
     return result if isinstance(result, int) else EXIT_OK
 
 
-def finish(status: int) -> NoReturn:
-    """Ends a command's process with `status`, the result of its `main`.
+def execute(main: Callable[[], int]) -> NoReturn:
+    """Runs a command's `main` and ends its process with the status it returns.
 
-    The interpreter's own exit (and TensorFlow's teardown after it) takes seconds
-    with the default signal handlers back in place, so a stop signal then would
-    kill a process whose work is done, with no line and status -15. Here the
-    other threads are joined and the exit functions run (logging's flush, JAX's
-    shutdown) while a stop signal is answered with one line that changes
-    nothing: the work has finished, the status stays its own. The process then
-    ends without the teardown.
+    Around `main`, SIGTERM and SIGINT do what they did before until the
+    command's work is over: the end of its stop-signal block (`apputil.signals`),
+    or `main`'s return for a command without one. From then on a stop signal is
+    one line, `PROG: SIGTERM while exiting: its work was done (exit status N)`,
+    and changes nothing. So the moment a block hands its handlers back has none
+    that kills the process, and neither has the interpreter's own exit, which
+    (with TensorFlow's teardown after it) takes seconds: here the other threads
+    are joined and the exit functions run (logging's flush, JAX's shutdown),
+    then the process ends without the teardown.
     """
     caller = inspect.currentframe()
     spec = caller.f_back.f_globals.get("__spec__") if caller and caller.f_back else None
     prog = f"python -m {spec.name}" if spec is not None else os.path.basename(sys.argv[0])
-
-    def exiting(number: int, frame: object) -> None:
-        name = signal.Signals(number).name
-        print(f"{prog}: {name} while exiting: its work was done (exit status {status})",
-              file=sys.stderr, flush=True)  # fmt: skip
-
-    for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, exiting)
+    exiting = _Exiting(prog)
+    handler = signals.outside(exiting)
+    status = main()
+    handler.over = True
+    exiting.ended(status)
     try:
         # The first steps of CPython's own exit (`Py_FinalizeEx`), in its order: the
         # threading module's exit callbacks (thread pools' shutdown), the join of the
@@ -100,3 +100,30 @@ def finish(status: int) -> NoReturn:
             except (OSError, ValueError):  # a closed or broken pipe: nothing more to say
                 pass
         os._exit(status)
+
+
+class _Exiting:
+    """The line for a stop signal after a command's work: said once the status is known."""
+
+    def __init__(self, prog: str):
+        self.prog = prog
+        self.status: int | None = None
+        self.waiting: list[int] = []
+
+    def __call__(self, number: int) -> None:
+        if self.status is None:  # the work is over, its status not yet returned
+            self.waiting.append(number)
+        else:
+            self._say(number)
+
+    def ended(self, status: int) -> None:
+        """The work's status is `status`: the signals that waited for it are said now."""
+        self.status = status
+        waiting, self.waiting = self.waiting, []
+        for number in waiting:
+            self._say(number)
+
+    def _say(self, number: int) -> None:
+        name = signal.Signals(number).name
+        print(f"{self.prog}: {name} while exiting: its work was done (exit status {self.status})",
+              file=sys.stderr, flush=True)  # fmt: skip

@@ -2,7 +2,9 @@
 
 `raising` turns SIGTERM and SIGINT into an exception; `recording` (a loop that
 finishes its step first) turns them into a number to act on at a safe point;
-`check()` is such a point.
+`check()` is such a point; `handling` puts any handler in place for a while.
+`outside` is a command's handler around those blocks (`apputil.cli.execute`):
+the default action until a block ends, then the command's own.
 
 Python runs a signal's handler between any two bytecodes of the main thread,
 also inside a finalizer (a `__del__`, a `gc` callback such as JAX's), where a
@@ -16,6 +18,7 @@ inside starts with it, and `check()` and the block's end raise it. A number a
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -75,7 +78,7 @@ def raising(
     try:
         sys.unraisablehook = unraisable
         _open.append(block)
-        with _handling(handler, numbers):
+        with handling(handler, numbers):
             yield
             check()
     finally:
@@ -110,7 +113,7 @@ def recording(numbers: tuple[int, ...] = STOP_SIGNALS) -> Iterator[list[int]]:
     def handler(number: int, frame: object) -> None:
         received.append(number)
 
-    with _handling(handler, numbers):
+    with handling(handler, numbers):
         # Read after the handlers are in place: a stop before them is in a block's numbers.
         kept = [number for block in _open for number in block.numbers]
         received[:0] = kept
@@ -120,8 +123,14 @@ def recording(numbers: tuple[int, ...] = STOP_SIGNALS) -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def _handling(handler: Callable[[int, Any], None], numbers: tuple[int, ...]) -> Iterator[None]:
-    """`handler` for each signal of `numbers` within the block; the previous ones after."""
+def handling(handler: Callable[[int, Any], None], numbers: tuple[int, ...] = STOP_SIGNALS
+             ) -> Iterator[None]:  # fmt: skip
+    """`handler` for each signal of `numbers` within the block; the previous ones after.
+
+    A previous handler that is an `Outside` learns that the command's work is over
+    before it is back in place, so a signal at any moment of the hand-back finds
+    either this block's handler or the command's own after-work one.
+    """
     previous = {}
     try:
         for number in numbers:
@@ -129,4 +138,41 @@ def _handling(handler: Callable[[int, Any], None], numbers: tuple[int, ...]) -> 
         yield
     finally:
         for number, old in previous.items():
+            if isinstance(old, Outside):
+                old.over = True
             signal.signal(number, old)
+
+
+class Outside:
+    """A command's stop-signal handler outside its blocks (`raising`, `recording`, `handling`).
+
+    Until the work is `over`, a signal gets what the process had before
+    (`previous`: Python's KeyboardInterrupt for SIGINT, the default end for
+    SIGTERM); once it is, `after(number)`. A block that hands back to it sets
+    `over` first; a command without blocks sets it when its work returns.
+    """
+
+    def __init__(self, after: Callable[[int], None], previous: dict[int, Any]):
+        self.after, self.previous, self.over = after, previous, False
+
+    def __call__(self, number: int, frame: Any) -> None:
+        if self.over:
+            self.after(number)
+            return
+        previous = self.previous[number]
+        if callable(previous):
+            previous(number, frame)
+            return
+        signal.signal(number, signal.SIG_DFL)  # the default action: end the process
+        os.kill(os.getpid(), number)
+
+
+def outside(after: Callable[[int], None], numbers: tuple[int, ...] = STOP_SIGNALS) -> Outside:
+    """Puts an `Outside` in place for each signal of `numbers` the process does not ignore
+    (a background job's SIGINT stays ignored), in the main thread; returns it."""
+    handler = Outside(after, {})
+    if threading.current_thread() is threading.main_thread():
+        for number in numbers:
+            if signal.getsignal(number) is not signal.SIG_IGN:
+                handler.previous[number] = signal.signal(number, handler)
+    return handler

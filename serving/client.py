@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
+from apputil.cli import EXIT_FAILURE, OneLineParser, execute, run
 from apputil.errors import Literal, invalid
 from serving.client_base import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -422,4 +422,4 @@ def _describe_json(value: Any) -> str:
 
 
 if __name__ == "__main__":
-    finish(main())
+    execute(main)

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
+from apputil.cli import EXIT_FAILURE, OneLineParser, execute, run
 from apputil.errors import check
 from apputil.net import free_port
 from serving.client import ServingClient, ServingError
@@ -231,4 +231,4 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    finish(main())
+    execute(main)

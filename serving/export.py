@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from apputil.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, finish, run
+from apputil.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, execute, run
 from apputil.errors import Literal, UsageError, invalid
 from apputil.files import write_atomically
 from apputil.quiet import import_keras, import_tensorflow
@@ -464,4 +464,4 @@ def _export(prog: str, args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    finish(main())
+    execute(main)

@@ -44,7 +44,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from apputil.cli import EXIT_FAILURE, OneLineParser, finish, run
+from apputil import signals
+from apputil.cli import EXIT_FAILURE, OneLineParser, execute, run
 from apputil.errors import Literal, invalid
 from apputil.net import is_loopback, port_in_use
 from serving.httpd import ServerThread
@@ -389,12 +390,8 @@ def _draining_on_signals(server: LocalServer) -> Iterator[threading.Event]:
         else:
             server.drain(server.settings.drain_seconds)  # signal-safe: flags and a pipe write
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with signals.handling(handler):
         yield closing
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _serve(server: LocalServer, name: str) -> int:
@@ -481,4 +478,4 @@ def _start(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    finish(main())
+    execute(main)

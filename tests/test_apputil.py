@@ -163,7 +163,7 @@ def slow_exit():  # an exit function that takes its time, as TensorFlow's and JA
 atexit.register(slow_exit)
 atexit.register(lambda: print("flushed by the exit functions", flush=True))
 print("work done", flush=True)
-cli.finish(int(sys.argv[1]))
+cli.execute(lambda: int(sys.argv[1]))
 """
 
 
@@ -190,6 +190,65 @@ def test_finish_runs_the_exit_functions_and_a_signal_meanwhile_is_one_line(tmp_p
     assert out == "exit functions done\n"
     name = signal.Signals(number).name
     assert err == f"finishing.py: {name} while exiting: its work was done (exit status 3)\n"
+
+
+_HANDING_BACK = """
+import os, signal, sys
+from apputil import cli, signals
+def main():
+    with signals.raising(lambda number: SystemExit(128 + number)):
+        # A stop at the very moment the block hands its handlers back: it is pending
+        # while they are restored, and delivered only after.
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+        os.kill(os.getpid(), signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+    print("after the block", flush=True)
+    return int(sys.argv[1])
+cli.execute(main)
+"""
+
+
+def test_a_signal_as_a_stop_block_hands_back_is_the_exiting_line(tmp_path):
+    """The block's end is the command's end of work: a signal that arrives as it restores
+    the handlers finds the command's after-work handler, never the default (-15)."""
+    script = tmp_path / "handing_back.py"
+    script.write_text(_HANDING_BACK)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, str(script), "4"], capture_output=True, text=True,
+                            env=env, timeout=limit(60))  # fmt: skip
+    assert result.returncode == 4, result.stderr
+    assert result.stdout == "after the block\n"
+    assert result.stderr == (
+        "handing_back.py: SIGTERM while exiting: its work was done (exit status 4)\n"
+    )
+
+
+def test_outside_a_block_before_the_work_a_signal_does_what_it_did_before():
+    """Until a block has ended, the command's handler hands a signal to the handler that
+    was there (here a recording one); a block's end turns it into the after-work one."""
+    before, after = [], []
+    previous = signal.signal(signal.SIGUSR1, lambda number, frame: before.append(number))
+    try:
+        handler = signals.outside(after.append, (signal.SIGUSR1,))
+        assert signal.getsignal(signal.SIGUSR1) is handler
+        signal.raise_signal(signal.SIGUSR1)
+        assert (before, after) == ([signal.SIGUSR1], [])
+        with signals.handling(lambda number, frame: None, (signal.SIGUSR1,)):
+            signal.raise_signal(signal.SIGUSR1)
+        assert (before, after) == ([signal.SIGUSR1], []) and handler.over
+        signal.raise_signal(signal.SIGUSR1)
+        assert (before, after) == ([signal.SIGUSR1], [signal.SIGUSR1])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_outside_leaves_an_ignored_signal_ignored():
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        handler = signals.outside(lambda number: None, (signal.SIGUSR2,))
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN and handler.previous == {}
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
 
 
 def test_one_line_parser_errors_are_one_line():

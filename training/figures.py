@@ -35,7 +35,7 @@ import keras  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from apputil.cli import finish  # noqa: E402
+from apputil.cli import execute  # noqa: E402
 from apputil.errors import invalid  # noqa: E402
 from keras_antisym import (  # noqa: E402
     AntisymmetricCell,
@@ -391,4 +391,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    finish(main())
+    execute(main)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from apputil import cli
+from apputil import cli, signals
 from apputil.errors import UsageError, check, invalid
 from apputil.net import free_port
 from training.backends.cluster import check_port_free
@@ -354,18 +354,15 @@ def main(argv: list[str] | None = None) -> int:
         def stopped(number, frame):
             raise _Stopped(number)
 
-        previous = {n: signal.signal(n, stopped) for n in (signal.SIGINT, signal.SIGTERM)}
-        launch = Launch(args.processes, args.port or free_port(), train_args)
-        try:
-            launch.start()
-            return launch.wait()
-        except _Stopped as stop:
-            launch.note(f"stopping the processes ({signal.Signals(stop.number).name})")
-            launch.stop()
-            return 128 + stop.number
-        finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
+        with signals.handling(stopped):
+            launch = Launch(args.processes, args.port or free_port(), train_args)
+            try:
+                launch.start()
+                return launch.wait()
+            except _Stopped as stop:
+                launch.note(f"stopping the processes ({signal.Signals(stop.number).name})")
+                launch.stop()
+                return 128 + stop.number
 
     try:
         return cli.run(parser.prog, body)
@@ -378,4 +375,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    cli.finish(main())
+    cli.execute(main)

@@ -199,4 +199,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    cli.finish(main())
+    cli.execute(main)
