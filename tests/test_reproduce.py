@@ -711,3 +711,47 @@ def test_every_run_of_the_suites_is_a_valid_training_command_with_its_overrides(
                 dataset = config.task.dataset or "mnist"  # the MNIST tasks' default
                 assert run.data == dataset, run.name
                 assert f"({dataset}" in run.table or first == "smoke", run.name
+
+
+def _record(folder, options, accuracy):
+    """A finished run's record, as `training.train` writes it, with `options` recorded."""
+    import yaml
+
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(options))
+    points = [{"step": options["steps"], "train_seconds": 4.0, "validation_accuracy": accuracy}]
+    (folder / "curve.json").write_text(json.dumps({"points": points, "split": "validation"}))
+    (folder / "metrics.json").write_text(json.dumps(
+        {"test_accuracy": accuracy, "steps": options["steps"], "train_seconds": 4.0}))  # fmt: skip
+
+
+def test_a_record_made_with_other_settings_is_flagged_and_counts_for_nothing(tmp_path):
+    """A seed recorded before the suite chose another value: its row says which option
+    differs, its row's mean and the targets leave it out, and the suite does not rerun
+    it over the record (it names the folder to move)."""
+    seeds = [r for r in suite.SUITES["smoke"] if r.row == "smoke_permuted_mnist_antisymmetric"]
+    current, stale = seeds
+    _record(tmp_path / current.name, {**current.options(), "steps": 7}, 0.5)
+    # Another step size and another folder: only the step size is another setting.
+    recorded = {**stale.options(), "epsilon": stale.options()["epsilon"] * 2, "steps": 9,
+                "output_dir": "elsewhere"}  # fmt: skip
+    _record(tmp_path / stale.name, recorded, 0.9)
+    rows = [report.collect(run, str(tmp_path), None) for run in seeds]
+    assert rows[0]["status"] == "finished" and "other_settings" not in rows[0]
+    epsilon = stale.options()["epsilon"]
+    assert rows[1]["status"] == (
+        f"finished with other settings: epsilon {epsilon * 2} (the suite's: {epsilon})"
+    )
+    assert rows[1]["other_settings"] == {"epsilon": [epsilon * 2, epsilon]}
+    (entry,) = report.seed_rows(rows)
+    assert entry["test_accuracies"] == [0.5] and entry["seeds"] == [current.options()["seed"]]
+    target = ("t", rows[0]["table"], ("antisymmetric",), 0.4, "lstm", 0)
+    targets = report.targets_markdown(rows, [target])
+    assert f"50.0% (`{current.name}`" in targets and "90.0%" not in targets
+    lines = []
+    reproduce.execute(seeds, _args(tmp_path, runs_dir=str(tmp_path)), log=lines.append)
+    assert lines == [
+        f"{current.name}: finished, kept",
+        f"{stale.name}: recorded with other settings (epsilon {epsilon * 2} (the suite's: "
+        f"{epsilon})), kept: move its folder away to run the suite's",
+    ]

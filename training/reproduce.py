@@ -38,6 +38,7 @@ from training.paper.suite import (
     SUITES,
     TARGETS,
     data_available,
+    differences_text,
     named,
     select_searches,
     train_argv,
@@ -63,7 +64,12 @@ def execute(runs, args, log=print):
     for run in runs:
         steps = args.steps or max(1, round(run.steps * args.budget))
         run_dir = os.path.join(args.runs_dir, run.name)
-        if finished(run_dir, steps):
+        differences = run.other_settings(RunDir(run_dir).read_config())
+        if differences:  # `training.train` would refuse to resume it, and rightly
+            log(f"{run.name}: recorded with other settings ({differences_text(differences)}), "
+                f"kept: move its "
+                f"folder away to run the suite's")  # fmt: skip
+        elif finished(run_dir, steps):
             log(f"{run.name}: finished, kept")
         elif not (args.mock_data or data_available(run, args.data_dir)):
             log(f"{run.name}: no {run.data} data in --data-dir, not run")

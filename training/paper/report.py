@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from apputil.files import write_atomically  # noqa: E402
-from training.paper.suite import data_available, train_argv  # noqa: E402
+from training.paper.suite import data_available, differences_text, train_argv  # noqa: E402
 from training.run.rundir import RunDir  # noqa: E402
 
 # The report states the spread of this many last evaluations beside each final number:
@@ -106,6 +106,12 @@ def collect(run, runs_dir, data_dir):
     else:
         available = run.data == "digits" or data_available(run, data_dir)
         row.update(status="not run" if available else "not run (no data)")
+    differences = run.other_settings(config)
+    if differences and row["status"] in ("finished", "partial"):
+        # Recorded before the suite chose otherwise: shown, but no seed of its row and no
+        # target's evidence, and its command is not the one that made it.
+        row["status"] = f"{row['status']} with other settings: {differences_text(differences)}"
+        row["other_settings"] = {k: list(v) for k, v in differences.items()}
     return row
 
 
@@ -412,8 +418,9 @@ def targets_markdown(rows, targets):
     ]
     for what, table, models, threshold, rival, minimum_lead in targets:
         members = [r for r in rows if r["table"] == table]
-        counted = [r for r in members if r["model"] in models and r.get("test_accuracy")]
-        rivals = [r for r in members if r["model"] == rival and r.get("test_accuracy")]
+        current = [r for r in members if r.get("test_accuracy") and not r.get("other_settings")]
+        counted = [r for r in current if r["model"] in models]
+        rivals = [r for r in current if r["model"] == rival]
         if not counted:
             lines.append(f"| {what} ≥ {threshold:.0%} | not run | — | — |")
             continue
