@@ -42,9 +42,9 @@ def _model(steps: int, units: int, per_step: bool) -> Any:
 
 
 def _runtimes(model: Any, head: str, base: str) -> dict[str, Any]:
-    from serving import litert
-    from serving.export import export_model
-    from serving.runtimes import LiteRTModel, OnnxModel
+    from serving.exports import litert
+    from serving.exports.export import export_model
+    from serving.exports.runtimes import LiteRTModel, OnnxModel
 
     lite = export_model(model, base, 1, format="litert", head=head)
     onnx = export_model(model, base, 2, format="onnx", head=head)

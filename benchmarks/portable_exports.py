@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     # One thread for each runtime, TensorFlow's too (read when it starts).
     os.environ["TF_NUM_INTRAOP_THREADS"] = os.environ["TF_NUM_INTEROP_THREADS"] = "1"
-    from serving.export import export_model, load_keras_model
-    from serving.runtimes import LiteRTModel, OnnxModel
+    from serving.exports.export import export_model, load_keras_model
+    from serving.exports.runtimes import LiteRTModel, OnnxModel
     from training.tasks.catalog import get_task
 
     model = load_keras_model(args.model)

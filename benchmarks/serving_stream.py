@@ -58,7 +58,7 @@ def _export(shape: dict, folder: str) -> str:
     import keras
 
     from keras_antisym import AntisymmetricRNN
-    from serving.export import export_model
+    from serving.exports.export import export_model
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
@@ -90,7 +90,9 @@ class _Server:
         threading.Thread(target=self._read, args=(found,), daemon=True).start()
         if not found.wait(SERVER_START_SECONDS):
             self.stop()
-            raise common.ChildError("serving.server did not start:\n" + "".join(self.lines[-20:]))
+            raise common.ChildError(
+                "serving.server did not start:\n" + "".join(self.lines[-20:])
+            )
         self.host, self.port = self.address
         self.grpc_target = self.grpc  # printed before the URL: read already
 

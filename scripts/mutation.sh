@@ -12,7 +12,7 @@
 #   MUTATION_SAMPLE=30 scripts/mutation.sh  # 30 random mutants per module: a quick estimate
 #   python scripts/mutation_pending.py >pending.txt  # what is left to check
 #   MUTATION_NAMES_FILE=$PWD/pending.txt scripts/mutation.sh --app
-#   MUTATION_NAMES="NAME ..." scripts/mutation.sh --app serving.payload
+#   MUTATION_NAMES="NAME ..." scripts/mutation.sh --app serving.local.payload
 #                                        # these mutants again (e.g. survivors, after new tests)
 #   scripts/mutation.sh --backend jax 'keras_antisym.diagnostics.x__gradients*'
 #                                        # survivors checked again on JAX (or torch):

@@ -1,7 +1,7 @@
 """Canonical status codes: gRPC's code names, as TensorFlow Serving reports every answer.
 
 The REST API answers with HTTP statuses, the gRPC API with these codes; the
-metrics count both under the code (`serving.metrics`). An error of the local
+metrics count both under the code (`serving.local.metrics`). An error of the local
 server carries its HTTP status and, where TensorFlow Serving's gRPC answer
 differs from the HTTP status' own code (an unknown signature is
 FAILED_PRECONDITION, answered 400 over REST), the code too.

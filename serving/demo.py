@@ -117,7 +117,7 @@ def _predict_and_print(client: ServingClient, count: int, version: int) -> None:
 def _litert_answers(args: argparse.Namespace) -> tuple[Callable[[Iterable], Iterator], int]:
     """`(stream(chunks), version)`: `model.tflite` of the run, exported to the next free
     version of `--litert-base`, and its stream through LiteRT's interpreter."""
-    from serving.runtimes import LiteRTModel
+    from serving.exports.runtimes import LiteRTModel
 
     version = _next_version(args.litert_base)
     folder = os.path.join(args.litert_base, str(version))

@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 
 from apputil.errors import Literal, invalid
-from serving import protos, tensors
+from serving import protos
 from serving.client_base import (
     DEFAULT_TIMEOUT_SECONDS,
     ServingError,
     StreamingClient,
 )
+from serving.local import tensors
 from serving.names import DEFAULT_SIGNATURE, STREAM_SIGNATURE, unknown_signature
 
 
@@ -33,7 +34,7 @@ class GrpcClient(StreamingClient):
     """Calls one model of a TensorFlow Serving gRPC endpoint (`PredictionService`,
     `ModelService`), with TensorFlow Serving's own protos.
 
-    Tensors travel as their bytes (`serving.tensors`): a float32 array arrives as
+    Tensors travel as their bytes (`serving.local.tensors`): a float32 array arrives as
     the same float32 numbers, and nothing is formatted or parsed as text.
 
     Args:

@@ -5,7 +5,7 @@ The generated modules of `tensorflow-serving-api` import `tensorflow.core.*_pb2`
 live inside the `tensorflow` package: imported the usual way, they run
 `tensorflow/__init__.py` first, seconds of start-up and TensorFlow's C++ lines on
 stderr, for what is only protobuf classes. A client that builds and reads messages
-(`serving.client --grpc`, `serving.tensors`) loads them here instead: the `tensorflow`
+(`serving.client --grpc`, `serving.local.tensors`) loads them here instead: the `tensorflow`
 package's folder stands in as a bare namespace while they import, then the stand-in is
 removed, so a later `import tensorflow` runs the real package, which finds the same
 proto modules already imported (one `TensorProto` class for both).

@@ -414,7 +414,7 @@ def check_exports_for_serving():
     """`serving.export.export_model` and `tf.saved_model.save` of a Keras 2 model."""
     import tensorflow as tf
 
-    from serving.export import export_model
+    from serving.exports.export import export_model
 
     work = os.environ["LEGACY_WORK_DIR"]
     x = sequences(batch=4)

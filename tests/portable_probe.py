@@ -1,7 +1,7 @@
 """Run by test_serving_portable.py with KERAS_BACKEND=torch: ONNX from PyTorch.
 
 For each kind of `tests.test_serving_portable.KINDS`, exports the model with
-`serving.onnxgraphs` on this backend and checks ONNX Runtime's whole-sequence
+`serving.exports.onnxgraphs` on this backend and checks ONNX Runtime's whole-sequence
 and chunked (1, 7, T steps) answers against the Keras model on this backend,
 and each ONNX model's name, opset and `Loop` body (`check_onnx_models`);
 prints `checked <kind>` for each, or `refused <kind>: <the one-line error>`.
@@ -11,9 +11,9 @@ import sys
 
 import keras
 
-from serving import onnxgraphs
-from serving.runtimes import OnnxModel
-from serving.steploop import PortableExportError
+from serving.exports import onnxgraphs
+from serving.exports.runtimes import OnnxModel
+from serving.exports.steploop import PortableExportError
 
 assert keras.backend.backend() == "torch"
 # The test module's models and checks (Keras is imported first, on PyTorch).

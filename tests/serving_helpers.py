@@ -95,7 +95,7 @@ def trained_model(kind):
 @functools.cache
 def exported(kind, version=1):
     """`(model, export_base)`: the trained model of `kind` saved as `.keras`, then exported."""
-    from serving.export import export_model
+    from serving.exports.export import export_model
 
     model = trained_model(kind)
     keras_path = work_dir(f"{kind}.keras")
@@ -161,7 +161,7 @@ class ServerProcess:
             time.sleep(0.05)
         if "url" not in found:
             self.stop()
-            raise RuntimeError("serving.server did not start:\n" + "".join(self.log[-30:]))
+            raise RuntimeError("serving.local.server did not start:\n" + "".join(self.log[-30:]))
         return found["url"]
 
     def stop(self):
@@ -185,7 +185,7 @@ class ThreadServer:
     """`serving.server.make_server` served from a thread of this process."""
 
     def __init__(self, base_path, name, **kwargs):
-        from serving.server import make_server
+        from serving.local.server import make_server
 
         self.server = make_server(base_path, name, host="127.0.0.1", port=0, **kwargs)
         host, port = self.server.server_address[:2]

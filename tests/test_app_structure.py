@@ -50,6 +50,30 @@ def test_nothing_outside_the_test_suite_imports_it():
     assert "tests.helpers" in edges["tests.test_serving_export"]  # imports of tests are seen
 
 
+def test_serving_has_two_wings_and_the_server_imports_the_exports_never_back():
+    """`serving.exports` writes what `serving.local` reads: the exports import neither the
+    local server nor the clients, and the shared modules at the top (names, codes, protos)
+    import neither wing."""
+    edges, _ = import_graph.scan(("serving",))
+
+    def wing(module):
+        parts = module.split(".")
+        return parts[1] if len(parts) > 2 and parts[1] in ("exports", "local") else "top"
+
+    crossings = {
+        (module, target)
+        for module, targets in edges.items()
+        for target in targets
+        if target.startswith("serving.") and wing(module) != wing(target)
+    }
+    shared = {"serving", "serving.names", "serving.codes", "serving.protos"}
+    assert {(m, t) for m, t in crossings if wing(m) == "exports" and t not in shared} == set()
+    assert {(m, t) for m, t in crossings if m in shared} == set()
+    # The server reads the exports' warmup records: the one direction there is.
+    assert ("serving.local.repository", "serving.exports.warmup") in crossings
+    assert {wing(m) for m in edges if m.startswith("serving.")} == {"top", "exports", "local"}
+
+
 LIGHT_MODULES = (
     "apputil", "apputil.cli", "apputil.errors", "apputil.files", "apputil.quiet",
     "training", "training.config", "training.options", "training.errors",
@@ -252,7 +276,7 @@ def test_signature_and_input_names_are_spelled_only_in_serving_names():
 
 def test_each_application_module_logs_under_its_own_name():
     """`logging.getLogger(__name__)`: a log line names the module it came from, and one
-    logger's level (`serving`, `serving.repository`) selects a part of the application."""
+    logger's level (`serving`, `serving.local.repository`) selects a part of the application."""
     import re
 
     own = re.compile(r"^log = logging\.getLogger\((.*)\)$", re.M)

@@ -72,7 +72,7 @@ def legacy_run(tmp_path_factory):
         TF_CPP_MIN_LOG_LEVEL="3",
         PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
     )
-    env.pop("KERAS_BACKEND", None)  # serving.export sets the TensorFlow backend itself
+    env.pop("KERAS_BACKEND", None)  # serving.exports.export sets the TensorFlow backend itself
     process = subprocess.run(
         [sys.executable, "-m", "tests.legacy_checks", str(work)],
         cwd=REPO_ROOT,

@@ -316,7 +316,7 @@ def test_dtype_policy_flag_refuses_other_policies():
 def test_export_of_a_mixed_precision_model_serves_float32_outputs(policy, tmp_path):
     import tensorflow as tf
 
-    from serving.export import export_model
+    from serving.exports.export import export_model
     from training.tasks import catalog as tasks
     from training.tasks import models
 

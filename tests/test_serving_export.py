@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import pytest
 
-from serving import versions
-from serving.export import build_archive, export_model
+from serving.exports import versions
+from serving.exports.export import build_archive, export_model
 from tests.helpers import TrainingByDefault, ended_pid
 from tests.limits import limit
 from tests.serving_helpers import (
@@ -291,7 +291,7 @@ def _damaged(kind):
 
 def _cli(args, capsys):
     """`serving.export.main(args)` in this process: `(status, stderr lines)`."""
-    from serving.export import main
+    from serving.exports.export import main
 
     try:
         status = main(args)
@@ -354,7 +354,7 @@ def test_a_damaged_weights_file_prints_no_traceback():
 def test_a_version_written_meanwhile_is_one_clear_error(monkeypatch):
     """The race of two exports of one version, made deterministic: the other export
     finishes while this one writes its staging folder."""
-    import serving.export as export
+    import serving.exports.export as export
 
     model = build_model("antisymmetric")
     base = work_dir("race")
@@ -380,7 +380,7 @@ def test_an_export_is_staged_beside_its_target_named_for_its_version_pid_and_hos
     """The name `remove_stale_staging` reads to tell a dead exporter's folder."""
     import re
 
-    import serving.export as export
+    import serving.exports.export as export
 
     write, staged = export._write, []
 
@@ -423,7 +423,7 @@ def test_two_concurrent_cli_exports_of_one_version():
 def test_only_stale_staging_folders_are_removed():
     import time
 
-    from serving.versions import _host
+    from serving.exports.versions import _host
 
     base = work_dir("stale")
     dead = ended_pid()
@@ -447,7 +447,7 @@ def test_only_stale_staging_folders_are_removed():
 def test_build_model_records_every_task_head_and_stays_short():
     import inspect
 
-    from serving.heads import HEADS, recorded_head
+    from serving.exports.heads import HEADS, recorded_head
     from training.tasks import catalog as tasks
     from training.tasks import models
 
@@ -495,7 +495,7 @@ def test_cli_in_process_infers_the_head_and_notes_how(capsys):
 def test_cli_given_head_and_no_extra_signatures(capsys):
     """`--head regression` overrides the inferred classifier (no note: it was given), and
     `--no-stream --no-padded` leave only `serving_default`, whose `value` is the logits."""
-    from serving.export import main
+    from serving.exports.export import main
 
     model, _ = exported("antisymmetric")
     keras_path, base = work_dir("antisymmetric.keras"), work_dir("cli-given")
@@ -514,7 +514,7 @@ def test_cli_given_head_and_no_extra_signatures(capsys):
 
 
 def test_cli_stream_flag_alone_keeps_padded(capsys):
-    from serving.export import main
+    from serving.exports.export import main
 
     exported("antisymmetric")
     base = work_dir("cli-no-stream")
@@ -539,7 +539,7 @@ def test_an_exported_version_is_refused_with_the_folder_that_holds_it(folder, ca
 
 @pytest.mark.parametrize(
     "module, lines",
-    [("serving.export", ["    python -m serving.export --model runs/x/model.keras \\\n",
+    [("serving.exports.export", ["    python -m serving.export --model runs/x/model.keras \\\n",
                          "        --export-base models/antisym --version 1\n",
                          "--model MODEL path of the trained .keras file",
                          "--export-base EXPORT_BASE base path, e.g. models/antisym",
@@ -567,7 +567,7 @@ def test_cli_help_shows_the_module_doc_as_written(module, lines, capsys):
 
 
 def test_a_missing_model_file_is_named_whole():
-    from serving.export import load_keras_model
+    from serving.exports.export import load_keras_model
 
     path = work_dir("no", "such.keras")
     with pytest.raises(ValueError) as caught:
@@ -584,7 +584,7 @@ def test_a_missing_model_file_is_named_whole():
      (KeyError(), "KeyError: "), (OSError("  bad header  \n"), "OSError: bad header")],
 )  # fmt: skip
 def test_a_model_keras_cannot_load_is_one_line_with_the_first_line_of_why(error, said, monkeypatch):
-    from serving import export
+    from serving.exports import export
 
     exported("antisymmetric")
     path = work_dir("antisymmetric.keras")
@@ -601,7 +601,7 @@ def test_a_model_keras_cannot_load_is_one_line_with_the_first_line_of_why(error,
 def test_a_compiled_model_loads_uncompiled():
     """Serving needs no loss or optimizer: a training run's compiled `.keras` loads without
     them (a custom loss that cannot be deserialized here would otherwise be needed)."""
-    from serving.export import load_keras_model
+    from serving.exports.export import load_keras_model
 
     model = build_model("antisymmetric")
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
@@ -617,7 +617,7 @@ def test_a_compiled_model_loads_uncompiled():
 def test_the_head_is_read_from_the_layer_that_makes_the_output_not_the_last_listed():
     """A head layer applied twice (a refinement loop) is listed before the layer between
     its calls: the recorded head is the output's own layer."""
-    from serving.heads import recorded_head
+    from serving.exports.heads import recorded_head
 
     inputs = keras.Input((STEPS, FEATURES))
     head = keras.layers.Dense(4, name="regression_head")
@@ -643,7 +643,7 @@ class _Subclassed(keras.Model):
 
 
 def test_without_a_single_output_the_head_is_the_last_layer_s():
-    from serving.heads import recorded_head
+    from serving.exports.heads import recorded_head
 
     for name, head in (("classification_head", "classification"), ("dense_out", None)):
         model = _Subclassed(name)
@@ -724,7 +724,7 @@ def test_a_tensorflow_write_error_is_one_line_naming_the_base_and_leaves_nothing
     `ExportWriteError` with the first line of why, at most 300 characters."""
     import tensorflow as tf
 
-    from serving import export
+    from serving.exports import export
 
     def fail(self, *args, **kwargs):
         raise tf.errors.ResourceExhaustedError(None, None, message)
@@ -741,7 +741,7 @@ def test_a_tensorflow_write_error_is_one_line_naming_the_base_and_leaves_nothing
 def test_keras_is_imported_on_tensorflow_unless_it_was_already(imported, monkeypatch):
     """An export needs TensorFlow: a Keras not yet imported gets that backend whatever
     `KERAS_BACKEND` says; one imported already keeps its own (and `build_archive` refuses)."""
-    from serving import export
+    from serving.exports import export
 
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     if not imported:
@@ -814,7 +814,7 @@ def test_the_head_is_given_recorded_or_inferred_and_must_fit_the_output(
     units, name, per_step, head, resolved
 ):
     """Classes from 2 on: one class would make a softmax of always 1.0."""
-    from serving.heads import resolve_head
+    from serving.exports.heads import resolve_head
 
     model = _ending_in(units, name, per_step)
     if isinstance(resolved, tuple):
@@ -869,7 +869,7 @@ def test_the_served_function_runs_the_model_in_inference_mode():
 
 
 def test_a_subclassed_model_has_no_output_shape_to_fit_a_head():
-    from serving.heads import resolve_head
+    from serving.exports.heads import resolve_head
 
     model = _Subclassed("classification_head")
     model(np.zeros((1, STEPS, FEATURES), "float32"))
@@ -888,7 +888,7 @@ def test_a_subclassed_model_has_no_output_shape_to_fit_a_head():
 
 
 def test_stale_staging_removal_reads_every_entry_and_removes_only_staging_folders(tmp_path):
-    from serving.versions import _host, remove_stale_staging
+    from serving.exports.versions import _host, remove_stale_staging
 
     dead = ended_pid()
     stale = [f".tmp-{version}-{dead}@{_host()}-abc" for version in (1, 2)]
@@ -905,7 +905,7 @@ def test_a_failed_export_whose_staging_folder_went_meanwhile_raises_its_own_erro
     """Removing the staging folder never hides why the export stopped."""
     import shutil
 
-    import serving.export as export
+    import serving.exports.export as export
 
     def fail(archive, staging):
         shutil.rmtree(staging)

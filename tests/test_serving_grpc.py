@@ -25,13 +25,14 @@ from tensorflow_serving.apis import (
 )
 
 from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN
-from serving import tensors
 from serving.client import GrpcClient, ServingClient, ServingError
 from serving.client import main as client_main
-from serving.export import export_model
-from serving.grpcd import GrpcApp, GrpcServer
-from serving.metrics import ServingMetrics
-from serving.payload import RequestError
+from serving.exports.export import export_model
+from serving.local import tensors
+from serving.local.grpcd import GrpcApp, GrpcServer
+from serving.local.metrics import ServingMetrics
+from serving.local.payload import RequestError
+from serving.local.plane import DataPlane
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, ServerProcess, ThreadServer, http_call
 
@@ -146,6 +147,36 @@ def test_predict_answers_every_signature_exactly_as_the_rest_api(served, stubs):
     whole = _outputs(predict.Predict(_request({"sequence": x}), timeout=limit(60)))
     np.testing.assert_allclose(whole["logits"], model.predict(x, verbose=0), atol=1e-5, rtol=0)
     assert whole["class_id"].tolist() == np.argmax(whole["logits"], axis=-1).tolist()
+
+
+def test_both_transports_answer_from_one_data_plane(served):
+    """The same request over REST and gRPC meets the same limit, in the same words, and both
+    are counted on the one metrics page, each under its entrypoint."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, server = served
+    local = server.server
+    assert local.app.plane is local.plane is local.grpc.app.plane
+    assert local.transports == [local.rest, local.grpc]
+    before = local.plane.max_input_elements
+    local.plane.max_input_elements = 8  # fewer numbers than one sequence holds
+    try:
+        inputs = {"sequence": _x()[:1]}
+        with grpc.insecure_channel(_target(server)) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Predict(_request(inputs), timeout=limit(60))
+        body = {"inputs": {k: v.tolist() for k, v in inputs.items()}}
+        status, rest = http_call(f"{server.url}/v1/models/stacked:predict", "POST", body)
+    finally:
+        local.plane.max_input_elements = before
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and status == 400
+    assert refused.value.details() == rest["error"] and "8" in rest["error"]
+    page = http_call(f"{server.url}/monitoring/prometheus/metrics")[1]
+    families = {f.name: f for f in text_string_to_metric_families(page)}
+    entrypoints = {s.labels["entrypoint"] for s in families[":tensorflow:serving:request_latency"]
+                   .samples if s.labels.get("model_name") == "stacked"}  # fmt: skip
+    assert entrypoints == {"REST", "GRPC"}
 
 
 @pytest.mark.parametrize("chunk", [1, 7, T])
@@ -325,7 +356,7 @@ def test_grpc_calls_are_counted_under_the_grpc_entrypoint(stubs):
 
     predict, models = stubs
     metrics = ServingMetrics()
-    app = GrpcApp(_Repository(), metrics=metrics)
+    app = GrpcApp(DataPlane(_Repository(), metrics=metrics))
     server = GrpcServer(app, "127.0.0.1", 0, threads=2, max_queued_requests=2,
                         max_message_bytes=1 << 20, idle_seconds=30)  # fmt: skip
     server.start()
@@ -363,7 +394,7 @@ def test_grpc_calls_are_counted_under_the_grpc_entrypoint(stubs):
 def test_errors_that_echo_a_huge_request_keep_their_own_code_and_a_bounded_message(stubs):
     """A 4 MB model name, 3,000 input names: the answer's details are cut, so a default
     client reads NOT_FOUND and INVALID_ARGUMENT, not RESOURCE_EXHAUSTED for the trailers."""
-    from serving.payload import MAX_MESSAGE_CHARS
+    from serving.local.payload import MAX_MESSAGE_CHARS
 
     server = _serve(_Repository(), max_message_bytes=8 << 20)
     try:
@@ -391,9 +422,9 @@ def test_grpc_calls_to_unknown_models_add_no_series_however_many_names(stubs):
     """Names a client makes up, long ones too, are one series: memory and the page stay
     bounded by the models served."""
     metrics = ServingMetrics()
-    server = GrpcServer(GrpcApp(_Repository(), metrics=metrics), "127.0.0.1", 0, threads=2,
-                        max_queued_requests=2, max_message_bytes=1 << 20,
-                        idle_seconds=30)  # fmt: skip
+    app = GrpcApp(DataPlane(_Repository(), metrics=metrics))
+    server = GrpcServer(app, "127.0.0.1", 0, threads=2, max_queued_requests=2,
+                        max_message_bytes=1 << 20, idle_seconds=30)  # fmt: skip
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -535,7 +566,7 @@ def _small_request(name="m"):
 def _serve(repository, **limits):
     settings = dict(threads=1, max_queued_requests=1, max_message_bytes=1 << 20, idle_seconds=30)
     settings.update(limits)
-    server = GrpcServer(GrpcApp(repository), "127.0.0.1", 0, **settings)
+    server = GrpcServer(GrpcApp(DataPlane(repository)), "127.0.0.1", 0, **settings)
     server.start()
     return server
 
@@ -671,9 +702,9 @@ def test_a_call_whose_deadline_passes_before_its_prediction_is_not_predicted():
 
     servable = SlowSpecs()
     metrics = ServingMetrics()
-    server = GrpcServer(GrpcApp(_Repository(servable), metrics=metrics), "127.0.0.1", 0,
-                        threads=1, max_queued_requests=1, max_message_bytes=1 << 20,
-                        idle_seconds=30)  # fmt: skip
+    app = GrpcApp(DataPlane(_Repository(servable), metrics=metrics))
+    server = GrpcServer(app, "127.0.0.1", 0, threads=1, max_queued_requests=1,
+                        max_message_bytes=1 << 20, idle_seconds=30)  # fmt: skip
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -831,7 +862,7 @@ def test_the_server_command_serves_grpc_and_a_taken_port_is_one_line_before_any_
 
 
 def test_a_grpc_port_out_of_range_is_refused_naming_the_flag(capsys, tmp_path):
-    from serving import server as server_module
+    from serving.local import server as server_module
 
     argv = ["--model-base-path", str(tmp_path), "--model-name", "m", "--grpc-port", "65536"]
     assert server_module.main(argv) == 2

@@ -1,4 +1,4 @@
-"""serving.httpd in this process: waitress's errors as JSON, lingering close, the drain's pieces.
+"""The HTTP transport in this process: waitress's errors as JSON, lingering close, the drain.
 
 A WSGI app that echoes what it read stands in for the model server (no TensorFlow);
 every server listens on 127.0.0.1 only, every socket has a timeout.
@@ -18,7 +18,7 @@ from waitress import wasyncore
 from waitress.adjustments import Adjustments
 from waitress.parser import HTTPRequestParser
 
-from serving import httpd
+from serving.local import httpd
 from tests.limits import limit
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,7 +54,7 @@ def _start(server):
 
 def _thread(**adjustments):
     """A ServerThread of `_echo`, not yet serving."""
-    adjustments.setdefault("max_request_body_size", CAP + 1)  # as serving.server sets it
+    adjustments.setdefault("max_request_body_size", CAP + 1)  # as serving.local.server sets it
     return httpd.ServerThread(_echo, "127.0.0.1", 0, request_timeout=5.0, **adjustments)
 
 

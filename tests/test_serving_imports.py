@@ -31,10 +31,14 @@ def _modules_after(code):
 
 
 def test_importing_the_serving_modules_imports_no_tensorflow():
-    modules = "serving, serving.rest, serving.httpd, serving.server, serving.client"
-    modules += ", serving.payload, serving.repository, serving.export, serving.demo"
-    modules += ", serving.model_config, serving.codes, serving.tensors, serving.litert"
-    modules += ", serving.onnxgraphs, serving.runtimes, serving.steploop, serving.tfloop"
+    modules = ", ".join([
+        "serving", "serving.client", "serving.codes", "serving.demo", "serving.export",
+        "serving.server", "serving.local.rest", "serving.local.httpd", "serving.local.server",
+        "serving.local.payload", "serving.local.repository", "serving.local.model_config",
+        "serving.local.tensors", "serving.exports.export", "serving.exports.litert",
+        "serving.exports.onnxgraphs", "serving.exports.runtimes", "serving.exports.steploop",
+        "serving.exports.tfloop",
+    ])  # fmt: skip
     assert _modules_after(f"import {modules}") == []
 
 

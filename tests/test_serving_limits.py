@@ -106,7 +106,7 @@ def test_large_bodies_are_refused_cheaply(limited):
 
 def test_saturated_server_answers_503(monkeypatch):
     """One worker, at most one queued request: a request that finds more waiting gets a 503."""
-    from serving import rest
+    from serving.local import rest
 
     _, base = exported("antisymmetric")
     release, started = threading.Event(), threading.Event()
@@ -153,7 +153,7 @@ def test_saturated_server_answers_503(monkeypatch):
 def test_public_host_warns_and_connection_limit_fits_ulimit(caplog, monkeypatch):
     import logging
 
-    from serving import server as server_module
+    from serving.local import server as server_module
 
     monkeypatch.setattr(server_module.resource, "getrlimit", lambda _: (256, 256))
     _, base = exported("antisymmetric")

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving import codes
-from serving import metrics as serving_metrics
+from serving.local import metrics as serving_metrics
 from tests.limits import limit
 from tests.serving_helpers import ThreadServer, exported, http_call
 

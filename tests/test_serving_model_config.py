@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from serving import tensors
-from serving.model_config import (
+from serving.local import tensors
+from serving.local.model_config import (
     ModelConfig,
     ModelConfigError,
     Models,
     parse_model_config,
     read_model_config,
 )
+from serving.local.payload import RequestError
+from serving.local.repository import ModelRepository, VersionPolicy
 from serving.names import MAX_VERSION
-from serving.payload import RequestError
-from serving.repository import ModelRepository, VersionPolicy
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, ThreadServer, exported, http_call
 
@@ -409,7 +409,7 @@ def test_the_server_answers_labels_over_rest_and_grpc(two_versions):
 
 
 def test_the_server_command_refuses_a_bad_config_in_one_line(tmp_path, capsys):
-    from serving import server as server_module
+    from serving.local import server as server_module
 
     path = tmp_path / "bad.config"
     path.write_text("model_config_list { config { name: 'a' } }")
@@ -452,7 +452,7 @@ def test_a_label_moved_to_a_version_still_loading_applies_once_it_loads(tmp_path
 def test_a_config_file_that_is_no_regular_file_or_too_large_is_refused_without_reading(
     tmp_path,
 ):
-    from serving.model_config import MAX_CONFIG_BYTES
+    from serving.local.model_config import MAX_CONFIG_BYTES
 
     fifo = tmp_path / "fifo.config"
     os.mkfifo(fifo)

@@ -1,4 +1,4 @@
-"""`serving.payload` on its own: TensorFlow Serving's request checks and messages, byte
+"""`serving.local.payload` on its own: TensorFlow Serving's request checks and messages, byte
 limits, metadata and prediction layouts, against hand-written requests."""
 
 import json
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from serving import payload
-from serving.payload import RequestError
+from serving.local import payload
+from serving.local.payload import RequestError
 
 
 class FakeServable:
@@ -30,10 +30,24 @@ TWO = FakeServable({"a": tf.TensorSpec([None, 2], tf.float32),
                     "b": tf.TensorSpec([None], tf.int32)})  # fmt: skip
 
 
+def _parse(body, servable, max_elements=payload.DEFAULT_MAX_INPUT_ELEMENTS):
+    """A REST body as the server reads it: decoded, then its inputs checked."""
+    signature, sent, rows = payload.parse_predict_request(body, servable, max_elements)
+    arrays = payload.checked_inputs(servable, signature, sent, payload.as_input_array,
+                                    max_elements)  # fmt: skip
+    return signature, arrays, rows
+
+
+def _predict(servable, signature, arrays, rows):
+    """What a request's checked inputs are answered with over REST."""
+    return payload.predict_body(payload.run_signature(servable, signature, arrays), signature,
+                                rows)  # fmt: skip
+
+
 def _error(body, servable=ONE, max_elements=payload.DEFAULT_MAX_INPUT_ELEMENTS):
     text = body if isinstance(body, str) else json.dumps(body)
     with pytest.raises(RequestError) as raised:
-        payload.parse_predict_request(text.encode(), servable, max_elements)
+        _parse(text.encode(), servable, max_elements)
     assert raised.value.status == 400
     return raised.value.message
 
@@ -122,7 +136,7 @@ def test_a_signatures_error_is_a_400_with_its_first_line():
 
     servable = FakeServable({"x": SEQUENCE}, refuse)
     with pytest.raises(RequestError) as raised:
-        payload.predict(servable, "serving_default", {"x": np.zeros((1, 3, 1), "float32")}, True)
+        _predict(servable, "serving_default", {"x": np.zeros((1, 3, 1), "float32")}, True)
     assert (raised.value.status, raised.value.message) == (400, "length must be at least 1")
 
 
@@ -133,15 +147,15 @@ def test_outputs_come_in_the_row_or_the_columnar_layout():
 
     servable = FakeServable({"x": SEQUENCE}, answer)
     x = np.arange(6, dtype="float32").reshape(2, 3, 1)
-    rows = payload.predict(servable, "serving_default", {"x": x}, True)
+    rows = _predict(servable, "serving_default", {"x": x}, True)
     assert rows == {"predictions": [{"sum": 3.0, "twice": 6.0}, {"sum": 12.0, "twice": 24.0}]}
-    columns = payload.predict(servable, "serving_default", {"x": x}, False)
+    columns = _predict(servable, "serving_default", {"x": x}, False)
     assert columns == {"outputs": {"sum": [3.0, 12.0], "twice": [6.0, 24.0]}}
     single = FakeServable({"x": SEQUENCE}, lambda x: {"sum": tf.reduce_sum(x, axis=[1, 2])})
-    assert payload.predict(single, "serving_default", {"x": x}, True) == {
+    assert _predict(single, "serving_default", {"x": x}, True) == {
         "predictions": [3.0, 12.0]
     }
-    assert payload.predict(single, "serving_default", {"x": x}, False) == {"outputs": [3.0, 12.0]}
+    assert _predict(single, "serving_default", {"x": x}, False) == {"outputs": [3.0, 12.0]}
 
 
 def test_a_rest_error_is_an_exception_with_its_message_and_status():

@@ -16,10 +16,16 @@ import numpy as np
 import pytest
 
 from keras_antisym import AntisymmetricCell, AntisymmetricRNN, GatedAntisymmetricRNN
-from serving import litert, onnxgraphs
-from serving.export import export_model, main
-from serving.runtimes import InputSpec, LiteRTModel, OnnxModel, RuntimeInputError, check_inputs
-from serving.steploop import PortableExportError
+from serving.exports import litert, onnxgraphs
+from serving.exports.export import export_model, main
+from serving.exports.runtimes import (
+    InputSpec,
+    LiteRTModel,
+    OnnxModel,
+    RuntimeInputError,
+    check_inputs,
+)
+from serving.exports.steploop import PortableExportError
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, digits
 
@@ -197,7 +203,7 @@ def test_a_per_step_head_s_outputs_are_written_once_not_grown(kind):
 
 def test_the_stream_signatures_take_the_savedmodels_state_names(tmp_path):
     """The same `state_*` inputs as the SavedModel's `stream`, in LiteRT and ONNX."""
-    from serving.signatures import stream_plan
+    from serving.exports.signatures import stream_plan
 
     model, head = portable_model("stack")
     litert.write(model, tmp_path / "model.tflite", head)
@@ -402,7 +408,7 @@ def test_a_model_without_a_builtin_lowering_is_refused_with_nothing_on_disk(kind
 
 
 def test_a_model_that_cannot_stream_gets_serving_default_and_a_note(tmp_path, capsys):
-    from serving.tfloop import UpdatedSlices, graphs
+    from serving.exports.tfloop import UpdatedSlices, graphs
 
     middle = [keras.layers.Conv1D(4, 3), keras.layers.GlobalAveragePooling1D()]
     model = keras.Sequential([keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)])

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.export import export_model
+from serving.exports.export import export_model
 from tests.limits import limit
 from tests.serving_helpers import ServerProcess, ThreadServer, http_call, work_dir
 

@@ -14,7 +14,8 @@ import importlib.util, json, sys
 import numpy as np
 spec = importlib.util.find_spec("tensorflow")
 assert spec is not None and "tensorflow" not in sys.modules  # 1. found, not imported
-from serving import protos, tensors
+from serving import protos
+from serving.local import tensors
 modules = protos.load()
 assert protos.load() is modules
 loaded = sorted(n for n in sys.modules if n.split(".")[0] == "tensorflow")

@@ -305,7 +305,7 @@ def test_stalled_clients_do_not_starve_a_good_request():
 def test_drain_answers_in_flight_requests_then_stops(monkeypatch):
     """`drain`: new connections refused at once, the held request answered (with
     `Connection: close`), the loop returns; past the deadline the rest is counted."""
-    from serving import rest
+    from serving.local import rest
 
     _, base = exported("antisymmetric")
     release, started = threading.Event(), threading.Event()
@@ -487,7 +487,7 @@ def test_a_base_path_without_versions_says_so(tmp_path, caplog):
 
 def test_make_server_refuses_unreachable_names_and_version_folders():
     from apputil.errors import UsageError
-    from serving.server import make_server
+    from serving.local.server import make_server
 
     _, base = exported("antisymmetric")
     for name in ("my/model", "", "a:b", "..", "tab\there"):
@@ -530,7 +530,7 @@ def test_export_errors_are_one_line(monkeypatch, capsys):
     clashing versions: one line each, status 1 or 2, no traceback."""
     import tensorflow as tf
 
-    from serving import export
+    from serving.exports import export
 
     exported("antisymmetric")
     model = work_dir("antisymmetric.keras")

@@ -1,4 +1,4 @@
-"""`serving.repository`: TensorFlow Serving's `latest` policy and a watcher that never dies."""
+"""The model repository: TensorFlow Serving's `latest` policy and a watcher that never dies."""
 
 import os
 import shutil
@@ -31,7 +31,7 @@ def _fake_version(base, name, variables=True):
 
 
 def _served(repository):
-    from serving.payload import RequestError
+    from serving.local.payload import RequestError
 
     try:
         return repository.get(repository.name).version
@@ -41,7 +41,7 @@ def _served(repository):
 
 def test_latest_policy_retries_rolls_back_and_ignores_non_ascii_digits(tmp_path):
     """The highest loadable version; a half-copied one retried; deletions roll back."""
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     base = str(tmp_path)
     for name in ("1", "2", "²", "3x", "٣"):  # "²" and "٣" pass str.isdigit()
@@ -69,7 +69,7 @@ def test_version_watcher_survives_any_error(tmp_path, monkeypatch):
     """The base path turned into a file, then gone, then EMFILE: still watching, then loads."""
     import errno
 
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     base = str(tmp_path / "base")
     _fake_version(base, "1")
@@ -101,7 +101,7 @@ def test_version_watcher_survives_any_error(tmp_path, monkeypatch):
 
 
 def test_an_empty_base_path_says_how_versions_are_laid_out_and_a_version_folder_says_so(tmp_path):
-    from serving.repository import no_versions_message
+    from serving.local.repository import no_versions_message
 
     base = str(tmp_path)
     assert no_versions_message("m", base) == (
@@ -152,7 +152,7 @@ class _CodeOnly(Exception):
     ],
 )
 def test_a_load_failure_is_reported_with_tensorflow_serving_s_code_and_first_line(error, expected):
-    from serving.repository import error_status
+    from serving.local.repository import error_status
 
     assert error_status(error) == expected
 
@@ -160,14 +160,14 @@ def test_a_load_failure_is_reported_with_tensorflow_serving_s_code_and_first_lin
 def test_a_real_tensorflow_error_keeps_its_code_and_message():
     import tensorflow as tf
 
-    from serving.repository import error_status
+    from serving.local.repository import error_status
 
     error = tf.errors.InvalidArgumentError(None, None, "bad graph\nnode context")
     assert error_status(error) == ("INVALID_ARGUMENT", "bad graph")
 
 
 def test_a_failed_version_waits_for_its_retry_unless_its_files_change(tmp_path):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     calls = []
 
@@ -197,7 +197,7 @@ def test_a_failed_version_waits_for_its_retry_unless_its_files_change(tmp_path):
 def _never_loading(tmp_path, monkeypatch, **settings):
     """`(repository, calls, now)`: version 1 under `tmp_path` on a loader that always
     fails (each call recorded in `calls`), on a clock `now[0]` the test moves."""
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     now = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
@@ -260,7 +260,7 @@ def test_a_failed_version_is_retried_once_its_delay_has_passed_exactly(
 def test_a_version_s_fingerprint_is_every_file_under_it_with_its_size_and_mtime(
     tmp_path, monkeypatch
 ):
-    from serving.repository import _fingerprint
+    from serving.local.repository import _fingerprint
 
     folder = tmp_path / "1"
     (folder / "variables").mkdir(parents=True)
@@ -289,7 +289,7 @@ def test_a_version_s_fingerprint_is_every_file_under_it_with_its_size_and_mtime(
 
 
 def test_the_watcher_is_a_named_daemon_thread_and_each_version_served_is_logged(tmp_path, caplog):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     _fake_version(str(tmp_path), "4")
     repository = ModelRepository(str(tmp_path), "digits", 60.0, loader=_FakeServable)
@@ -315,7 +315,7 @@ class _Refusing(_FakeServable):
 
 
 def _not_found(call):
-    from serving.payload import RequestError
+    from serving.local.payload import RequestError
 
     with pytest.raises(RequestError) as caught:
         call()
@@ -324,7 +324,7 @@ def _not_found(call):
 
 
 def test_each_404_says_why_the_version_asked_for_is_not_served(tmp_path):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     base = str(tmp_path)
     for name in ("1", "2"):
@@ -365,7 +365,7 @@ def test_each_404_says_why_the_version_asked_for_is_not_served(tmp_path):
 
 
 def test_with_no_version_served_the_404_names_the_highest_failure(tmp_path, monkeypatch):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     monkeypatch.setattr(_Refusing, "REFUSED", (1, 2))
     base = str(tmp_path)
@@ -380,7 +380,7 @@ def test_with_no_version_served_the_404_names_the_highest_failure(tmp_path, monk
 
 
 def test_an_unreadable_base_path_is_named_until_a_scan_succeeds(tmp_path):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     base = str(tmp_path / "base")
     repository = ModelRepository(base, "m", poll_seconds=0.05, loader=_FakeServable)
@@ -407,7 +407,7 @@ def test_an_unreadable_base_path_is_named_until_a_scan_succeeds(tmp_path):
 
 
 def test_a_loaded_version_prints_its_signatures_as_tensorflow_serving_does():
-    from serving.repository import Servable
+    from serving.local.repository import Servable
     from tests.serving_helpers import FEATURES, STEPS, exported
 
     _, base = exported("antisymmetric")
@@ -432,7 +432,7 @@ def test_a_loaded_version_prints_its_signatures_as_tensorflow_serving_does():
 def test_the_deepest_input_of_a_saved_model_without_ranks_is_zero(tmp_path):
     import tensorflow as tf
 
-    from serving.repository import Servable
+    from serving.local.repository import Servable
 
     bare = str(tmp_path / "bare")
     tf.saved_model.save(tf.Module(), bare)
@@ -446,7 +446,7 @@ def test_the_deepest_input_of_a_saved_model_without_ranks_is_zero(tmp_path):
 
 
 def test_a_new_repository_polls_every_second_watches_nothing_and_answers_404(tmp_path):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     _fake_version(str(tmp_path), "1")
     repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
@@ -466,7 +466,7 @@ def test_a_new_repository_polls_every_second_watches_nothing_and_answers_404(tmp
 )  # fmt: skip
 def test_a_version_folder_of_another_format_is_named_as_such(tmp_path, files, said):
     """A server pointed at a LiteRT or ONNX export's base path says what it found."""
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     os.makedirs(tmp_path / "1")
     for name in files:
@@ -481,7 +481,7 @@ def test_a_version_folder_of_another_format_is_named_as_such(tmp_path, files, sa
 
 
 def test_a_broken_version_on_the_first_scan_is_logged_once(tmp_path, caplog):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     os.makedirs(tmp_path / "2")  # no saved_model.pb
     _fake_version(str(tmp_path), "1")
@@ -496,7 +496,7 @@ def test_a_broken_version_on_the_first_scan_is_logged_once(tmp_path, caplog):
 
 
 def test_an_empty_base_path_warns_once_and_a_version_gone_is_logged(tmp_path, caplog):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     base = tmp_path / "base"
     base.mkdir()
@@ -521,7 +521,7 @@ def test_an_empty_base_path_warns_once_and_a_version_gone_is_logged(tmp_path, ca
 
 
 def test_a_version_that_loads_on_its_retry_is_listed_ok(tmp_path):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     base = str(tmp_path)
     _fake_version(base, "1", variables=False)  # caught mid-copy: fails
@@ -538,7 +538,7 @@ def test_a_version_that_loads_on_its_retry_is_listed_ok(tmp_path):
 
 
 def test_scan_errors_are_logged_once_each_until_a_scan_succeeds(tmp_path, monkeypatch, caplog):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
     errors = iter([OSError("disk"), OSError("disk"), PermissionError("denied"), None,
@@ -565,7 +565,7 @@ def test_scan_errors_are_logged_once_each_until_a_scan_succeeds(tmp_path, monkey
 
 
 def test_two_folders_naming_one_version_are_refused_with_both_names(tmp_path):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     _fake_version(str(tmp_path), "3")
     _fake_version(str(tmp_path), "03")
@@ -579,7 +579,7 @@ def test_two_folders_naming_one_version_are_refused_with_both_names(tmp_path):
 
 def test_answers_to_clients_never_show_the_base_path_on_disk(tmp_path):
     """Load failures carry the path (TensorFlow's messages do); clients see `<base_path>`."""
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     base = str(tmp_path / "models")
 
@@ -608,7 +608,7 @@ def test_answers_to_clients_never_show_the_base_path_on_disk(tmp_path):
 def test_stop_waits_for_the_scan_in_progress_and_nothing_loads_after_it(tmp_path):
     """A version appears while the watcher is loading another: `stop()` returns once the
     watcher has ended (the load in progress finished), and no load starts afterwards."""
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     loading, release, loads = threading.Event(), threading.Event(), []
 
@@ -634,7 +634,7 @@ def test_stop_waits_for_the_scan_in_progress_and_nothing_loads_after_it(tmp_path
 def test_stop_gives_up_after_its_timeout_on_a_scan_that_does_not_end(tmp_path):
     """A load that hangs: `stop(timeout)` returns False after the timeout, True once the
     watcher has ended."""
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     loading, release = threading.Event(), threading.Event()
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from serving.client import GrpcClient, ServingClient, ServingError
-from serving.export import export_model
+from serving.exports.export import export_model
 from tests.limits import limit
 from tests.serving_helpers import (
     MODEL_KINDS,
@@ -558,7 +558,7 @@ def test_local_bad_bodies_answer_400(target):
 def test_json_response_is_json_with_its_length_and_never_nan():
     """The body's length is the header's; NaN or Infinity (not JSON, though TensorFlow
     Serving's writer emits the bare tokens) turns the answer into a strict-JSON 500."""
-    from serving.rest import json_response
+    from serving.local.rest import json_response
 
     started = []
     chunks = json_response(
@@ -613,9 +613,10 @@ def _wsgi(app, method, path=None):
 def test_rest_app_paths_are_utf8_and_undecodable_bytes_are_replaced():
     """WSGI hands the path over as latin-1 characters, one per byte: a UTF-8 model name
     comes back whole, bytes that are no UTF-8 become U+FFFD instead of a 500."""
-    from serving.rest import RestApp
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
 
-    app = RestApp(_StatusRepository({}))
+    app = RestApp(DataPlane(_StatusRepository({})))
     status, _, body = _wsgi(app, "GET", "/v1/models/caf\xc3\xa9")
     assert status == "200 OK" and body == {"name": "café"}
     status, _, body = _wsgi(app, "GET", "/v1/models/a\xff")
@@ -625,22 +626,24 @@ def test_rest_app_paths_are_utf8_and_undecodable_bytes_are_replaced():
 
 
 def test_rest_app_says_when_to_retry_only_when_overloaded():
-    from serving.rest import RestApp
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
 
-    app = RestApp(_StatusRepository({}), overloaded=lambda: True)
+    app = RestApp(DataPlane(_StatusRepository({})), overloaded=lambda: True)
     # Overload refuses predictions only; other answers carry no Retry-After.
     status, headers, _ = _wsgi(app, "GET", "/v1/models/m:predict")
     assert status == "405 Method Not Allowed" and "Retry-After" not in headers
-    app.repository.get = lambda name, version=None, label=None: object()
+    app.plane.repository.get = lambda name, version=None, label=None: object()
     status, headers, body = _wsgi(app, "POST", "/v1/models/m:predict")
     assert status == "503 Service Unavailable" and headers["Retry-After"] == "1"
     assert body == {"error": "Server overloaded: too many queued requests"}
 
 
 def test_rest_app_logs_a_fault_with_its_request_and_answers_500(caplog):
-    from serving.rest import RestApp
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
 
-    app = RestApp(_StatusRepository(RuntimeError("boom")))
+    app = RestApp(DataPlane(_StatusRepository(RuntimeError("boom"))))
     with caplog.at_level(logging.ERROR, logger="serving"):
         status, _, body = _wsgi(app, "GET", "/v1/models/m")
     assert status == "500 Internal Server Error" and body == {"error": "Internal: boom"}
@@ -650,9 +653,10 @@ def test_rest_app_logs_a_fault_with_its_request_and_answers_500(caplog):
 
 
 def test_rest_app_refusals_name_the_request_up_to_200_characters(caplog):
-    from serving.rest import RestApp
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
 
-    app = RestApp(_StatusRepository({}))
+    app = RestApp(DataPlane(_StatusRepository({})))
     long = "/v2/" + "x" * 300
     assert _wsgi(app, "GET", long)[::2] == (
         "404 Not Found",
@@ -673,9 +677,10 @@ def test_rest_app_refusals_name_the_request_up_to_200_characters(caplog):
 
 
 def test_rest_app_answers_head_with_the_headers_of_get_and_no_body():
-    from serving.rest import RestApp
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
 
-    app = RestApp(_StatusRepository({"versions": 1}))
+    app = RestApp(DataPlane(_StatusRepository({"versions": 1})))
     assert _wsgi(app, "GET", "/v1/models/m")[2] == {"name": "m", "versions": 1}
     # HEAD on a GET path is refused with 405 (as TensorFlow Serving), without a body.
     started = []
@@ -687,9 +692,10 @@ def test_rest_app_answers_head_with_the_headers_of_get_and_no_body():
 
 
 def test_rest_app_without_an_overload_test_never_refuses():
-    from serving.rest import RestApp
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
 
-    assert RestApp(_StatusRepository({})).overloaded() is False
+    assert RestApp(DataPlane(_StatusRepository({}))).overloaded() is False
 
 
 class _Servable:
@@ -699,7 +705,7 @@ class _Servable:
     signature_def = {"serving_default": {"method_name": "tensorflow/serving/predict"}}
 
     def input_specs(self, signature_name):
-        from serving.payload import RequestError
+        from serving.local.payload import RequestError
 
         raise RequestError(400, f"reached the signature {signature_name!r}")
 
@@ -717,11 +723,12 @@ def _post(app, body, content_length=None, trailing=b""):
 
 
 def _servable_app(**kwargs):
-    from serving.rest import RestApp
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
 
     repository = _StatusRepository({})
     repository.get = lambda name, version=None, label=None: _Servable()
-    return RestApp(repository, **kwargs)
+    return RestApp(DataPlane(repository, **kwargs))
 
 
 def test_rest_app_reads_the_body_up_to_its_content_length_only():

@@ -19,7 +19,7 @@ import types
 
 import pytest
 
-from serving import server as server_module
+from serving.local import server as server_module
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, exported, http_call
 
@@ -173,9 +173,10 @@ def test_verbose_logs_every_request_and_quiet_mutes_waitress_queue_warnings(
         assert root.level == (logging.DEBUG if verbose else logging.INFO)
         assert queue.level == (before[1] if verbose else logging.ERROR)
         # Each line: time, level, logger, message.
-        record = logging.LogRecord("serving.server", logging.WARNING, "", 0, "hi", None, None)
+        name = "serving.local.server"
+        record = logging.LogRecord(name, logging.WARNING, "", 0, "hi", None, None)
         line = root.handlers[0].format(record)
-        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING serving.server hi", line)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING " + name + " hi", line)
     finally:
         root.setLevel(before[0])
         queue.setLevel(before[1])
@@ -354,20 +355,21 @@ def test_make_server_passes_every_limit_on_with_its_type(tmp_path, monkeypatch):
         assert (repository.base_path, repository.name, repository.poll_seconds) == (
             str(tmp_path), "m", 1.0
         )  # fmt: skip
-        assert repository.watching and made.app.repository is made.models
-        assert (made.server.request_timeout, made.server.header_timeout) == (30.0, 10.0)
-        adj = made.adj
+        assert repository.watching and made.app.plane is made.plane
+        assert made.plane.repository is made.models and made.transports == [made.rest]
+        assert (made.rest.server.request_timeout, made.rest.server.header_timeout) == (30.0, 10.0)
+        adj = made.rest.adj
         assert (adj.threads, adj.connection_limit, adj.channel_timeout) == (4, 999, 30)
         assert adj.max_request_header_size == 64 * 1024
         assert adj.max_request_body_size == server_module.LIMITS["max_body_bytes"][0] + 1
         assert (adj.ident, adj.expose_tracebacks, adj.asyncore_use_poll) == (
             "keras-antisym-local-serving", False, True
         )  # fmt: skip
-        made.dispatcher.queue.extend([None] * 32)
+        made.rest.dispatcher.queue.extend([None] * 32)
         assert not made.app.overloaded()
-        made.dispatcher.queue.append(None)  # more than --max-queued-requests wait: 503
+        made.rest.dispatcher.queue.append(None)  # more than --max-queued-requests wait: 503
         assert made.app.overloaded()
-        made.dispatcher.queue.clear()
+        made.rest.dispatcher.queue.clear()
     finally:
         made.close()
     assert not made.models.watching
@@ -379,16 +381,16 @@ def test_make_server_passes_every_limit_on_with_its_type(tmp_path, monkeypatch):
     )  # fmt: skip
     try:
         assert given.models.poll_seconds == 0.5
-        assert (given.server.request_timeout, given.server.header_timeout) == (4, 5)
+        assert (given.rest.server.request_timeout, given.rest.server.header_timeout) == (4, 5)
         assert given.settings.drain_seconds == 3
-        assert (given.adj.threads, given.adj.channel_timeout) == (2, 3)
-        assert given.adj.connection_limit == 49
-        assert given.adj.max_request_body_size == 101
-        assert given.adj.max_request_header_size == 200
-        assert given.app.max_input_elements == 77 and type(given.app.max_input_elements) is int
-        given.dispatcher.queue.extend([None] * 2)
+        assert (given.rest.adj.threads, given.rest.adj.channel_timeout) == (2, 3)
+        assert given.rest.adj.connection_limit == 49
+        assert given.rest.adj.max_request_body_size == 101
+        assert given.rest.adj.max_request_header_size == 200
+        assert given.plane.max_input_elements == 77 and type(given.plane.max_input_elements) is int
+        given.rest.dispatcher.queue.extend([None] * 2)
         assert given.app.overloaded()
-        given.dispatcher.queue.clear()
+        given.rest.dispatcher.queue.clear()
     finally:
         given.close()
 
@@ -426,7 +428,7 @@ def test_binding_beyond_loopback_warns_that_there_is_no_authentication(
             server_module.make_server(str(tmp_path), "m", host=host)
     warnings = [
         r.getMessage() for r in caplog.records
-        if r.name == "serving.server" and r.getMessage().startswith("Binding")
+        if r.name == "serving.local.server" and r.getMessage().startswith("Binding")
     ]  # fmt: skip
     expected = (f"Binding {host}: this server has no authentication, anyone who can reach it "
                 "can query the model")  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 
 from keras_antisym import AntisymmetricCell, AntisymmetricRNN, GatedAntisymmetricRNN
 from serving.client import NoStreamSignatureError, ServingClient, stream
-from serving.export import export_model
+from serving.exports.export import export_model
 from tests.limits import limit
 from tests.serving_helpers import (
     NO_KERAS_PRELUDE,
@@ -429,7 +429,7 @@ def test_client_stream_equals_whole_sequence(lstm_server, capsys):
 def test_a_model_that_cannot_stream_is_exported_with_a_note_and_served(capsys):
     import tensorflow as tf
 
-    from serving.export import main
+    from serving.exports.export import main
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
@@ -465,7 +465,7 @@ def test_a_model_that_cannot_stream_is_exported_with_a_note_and_served(capsys):
 
 def test_every_layer_after_the_last_sequence_is_a_head_step_of_the_plan():
     """A head of several layers: each one runs once, on the last output."""
-    from serving import signatures
+    from serving.exports import signatures
 
     model = keras.Sequential([
         keras.Input((None, 2)),
@@ -483,7 +483,7 @@ def test_every_layer_after_the_last_sequence_is_a_head_step_of_the_plan():
 
 
 def test_plans_name_the_layer_a_sequence_cannot_be_served_through():
-    from serving import signatures
+    from serving.exports import signatures
 
     class SelfAttention(keras.layers.Layer):
         """Mixes the time steps (a stand-in for an attention layer of one input)."""
@@ -512,7 +512,7 @@ def test_plans_name_the_layer_a_sequence_cannot_be_served_through():
 
 def test_a_plan_streams_the_first_output_only_when_it_is_the_last_layer_s():
     """Two outputs: streaming serves the first, which must be the chain's end."""
-    from serving import signatures
+    from serving.exports import signatures
 
     inputs = keras.Input((5, 3))
     hidden = keras.layers.RNN(AntisymmetricCell(4), return_sequences=True)(inputs)
@@ -528,7 +528,7 @@ def test_a_plan_streams_the_first_output_only_when_it_is_the_last_layer_s():
 def test_the_padded_endpoint_refuses_lengths_outside_its_steps_with_the_reason():
     import tensorflow as tf
 
-    from serving import signatures
+    from serving.exports import signatures
 
     model = keras.Sequential([keras.Input((None, 2)), AntisymmetricRNN(4), keras.layers.Dense(3)])
     fn, spec = signatures.padded_endpoint(signatures.padded_plan(model), "classification", None, 2)

@@ -1,11 +1,11 @@
-"""`serving.tensors`: TensorProto to and from NumPy, bytes exact, checked against the spec."""
+"""`serving.local.tensors`: TensorProto to and from NumPy, bytes exact, checked against the spec."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from serving import tensors
-from serving.payload import Budget, RequestError
+from serving.local import tensors
+from serving.local.payload import Budget, RequestError
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-from serving import warmup
+from serving.exports import warmup
 from serving.names import LENGTH_INPUT, PADDED_SIGNATURE, SEQUENCE_INPUT, STREAM_SIGNATURE
 from tests.serving_helpers import exported
 
@@ -49,7 +49,7 @@ def test_an_export_carries_one_predict_request_per_signature_that_the_signature_
 
 
 def test_the_server_replays_the_warmup_before_serving_and_can_skip_it(caplog):
-    from serving.repository import Servable
+    from serving.local.repository import Servable
 
     _, base = exported("antisymmetric")
     version_dir = os.path.join(base, "1")
@@ -66,7 +66,7 @@ def test_the_server_replays_the_warmup_before_serving_and_can_skip_it(caplog):
 
 
 def test_a_version_whose_warmup_fails_is_not_served(tmp_path):
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     _, base = exported("antisymmetric")
     broken = tmp_path / "models"
@@ -106,7 +106,7 @@ def test_a_warmup_refused_inside_the_graph_reports_the_assertion_s_line(tmp_path
     """The `padded` request's length beyond its 12 steps fails the graph's own assertion:
     the status and the log give that line, with the request and signature, not
     TensorFlow's "Graph execution error:" heading."""
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     def too_long(logs):
         for log in logs:
@@ -137,7 +137,7 @@ def test_a_warmup_refused_inside_the_graph_reports_the_assertion_s_line(tmp_path
 def test_a_warmup_file_of_more_than_1000_records_fails_the_load(tmp_path):
     """TensorFlow Serving replays at most 1,000 records: one more fails the load with its
     message, before any is replayed; 1,000 load."""
-    from serving.repository import ModelRepository
+    from serving.local.repository import ModelRepository
 
     _, base = exported("antisymmetric")
     for count, state in ((1001, "END"), (1000, "AVAILABLE")):
@@ -160,7 +160,7 @@ def test_a_warmup_file_of_more_than_1000_records_fails_the_load(tmp_path):
 
 
 def _no_warmup(path, version):
-    from serving.repository import Servable
+    from serving.local.repository import Servable
 
     return Servable(path, version, warmup=False)
 

@@ -403,7 +403,7 @@ def test_cli_stops_on_divergence_with_a_clear_message(tmp_path):
 def test_jax_trained_model_exports_and_serves_the_same_predictions(tmp_path):
     import tensorflow as tf
 
-    from serving.export import export_model
+    from serving.exports.export import export_model
 
     out = tmp_path / "run"
     script = textwrap.dedent(

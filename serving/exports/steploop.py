@@ -3,7 +3,7 @@
 Keras runs a recurrent layer with a loop that collects every step's output in
 a `TensorList` (TensorFlow) or a Python list (PyTorch). Neither lowers to
 LiteRT's builtin ops or to a dynamic-length ONNX graph. This module turns a
-model that can stream (`serving.signatures.stream_plan`) into a `StepProgram`:
+model that can stream (`serving.exports.signatures.stream_plan`) into a `StepProgram`:
 
 * `step(x_t, states)`: one time step through every layer on the time axis:
   each recurrent layer's *cell* on that step (the cell's own `call`, so the
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from serving.signatures import Plan, Step, StreamPlanError, stream_plan
+from serving.exports.signatures import Plan, Step, StreamPlanError, stream_plan
 
 if TYPE_CHECKING:
     import keras
@@ -114,7 +114,7 @@ def step_program(model: keras.Model) -> StepProgram:
     """The `StepProgram` of `model`.
 
     Raises:
-        serving.signatures.StreamPlanError: one line saying why `model` cannot stream.
+        serving.exports.signatures.StreamPlanError: one line saying why `model` cannot stream.
     """
     plan = stream_plan(model)
     recurrent = [i for i, item in enumerate(plan.steps) if item.kind == "recurrent"]

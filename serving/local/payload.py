@@ -34,7 +34,7 @@ _NUMPY_DTYPES = {
 
 
 class Servable(Protocol):
-    """What a request is answered from (`serving.repository.Servable` is one)."""
+    """What a request is answered from (`serving.local.repository.Servable` is one)."""
 
     version: int
     signatures: Mapping[str, Callable[..., Mapping[str, Any]]]
@@ -45,8 +45,8 @@ class Servable(Protocol):
 
 
 class Repository(Protocol):
-    """What answers requests by model name (`serving.repository.ModelRepository` for one
-    model, `serving.model_config.Models` for several, with labels)."""
+    """What answers requests by model name (`serving.local.repository.ModelRepository` for one
+    model, `serving.local.model_config.Models` for several, with labels)."""
 
     def get(self, name: str, version: str | None = None, label: str | None = None) -> Any: ...
 
@@ -224,8 +224,8 @@ def decode_json(body: bytes | str) -> Any:
 
 def parse_predict_request(
     body: bytes, servable: Servable, max_elements: int = DEFAULT_MAX_INPUT_ELEMENTS
-) -> tuple[str, dict[str, np.ndarray], bool]:
-    """Decode a `:predict` body into `(signature_name, {input: array}, row_format)`.
+) -> tuple[str, dict[str, Any], bool]:
+    """Decode a `:predict` body into `(signature_name, {input: value}, row_format)`.
 
     Args:
         body: The raw request bytes.
@@ -233,8 +233,8 @@ def parse_predict_request(
         max_elements: The most input numbers (all inputs, all instances) accepted.
 
     Returns:
-        The signature name, the validated input arrays and whether the request
-        used the row (`instances`) format.
+        The signature name, the decoded inputs by name (nested lists; `checked_inputs`
+        makes them arrays) and whether the request used the row (`instances`) format.
     """
     check_body_size(body, max_elements, servable.max_rank)
     request = decode_json(body)
@@ -258,12 +258,31 @@ def parse_predict_request(
         columns = {next(iter(specs)): columns}
     if not isinstance(columns, dict):
         raise bad_request(f"Expected inputs {sorted(specs)}, got a single unnamed tensor")
-    if set(columns) != set(specs):
-        raise bad_request(inputs_mismatch(columns, specs))
+    return signature_name, columns, has_rows
+
+
+#: Converts one sent input to its checked array: `(value, spec, name, budget)`.
+Convert = Callable[[Any, "tf.TensorSpec", str, Budget], np.ndarray]
+
+
+def checked_inputs(
+    servable: Servable,
+    signature_name: str,
+    sent: Mapping[str, Any],
+    convert: Convert = as_input_array,
+    max_elements: int = DEFAULT_MAX_INPUT_ELEMENTS,
+) -> dict[str, np.ndarray]:
+    """The sent inputs as the signature's checked arrays, whatever carried them: exactly
+    its input names, each converted by `convert` (JSON lists: `as_input_array`; gRPC's
+    TensorProtos: `serving.local.tensors.input_array`) within one budget of
+    `max_elements` numbers, and valid together (batch sizes, `padded` lengths)."""
+    specs = servable.input_specs(signature_name)
+    if set(sent) != set(specs):
+        raise bad_request(inputs_mismatch(sent, specs))
     budget = Budget(max_elements)
-    arrays = {name: as_input_array(columns[name], specs[name], name, budget) for name in specs}
+    arrays = {name: convert(sent[name], specs[name], name, budget) for name in specs}
     check_together(signature_name, arrays)
-    return signature_name, arrays, has_rows
+    return arrays
 
 
 def check_together(signature_name: str, arrays: Mapping[str, np.ndarray]) -> None:
@@ -339,17 +358,15 @@ def run_signature(
     return {name: tensor.numpy() for name, tensor in outputs.items()}
 
 
-def predict(
-    servable: Servable, signature_name: str, arrays: Mapping[str, np.ndarray], row_format: bool
-) -> dict:
-    """Run a signature and format its outputs as TensorFlow Serving's REST API does.
+def predict_body(outputs: Mapping[str, np.ndarray], signature_name: str, row_format: bool
+                 ) -> dict:  # fmt: skip
+    """A signature's outputs as TensorFlow Serving's REST API answers them.
 
     Returns:
         `{"predictions": [...]}` for the row format (one object per instance
         when the signature has several outputs) or `{"outputs": ...}` for the
         columnar format (an object of named outputs when there are several).
     """
-    outputs = run_signature(servable, signature_name, arrays)
     for name, value in sorted(outputs.items()):
         if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
             row = int(np.argwhere(~np.isfinite(value))[0][0]) if value.ndim else 0

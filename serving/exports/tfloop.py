@@ -1,8 +1,8 @@
 """The `serving_default` and `stream` graphs as TensorFlow functions with one `tf.while_loop`.
 
-LiteRT (`serving.litert`) and tf2onnx (`serving.onnxgraphs`) convert these:
+LiteRT (`serving.exports.litert`) and tf2onnx (`serving.exports.onnxgraphs`) convert these:
 the loop becomes LiteRT's builtin `WHILE` and ONNX's `Loop`, and each step
-is the model's `StepProgram` (`serving.steploop`), whose ops (matrix
+is the model's `StepProgram` (`serving.exports.steploop`), whose ops (matrix
 products, `tanh`, `sigmoid`, additions) are builtins of both. Weights are
 constants in the graph.
 
@@ -12,7 +12,7 @@ constants in the graph.
 * `stream`: `sequence` `(batch, t, m)` for any t >= 1 and one `(batch, units)`
   input per state, the head's outputs after the chunk and the new states.
 
-A model that cannot stream (`serving.signatures.stream_plan` says why) gets
+A model that cannot stream (`serving.exports.signatures.stream_plan` says why) gets
 no `stream` and a `serving_default` of Keras' own graph, which converts only
 when it has no recurrent loop.
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from apputil.quiet import import_tensorflow
+from serving.exports.signatures import StreamPlanError, head_outputs
+from serving.exports.steploop import FrozenWeights, StepProgram, step_program
 from serving.names import DEFAULT_SIGNATURE, SEQUENCE_INPUT, STREAM_SIGNATURE
-from serving.signatures import StreamPlanError, head_outputs
-from serving.steploop import FrozenWeights, StepProgram, step_program
 
 if TYPE_CHECKING:
     import keras
@@ -165,7 +165,7 @@ def graphs(
     Args:
         model: A Keras model on the TensorFlow backend, float32, one
             `(batch, T, m)` input.
-        head: The head (`serving.heads.HEADS`) naming the outputs.
+        head: The head (`serving.exports.heads.HEADS`) naming the outputs.
         outputs: How the loop keeps a per-step head's outputs (the converter's
             `StepOutputs`).
         stream: Boolean, build `stream` if the model can stream.

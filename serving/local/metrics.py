@@ -19,7 +19,7 @@ names a client sends never add series, so unauthenticated traffic cannot grow th
 server's memory or its page.
 
 `GET /monitoring/prometheus/metrics` answers them in Prometheus' text format
-(`serving.rest`), written here as TensorFlow Serving writes it: a counter keeps
+(`serving.local.rest`), written here as TensorFlow Serving writes it: a counter keeps
 its name (Prometheus' client library would add `_total`).
 """
 

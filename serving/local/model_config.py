@@ -33,9 +33,8 @@ from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any
 
-from serving.names import MAX_VERSION, check_model_name
-from serving.payload import RequestError, bad_request
-from serving.repository import (
+from serving.local.payload import RequestError, bad_request
+from serving.local.repository import (
     POLL_SECONDS,
     STOP_TIMEOUT_SECONDS,
     ModelRepository,
@@ -43,6 +42,7 @@ from serving.repository import (
     VersionPolicy,
     base_path_problem,
 )
+from serving.names import MAX_VERSION, check_model_name
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ tensors.
 A tensor travels as its bytes (`tensor_content`, little-endian): no number goes
 through a Python float or a decimal string, so a float32 arrives as the same
 float32. Decoding a request's tensor checks it against the signature's input
-spec and the request's `serving.payload.Budget` of input numbers before an
+spec and the request's `serving.local.payload.Budget` of input numbers before an
 array is built, as the REST API checks its JSON.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from serving import protos
-from serving.payload import Budget, bad_request, shape_text
+from serving.local.payload import Budget, bad_request, shape_text
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -1,7 +1,7 @@
 """TensorFlow Serving's REST API as a WSGI app over a `ModelRepository` (or `Models`).
 
 `/v1/models/NAME`, `/v1/models/NAME/versions/V` and `/v1/models/NAME/labels/LABEL`
-each take `/metadata` or `:predict` (a label names a version: `serving.model_config`).
+each take `/metadata` or `:predict` (a label names a version: `serving.local.model_config`).
 
 Every answer the app gives is JSON: 200 with TensorFlow Serving's layouts,
 `{"error": ...}` with 400 (bad input), 404 (unknown model, version or path),
@@ -10,7 +10,7 @@ worker) and 500 only for real faults. Bodies are strict JSON: never NaN or
 Infinity (a prediction that holds them is a 400 naming the output).
 
 `GET /monitoring/prometheus/metrics` answers TensorFlow Serving's request count
-and latency metrics (`serving.metrics`) in Prometheus' text format.
+and latency metrics (`serving.local.metrics`) in Prometheus' text format.
 
 Every `:predict` and `/metadata` answer carries the version that answered in
 the `X-Model-Version` header (TensorFlow Serving's gRPC answers carry it as
@@ -23,20 +23,19 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
 
-from serving.metrics import CONTENT_TYPE, METRICS_PATH, ServingMetrics
-from serving.payload import (
-    DEFAULT_MAX_INPUT_ELEMENTS,
-    Repository,
+from serving.local.metrics import CONTENT_TYPE, METRICS_PATH
+from serving.local.payload import (
     RequestError,
+    as_input_array,
     model_metadata,
     parse_predict_request,
-    predict,
+    predict_body,
 )
+from serving.local.plane import DataPlane
 
 log = logging.getLogger(__name__)
 
@@ -73,40 +72,27 @@ def json_response(
 
 
 class RestApp:
-    """The WSGI app: routes `/v1/models/...` to a `ModelRepository`.
+    """The WSGI app: routes `/v1/models/...` to a `DataPlane`.
 
     Args:
-        repository: The `ModelRepository` to answer from.
-        max_input_elements: The most input numbers one `:predict` may carry.
+        plane: The `DataPlane` that answers (its repository, limits and metrics).
         overloaded: Returns True when predictions should be refused with 503.
-        metrics: Where requests are counted and timed (default: a new `ServingMetrics`).
-        clock: Seconds of a monotonic clock, for the latencies.
     """
 
-    def __init__(
-        self,
-        repository: Repository,
-        max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS,
-        overloaded: Callable[[], bool] | None = None,
-        metrics: ServingMetrics | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.repository = repository
-        self.max_input_elements = max_input_elements
+    def __init__(self, plane: DataPlane, overloaded: Callable[[], bool] | None = None):
+        self.plane = plane
         self.overloaded = overloaded or (lambda: False)
-        self.metrics = metrics if metrics is not None else ServingMetrics()
-        self.clock = clock
 
     def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
         method = environ["REQUEST_METHOD"]
         # WSGI gives the percent-decoded path as latin-1; model names are UTF-8.
         path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
         if path == METRICS_PATH and method in ("GET", "HEAD"):
-            data = self.metrics.exposition()
+            data = self.plane.metrics.exposition()
             start_response("200 OK", [("Content-Type", CONTENT_TYPE),
                                       ("Content-Length", str(len(data)))])  # fmt: skip
             return [] if method == "HEAD" else [data]
-        started = self.clock()
+        started = self.plane.clock()
         model = _PATH.match(path)  # also what the metrics count the request under
         extra: list[tuple[str, str]] = []
         status: HTTPStatus
@@ -126,9 +112,7 @@ class RestApp:
             api = "predict" if model["verb"] else "GetModelMetadata" if model["metadata"] else (
                 "GetModelStatus"
             )  # fmt: skip
-            name = model["name"]
-            self.metrics.record(name, api, status, self.clock() - started,
-                                served=self.repository.serves(name))  # fmt: skip
+            self.plane.record(model["name"], api, status, started)
         chunks = json_response(start_response, status, body, extra)
         return [] if method == "HEAD" else chunks  # a HEAD answer has headers only
 
@@ -146,8 +130,8 @@ class RestApp:
             )
         name, version, label = match["name"], match["version"], match["label"]
         if not match["verb"] and not match["metadata"]:  # every version folder, loaded or not
-            return self.repository.status(name, version, label), None
-        servable = self.repository.get(name, version, label)
+            return self.plane.status(name, version, label), None
+        servable = self.plane.servable(name, version, label)
         if not match["verb"]:
             return model_metadata(servable, name), servable.version
         if self.overloaded():
@@ -157,5 +141,9 @@ class RestApp:
         # The server has read and size-checked the whole body already.
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
-        request = parse_predict_request(body, servable, self.max_input_elements)
-        return predict(servable, *request), servable.version
+        signature_name, columns, row_format = parse_predict_request(
+            body, servable, self.plane.max_input_elements
+        )
+        arrays = self.plane.inputs(servable, signature_name, columns, as_input_array)
+        outputs = self.plane.run(servable, signature_name, arrays)
+        return predict_body(outputs, signature_name, row_format), servable.version

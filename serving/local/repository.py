@@ -23,10 +23,10 @@ from typing import Any
 
 from apputil.quiet import import_tensorflow
 from serving.codes import error_text, tensorflow_code
+from serving.exports.warmup import WarmupRequestFailed
+from serving.exports.warmup import replay as replay_warmup
+from serving.local.payload import RequestError
 from serving.names import parse_version, unknown_signature
-from serving.payload import RequestError
-from serving.warmup import WarmupRequestFailed
-from serving.warmup import replay as replay_warmup
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Servable:
     Args:
         path: The version folder (holding `saved_model.pb`).
         version: Integer version number.
-        warmup: Replay the version's warmup requests (`serving.warmup`) before it
+        warmup: Replay the version's warmup requests (`serving.exports.warmup`) before it
             is served; a request it refuses fails the load, as in TensorFlow Serving.
     """
 
@@ -455,7 +455,7 @@ class ModelRepository:
 
         Raises:
             RequestError: 404 for another model, an unknown version or no version folders;
-                400 for a `label` (a model alone has none: `serving.model_config`).
+                400 for a `label` (a model alone has none: `serving.local.model_config`).
         """
         request = f"Latest({name})" if version is None else f"Specific({name}, {version})"
         self._check_name(name, request)

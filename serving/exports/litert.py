@@ -3,14 +3,14 @@
 Keras' own `model.export(path, format="litert")` converts a recurrent layer's
 loop into TensorFlow's `TensorList` ops, which need the Flex delegate that
 stock interpreters on devices lack. This export converts the graphs of
-`serving.tfloop` instead: one builtin `WHILE` over the model's step, weights
+`serving.exports.tfloop` instead: one builtin `WHILE` over the model's step, weights
 as constants, and nothing but `TFLITE_BUILTINS` allowed in the converter, so a
 model that would need any TensorFlow op is refused, not written.
 
 The file has the SavedModel's signatures with the same input and output
 names (`serving_default`, and `stream` with `state_*` in and out) and runs in
 `ai_edge_litert.interpreter.Interpreter` without any delegate
-(`serving.runtimes.LiteRTModel`).
+(`serving.exports.runtimes.LiteRTModel`).
 
 Quantization (`QUANTIZATIONS`): `float16` stores weights as float16 and
 computes in float32; `dynamic-int8` stores the weights of 1,024 elements or
@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from apputil.files import write_atomically
 from apputil.quiet import import_tensorflow, native_stderr_silenced
+from serving.exports.steploop import PortableExportError, check_float32
+from serving.exports.tfloop import UpdatedSlices, graphs
 from serving.names import STREAM_SIGNATURE
-from serving.steploop import PortableExportError, check_float32
-from serving.tfloop import UpdatedSlices, graphs
 
 if TYPE_CHECKING:
     import keras
@@ -54,7 +54,7 @@ def convert(
 
     Args:
         model: A float32 Keras model on the TensorFlow backend.
-        head: The head (`serving.heads.HEADS`).
+        head: The head (`serving.exports.heads.HEADS`).
         stream: Boolean, add `stream` if the model can stream.
         quantize: None, or one of `QUANTIZATIONS`.
         notes: Optional list; a line is appended when `stream` is left out.

@@ -2,13 +2,13 @@
 
 Each signature is its own ONNX model (an ONNX graph has one set of inputs),
 with the SavedModel's input names and outputs; the new states of `stream`
-are named `next_<state>` (`serving.runtimes.next_name`), as an ONNX graph
+are named `next_<state>` (`serving.exports.runtimes.next_name`), as an ONNX graph
 cannot give an input's name to an output. Time and batch are dynamic axes.
 
-* TensorFlow backend: the graphs of `serving.tfloop` (one `tf.while_loop`
+* TensorFlow backend: the graphs of `serving.exports.tfloop` (one `tf.while_loop`
   over the model's step) converted by tf2onnx; the loop becomes `Loop`.
 * PyTorch backend: tracing would unroll Keras' Python loop to one length,
-  so one time step of the model (`serving.steploop.StepProgram.step`) and its
+  so one time step of the model (`serving.exports.steploop.StepProgram.step`) and its
   head are traced with `torch.onnx.export`, and `loop_model` puts the step in
   an ONNX `Loop` over the chunk's steps. The TorchScript exporter is used: it
   ships with PyTorch (the newer one needs `onnxscript`).
@@ -25,10 +25,10 @@ import io
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from serving.exports.runtimes import next_name
+from serving.exports.signatures import StreamPlanError
+from serving.exports.steploop import FrozenWeights, StepProgram, check_float32, step_program
 from serving.names import DEFAULT_SIGNATURE, SEQUENCE_INPUT, STREAM_SIGNATURE
-from serving.runtimes import next_name
-from serving.signatures import StreamPlanError
-from serving.steploop import FrozenWeights, StepProgram, check_float32, step_program
 
 if TYPE_CHECKING:
     import keras
@@ -45,7 +45,7 @@ def convert(
     """`{signature: ONNX model bytes}` of `model`, from the backend Keras runs on.
 
     Raises:
-        serving.steploop.PortableExportError: a float16/bfloat16 layer, or (PyTorch)
+        serving.exports.steploop.PortableExportError: a float16/bfloat16 layer, or (PyTorch)
             a model that cannot stream.
     """
     import keras
@@ -71,7 +71,7 @@ def _from_tensorflow(
     model: keras.Model, head: str, stream: bool
 ) -> tuple[dict[str, bytes], str | None]:
     from apputil.quiet import native_stderr_silenced
-    from serving.tfloop import TensorArrays, graphs
+    from serving.exports.tfloop import TensorArrays, graphs
 
     built = graphs(model, head, TensorArrays(), stream, state_output=next_name)
     with native_stderr_silenced(), warnings.catch_warnings():
@@ -89,7 +89,7 @@ def _from_tensorflow(
 
 
 def _from_torch(model: keras.Model, head: str, stream: bool) -> tuple[dict[str, bytes], str | None]:
-    from serving.steploop import PortableExportError
+    from serving.exports.steploop import PortableExportError
 
     try:
         program = step_program(model)
@@ -126,7 +126,7 @@ def _traced(
     import onnx
     import torch
 
-    from serving.signatures import head_outputs
+    from serving.exports.signatures import head_outputs
 
     frozen = FrozenWeights(model)
     names = list(program.states)
@@ -180,7 +180,7 @@ def _traced(
 
 
 class TorchMath:
-    """`serving.signatures.HeadMath` in PyTorch's ops."""
+    """`serving.exports.signatures.HeadMath` in PyTorch's ops."""
 
     def float32(self, x: Any) -> Any:
         return x.float()

@@ -4,7 +4,7 @@
 The requests and answers are TensorFlow Serving's own protos (the
 `tensorflow-serving-api` package), so a client written for a TensorFlow
 Serving container talks to the local server unchanged, and the other way round.
-Inputs are checked as over REST (`serving.payload`, `serving.tensors`): the
+Inputs are checked as over REST (`serving.local.payload`, `serving.local.tensors`): the
 same signatures, the same limit of input numbers, the same messages; failures
 carry TensorFlow Serving's canonical codes (`INVALID_ARGUMENT`, `NOT_FOUND`,
 `FAILED_PRECONDITION`, ...). Every answer is counted in the server's metrics
@@ -39,19 +39,10 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from serving import tensors
-from serving.metrics import ServingMetrics
+from serving.local import tensors
+from serving.local.payload import RequestError, bad_request
+from serving.local.plane import DataPlane
 from serving.names import DEFAULT_SIGNATURE
-from serving.payload import (
-    DEFAULT_MAX_INPUT_ELEMENTS,
-    Budget,
-    Repository,
-    RequestError,
-    bad_request,
-    check_together,
-    inputs_mismatch,
-    run_signature,
-)
 
 log = logging.getLogger(__name__)
 
@@ -63,29 +54,17 @@ class GrpcApp(
     prediction_service_pb2_grpc.PredictionServiceServicer,
     model_service_pb2_grpc.ModelServiceServicer,
 ):
-    """The servicer of both services: answers from a `ModelRepository`.
+    """The servicer of both services: answers from a `DataPlane`.
 
     Classify, Regress, MultiInference and HandleReloadConfigRequest stay
     UNIMPLEMENTED, as the stubs' base classes answer.
 
     Args:
-        repository: The `ModelRepository` to answer from.
-        max_input_elements: The most input numbers one `Predict` may carry.
-        metrics: Where calls are counted and timed (default: a new `ServingMetrics`).
-        clock: Seconds of a monotonic clock, for the latencies.
+        plane: The `DataPlane` that answers (its repository, limits and metrics).
     """
 
-    def __init__(
-        self,
-        repository: Repository,
-        max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS,
-        metrics: ServingMetrics | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.repository = repository
-        self.max_input_elements = max_input_elements
-        self.metrics = metrics if metrics is not None else ServingMetrics()
-        self.clock = clock
+    def __init__(self, plane: DataPlane):
+        self.plane = plane
         self._lock = threading.Lock()
         self.in_flight = 0  # calls being answered: those a drain's end would cut off
 
@@ -109,7 +88,7 @@ class GrpcApp(
     ) -> Any:
         """`respond()`, or the call aborted with its error's canonical code; counted and
         timed either way."""
-        started = self.clock()
+        started = self.plane.clock()
         with self._lock:
             self.in_flight += 1
         code, message = "OK", ""
@@ -125,30 +104,21 @@ class GrpcApp(
             with self._lock:
                 self.in_flight -= 1
             log.debug("gRPC %s %s -> %s", api, name[:200], code)
-            self.metrics.record(name, api, code, self.clock() - started, entrypoint="GRPC",
-                                served=self.repository.serves(name))  # fmt: skip
+            self.plane.record(name, api, code, started, entrypoint="GRPC")
         context.abort(grpc.StatusCode[code], message)  # raises: grpc answers with the code
         raise AssertionError("unreachable")
 
     def _servable(self, spec: Any) -> Any:
         """The servable a `ModelSpec` asks for (a version, a label, or the served one)."""
-        return self.repository.get(spec.name, *_version(spec))
+        return self.plane.servable(spec.name, *_version(spec))
 
     def _predict(self, request: Any, context: grpc.ServicerContext) -> Any:
         servable = self._servable(request.model_spec)
         signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-        specs = servable.input_specs(signature_name)
-        if set(request.inputs) != set(specs):
-            raise bad_request(inputs_mismatch(request.inputs, specs))
-        budget = Budget(self.max_input_elements)
-        arrays = {
-            name: tensors.input_array(request.inputs[name], specs[name], name, budget)
-            for name in specs
-        }
-        check_together(signature_name, arrays)
+        arrays = self.plane.inputs(servable, signature_name, request.inputs, tensors.input_array)
         wanted = list(request.output_filter)
         _check_live(context)  # reading a large request may have outlasted its deadline
-        outputs = run_signature(servable, signature_name, arrays)
+        outputs = self.plane.run(servable, signature_name, arrays)
         for alias in wanted:
             if alias not in outputs:
                 raise bad_request(
@@ -180,7 +150,7 @@ class GrpcApp(
 
     def _status(self, request: Any) -> Any:
         spec = request.model_spec
-        body = self.repository.status(spec.name, *_version(spec))  # the proto as JSON
+        body = self.plane.status(spec.name, *_version(spec))  # the proto as JSON
         return json_format.ParseDict(body, get_model_status_pb2.GetModelStatusResponse())
 
 

@@ -3,7 +3,7 @@ is written, and its atomic write through a staging folder beside it.
 
 A staging folder is named `.tmp-<version>-<pid>@<host>-<random>`, so that an export
 can tell a dead exporter's leftovers from a live one's; TensorFlow Serving (and
-`serving.repository`) load only all-digit names, so it is never served.
+`serving.local.repository`) load only all-digit names, so it is never served.
 """
 
 from __future__ import annotations
