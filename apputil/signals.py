@@ -148,7 +148,8 @@ class Outside:
 
     Until the work is `over`, a signal gets what the process had before
     (`previous`: Python's KeyboardInterrupt for SIGINT, the default end for
-    SIGTERM); once it is, `after(number)`. A block that hands back to it sets
+    SIGTERM, nothing for an ignored one); once it is, `after(number)`, as the
+    stop blocks take ignored signals too. A block that hands back to it sets
     `over` first; a command without blocks sets it when its work returns.
     """
 
@@ -160,6 +161,8 @@ class Outside:
             self.after(number)
             return
         previous = self.previous[number]
+        if previous is signal.SIG_IGN:  # a background job's SIGINT, say
+            return
         if callable(previous):
             previous(number, frame)
             return
@@ -168,11 +171,10 @@ class Outside:
 
 
 def outside(after: Callable[[int], None], numbers: tuple[int, ...] = STOP_SIGNALS) -> Outside:
-    """Puts an `Outside` in place for each signal of `numbers` the process does not ignore
-    (a background job's SIGINT stays ignored), in the main thread; returns it."""
+    """Puts an `Outside` in place for each signal of `numbers`, in the main thread; returns
+    it."""
     handler = Outside(after, {})
     if threading.current_thread() is threading.main_thread():
         for number in numbers:
-            if signal.getsignal(number) is not signal.SIG_IGN:
-                handler.previous[number] = signal.signal(number, handler)
+            handler.previous[number] = signal.signal(number, handler)
     return handler

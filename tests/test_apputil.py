@@ -242,11 +242,19 @@ def test_outside_a_block_before_the_work_a_signal_does_what_it_did_before():
         signal.signal(signal.SIGUSR1, previous)
 
 
-def test_outside_leaves_an_ignored_signal_ignored():
+def test_an_ignored_signal_stays_ignored_until_the_work_is_over():
+    """A background job's ignored SIGINT does nothing before the work; after it, it is
+    the exiting line like any other (the stop blocks in between take it too)."""
+    after = []
     previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     try:
-        handler = signals.outside(lambda number: None, (signal.SIGUSR2,))
-        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN and handler.previous == {}
+        handler = signals.outside(after.append, (signal.SIGUSR2,))
+        assert signal.getsignal(signal.SIGUSR2) is handler
+        signal.raise_signal(signal.SIGUSR2)  # ignored: the test process lives on
+        assert after == []
+        handler.over = True
+        signal.raise_signal(signal.SIGUSR2)
+        assert after == [signal.SIGUSR2]
     finally:
         signal.signal(signal.SIGUSR2, previous)
 
