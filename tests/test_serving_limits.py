@@ -110,7 +110,7 @@ def test_saturated_server_answers_503(monkeypatch):
 
     _, base = exported("antisymmetric")
     release, started = threading.Event(), threading.Event()
-    real_predict = rest.predict
+    real_predict = rest.predict_body
 
     def held_predict(*args):  # the first prediction holds the only worker until released
         if not started.is_set():
@@ -118,7 +118,7 @@ def test_saturated_server_answers_503(monkeypatch):
             release.wait(timeout=60)
         return real_predict(*args)
 
-    monkeypatch.setattr(rest, "predict", held_predict)
+    monkeypatch.setattr(rest, "predict_body", held_predict)
     server = ThreadServer(base, "antisym", threads=1, max_queued_requests=1)
     body = json.dumps({"instances": [[[0.5]] * 64] * 4})
     url = f"{server.url}/v1/models/antisym:predict"
@@ -134,9 +134,9 @@ def test_saturated_server_answers_503(monkeypatch):
         for thread in threads[1:]:
             thread.start()
         deadline = time.monotonic() + 60
-        while server.server.queued() < 6 and time.monotonic() < deadline:
+        while server.server.rest.queued() < 6 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert server.server.queued() == 6
+        assert server.server.rest.queued() == 6
         release.set()
         for thread in threads:
             thread.join(timeout=60)

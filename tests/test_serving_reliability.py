@@ -309,14 +309,14 @@ def test_drain_answers_in_flight_requests_then_stops(monkeypatch):
 
     _, base = exported("antisymmetric")
     release, started = threading.Event(), threading.Event()
-    real_predict = rest.predict
+    real_predict = rest.predict_body
 
     def held_predict(*args):
         started.set()
         release.wait(timeout=limit(60))
         return real_predict(*args)
 
-    monkeypatch.setattr(rest, "predict", held_predict)
+    monkeypatch.setattr(rest, "predict_body", held_predict)
     for seconds, released, dropped in ((30.0, True, 0), (0.5, False, 1)):
         release.clear(), started.clear()
         server = ThreadServer(base, "antisym", threads=1)
