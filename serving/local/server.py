@@ -13,11 +13,10 @@ every `--model-config-file-poll-wait-seconds` (`serving.local.model_config`). An
 formats, status codes and `{"error": ...}` bodies,
 `GET /monitoring/prometheus/metrics` with its request metrics (`serving.local.metrics`),
 and TensorFlow Serving's gRPC API on `--grpc-port` (`serving.local.grpcd`).
-A WSGI app (serving.local.rest) on waitress (serving.local.httpd): strict HTTP parsing,
-timeouts, a connection limit
-and a fixed pool of worker threads. It imports TensorFlow only (no Keras),
-binds 127.0.0.1, has no authentication and does no batching: it is for
-laptops, demos and tests; production uses the container.
+A WSGI app (serving.local.rest) on waitress (serving.local.httpd): strict HTTP
+parsing, timeouts, a connection limit and a fixed pool of worker threads. It imports
+TensorFlow only (no Keras), binds 127.0.0.1, has no authentication and does no
+batching: it is for laptops, demos and tests; production uses the container.
 
 SIGTERM or SIGINT drains: the server stops accepting connections, answers the
 requests in progress (`--drain-seconds`, 10 s at most) and exits. Exit statuses:
@@ -211,13 +210,10 @@ LIMITS: dict[str, tuple[Any, str]] = {
 
 
 class LocalServer:
-    """The local server of checked `ServerSettings`: the version watcher
-    (`serving.local.repository`, one per model of `serving.local.model_config`), one
-    `DataPlane` over it, and its transports side by side: the REST app
-    (`serving.local.rest`) on waitress (`serving.local.httpd`, `rest`) and, with a
-    `grpc_port`, the gRPC API (`serving.local.grpcd`, `grpc`), assembled once.
-    `serve_forever()` serves; `drain(seconds)` drains every transport; `close()` stops
-    watching and closes them.
+    """The local server of checked `ServerSettings`: the version watcher (`repository`,
+    one per model of `model_config`), one `DataPlane` over it and, side by side, its
+    transports: REST on waitress (`rest`) and, with a `grpc_port`, gRPC (`grpc`).
+    `serve_forever()` serves; `drain(seconds)` drains each; `close()` closes them.
     """
 
     def __init__(self, settings: ServerSettings):
