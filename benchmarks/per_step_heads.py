@@ -25,9 +25,10 @@ import numpy as np
 
 from benchmarks import common
 from serving.names import DEFAULT_SIGNATURE, SEQUENCE_INPUT
+from training.tasks.heads import HEADS
 
 FEATURES, CLASSES = 28, 10
-HEADS = {"last step": "classification", "every step": "per_step_classification"}
+COMPARED = {"last step": "classification", "every step": "per_step_classification"}
 
 
 def _model(steps: int, units: int, per_step: bool) -> Any:
@@ -59,8 +60,8 @@ def measure(steps: int, units: int, repeats: int) -> dict[str, Any]:
     sequence = np.random.default_rng(0).standard_normal((1, steps, FEATURES)).astype("float32")
     calls = {}
     with tempfile.TemporaryDirectory(prefix="per-step-") as base:
-        for label, head in HEADS.items():
-            model = _model(steps, units, per_step=head == "per_step_classification")
+        for label, head in COMPARED.items():
+            model = _model(steps, units, per_step=HEADS[head].per_step)
             runtimes = _runtimes(model, head, os.path.join(base, head))
             for runtime_name, runtime in runtimes.items():
                 calls[f"{runtime_name}, {label}"] = lambda runtime=runtime: runtime.run(

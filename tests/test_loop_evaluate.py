@@ -190,11 +190,12 @@ def test_the_per_example_objectives_of_a_last_step_head_against_numpy():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(5, 4)).astype("float16")  # a mixed-precision model's output
     labels = np.array([0, 3, 1, 1, 2])
-    loss = ops.convert_to_numpy(per_example_loss(_spec("last"), labels.astype("float32"), logits))
+    spec = _spec("classification")
+    loss = ops.convert_to_numpy(per_example_loss(spec, labels.astype("float32"), logits))
     expected = -_log_softmax(logits.astype("float64"))[np.arange(5), labels]
     assert loss.dtype == np.float32 and loss.shape == (5,)
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
-    correct = ops.convert_to_numpy(per_example_correct(_spec("last"), labels, logits))
+    correct = ops.convert_to_numpy(per_example_correct(_spec("classification"), labels, logits))
     assert correct.dtype == np.float32
     np.testing.assert_array_equal(correct, logits.argmax(axis=-1) == labels)
 
@@ -212,7 +213,7 @@ def test_a_sequence_head_averages_every_step_s_loss_and_scores_its_last_steps():
     labels[2, -2] = logits[2, -2].argmax()
     labels[2, -1] = (logits[2, -1].argmax() + 1) % 4  # one of the two
     labels[:, 0] = logits[:, 0].argmax(axis=-1)  # unscored steps never count
-    spec = _spec("sequence", scored_steps=2)
+    spec = _spec("per_step_classification", scored_steps=2)
     loss = ops.convert_to_numpy(per_example_loss(spec, labels, logits))
     nll = -np.take_along_axis(_log_softmax(logits.astype("float64")), labels[..., None], -1)
     np.testing.assert_allclose(loss, nll[..., 0].mean(axis=1), rtol=1e-5)
@@ -250,9 +251,9 @@ def test_the_objectives_compute_in_float32_whatever_keras_floatx_is():
     floatx = keras.config.floatx()
     keras.config.set_floatx("float64")
     try:
-        for spec in (_spec("last"), _spec("regression", tolerance=0.5)):
+        for spec in (_spec("classification"), _spec("regression", tolerance=0.5)):
             for objective in (per_example_loss, per_example_correct):
-                value = objective(spec, labels if spec.head == "last" else logits, logits)
+                value = objective(spec, labels if spec.head == "classification" else logits, logits)
                 assert ops.convert_to_numpy(value).dtype == np.float32, (spec.head, objective)
     finally:
         keras.config.set_floatx(floatx)

@@ -9,9 +9,10 @@ import pytest
 import keras_antisym
 from apputil.errors import UsageError
 from training.tasks import models
+from training.tasks.heads import HEADS
 
 
-def _spec(head="last", timesteps=7, features=3, num_outputs=5):
+def _spec(head="classification", timesteps=7, features=3, num_outputs=5):
     return types.SimpleNamespace(
         name="toy", head=head, timesteps=timesteps, features=features, num_outputs=num_outputs
     )
@@ -63,7 +64,8 @@ def test_the_lstm_baseline_is_keras_lstm_with_forget_gate_bias_one():
 @pytest.mark.parametrize(
     "head, name, output_shape, sequences",
     [
-        ("sequence", "per_step_classification_head", (None, 7, 5), True),
+        ("per_step_classification", "per_step_classification_head", (None, 7, 5), True),
+        ("classification", "classification_head", (None, 5), False),
         ("regression", "regression_head", (None, 1), False),
     ],
 )
@@ -73,7 +75,7 @@ def test_each_head_names_its_output_layer_and_shapes_the_output(
     spec = _spec(head=head, num_outputs=output_shape[-1])
     built = models.build_model(spec, "antisymmetric", units=4)
     assert built.layers[0].return_sequences is sequences
-    assert built.layers[-1].name == name == models.HEAD_LAYER_NAMES[head]
+    assert built.layers[-1].name == name == HEADS[head].layer_name
     assert built(np.zeros((2, 7, 3), "float32")).shape == (2, *output_shape[1:])
 
 
@@ -114,6 +116,6 @@ def test_an_unknown_model_or_head_is_refused_naming_the_known_ones():
     with pytest.raises(UsageError) as refused:
         models.build_model(_spec(head="ranking"), "lstm")
     assert str(refused.value) == (
-        "Received an invalid value for argument `spec`, expected a head in last, sequence, "
-        "regression, got 'ranking'."
+        "Received an invalid value for argument `spec`, expected a head in classification, "
+        "regression, per_step_classification, got 'ranking'."
     )

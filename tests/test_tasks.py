@@ -199,7 +199,7 @@ def test_copy_task():
 
     # Its spec: the ten recall steps are scored, and T is what defines the task.
     assert (task.spec.head, task.spec.scored_steps, task.spec.params) == (
-        "sequence",
+        "per_step_classification",
         10,
         {"timesteps": 40},
     )

@@ -179,7 +179,7 @@ class _Trainer:
 
 
 class _Spec:
-    head, num_outputs, scored_steps, tolerance = "last", 2, None, None
+    head, num_outputs, scored_steps, tolerance = "classification", 2, None, None
 
 
 @pytest.mark.parametrize(

@@ -183,7 +183,7 @@ class _FakeTrainer:
         self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
         self.optimizer = keras.optimizers.SGD()
         self.optimizer.build(self.model.trainable_variables)
-        spec = type("Spec", (), {"head": "last", "num_outputs": 2})()
+        spec = type("Spec", (), {"head": "classification", "num_outputs": 2})()
         self.task = type("Task", (), {"spec": spec})()
 
     def batches(self, step):

@@ -5,7 +5,7 @@ r"""Export a trained `.keras` model as a versioned SavedModel for TensorFlow Ser
 
 writes `models/antisym/1/saved_model.pb` and `models/antisym/1/variables/`. The
 `serving_default` signature follows the model's head, recorded by training as the
-name of its output layer (`training.tasks.models.HEAD_LAYER_NAMES`):
+name of its output layer (`training.tasks.heads.Head.layer_name`):
 
 * classification, `(batch, classes)` logits: `probabilities`, `class_id`, `logits`;
 * regression, `(batch, k)`: `value` (`(batch,)` when k = 1);
@@ -45,7 +45,7 @@ from apputil.errors import Literal, UsageError, invalid
 from apputil.files import write_atomically
 from apputil.quiet import import_keras, import_tensorflow
 from serving.exports import versions, warmup
-from serving.exports.heads import HEADS, resolve_head
+from serving.exports.heads import HEAD_NAMES, resolve_head
 from serving.exports.litert import QUANTIZATIONS
 from serving.exports.signatures import (
     StreamPlanError,
@@ -152,7 +152,7 @@ def build_archive(
             outputs of its head (see the module doc).
         variable_length: Boolean, accept any number of time steps instead of
             the model's fixed `T` (only for models built with `T=None`).
-        head: One of `HEADS`, or None for the head recorded in `model`.
+        head: One of `HEAD_NAMES`, or None for the head recorded in `model`.
         stream: Boolean, add the `stream` signature if the model can stream.
         padded: Boolean, add the `padded` signature if the model can mask padding.
         notes: Optional list; one line is appended per signature left out and why.
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--head",
-        choices=HEADS,
+        choices=HEAD_NAMES,
         help="the model's head, for models that do not record it (default: recorded)",
     )
     parser.add_argument("--no-stream", action="store_true", help="leave out the `stream` signature")

@@ -54,7 +54,7 @@ def convert(
 
     Args:
         model: A float32 Keras model on the TensorFlow backend.
-        head: The head (`serving.exports.heads.HEADS`).
+        head: The head (`serving.exports.heads.HEAD_NAMES`).
         stream: Boolean, add `stream` if the model can stream.
         quantize: None, or one of `QUANTIZATIONS`.
         notes: Optional list; a line is appended when `stream` is left out.

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from apputil.quiet import import_tensorflow
 from serving.names import LENGTH_INPUT, SEQUENCE_INPUT, STATE_PREFIX
+from training.tasks.heads import HEADS
 
 if TYPE_CHECKING:
     import keras
@@ -335,17 +336,18 @@ def head_outputs(
     TensorFlow only). `math`: the framework's ops (default `TensorFlowMath`).
     """
     math = TensorFlowMath() if math is None else math
+    kind = HEADS[head]
     outputs = math.float32(outputs)
-    if head == "regression":
+    if kind.regression:
         return {"value": math.squeeze_last(outputs) if outputs.shape[-1] == 1 else outputs}
     probabilities = math.softmax(outputs)
     ids = math.argmax(outputs)
-    if valid is not None and head == "per_step_classification":
+    if valid is not None and kind.per_step:
         tf = import_tensorflow()
         outputs = tf.where(valid[..., None], outputs, 0.0)
         probabilities = tf.where(valid[..., None], probabilities, 0.0)
         ids = tf.where(valid, ids, tf.constant(-1, tf.int64))
-    name = "class_id" if head == "classification" else "class_ids"
+    name = "class_ids" if kind.per_step else "class_id"
     return {"probabilities": probabilities, name: ids, "logits": outputs}
 
 
@@ -378,7 +380,7 @@ def padded_endpoint(
     `length` `(batch,)` int32, each example's real number of steps (1..T).
     Each example's outputs equal its prediction on its first `length` steps.
     """
-    if head == "per_step_classification" and plan.steps[-1].kind == "head":
+    if HEADS[head].per_step and plan.steps[-1].kind == "head":
         raise StreamPlanError("its per-step outputs are not aligned with the input's steps")
     tf = import_tensorflow()
     spec = [
@@ -401,6 +403,6 @@ def padded_endpoint(
         # Zeroed padding: NaN or huge values there cannot reach a valid step.
         sequence = tf.where(valid[..., None], sequence, 0.0)
         outputs, _ = run_plan(plan, sequence, mask=valid)
-        return head_outputs(outputs, head, valid if head == "per_step_classification" else None)
+        return head_outputs(outputs, head, valid if HEADS[head].per_step else None)
 
     return padded, spec

@@ -165,7 +165,7 @@ def graphs(
     Args:
         model: A Keras model on the TensorFlow backend, float32, one
             `(batch, T, m)` input.
-        head: The head (`serving.exports.heads.HEADS`) naming the outputs.
+        head: The head (`serving.exports.heads.HEAD_NAMES`) naming the outputs.
         outputs: How the loop keeps a per-step head's outputs (the converter's
             `StepOutputs`).
         stream: Boolean, build `stream` if the model can stream.

@@ -35,10 +35,11 @@ class TaskSpec:
         timesteps: Sequence length `T`.
         features: Input size per step `m`.
         num_outputs: Classes of the head (1 for regression).
-        head: "last" (classify the last state), "sequence" (classify every
+        head: The name of its head (`training.tasks.heads.HEADS`): "classification"
+            (classify the last state), "per_step_classification" (classify every
             step) or "regression" (regress from the last state).
         params: Parameters that define the task (recorded in the run's config).
-        scored_steps: For "sequence" heads, the trailing steps that count
+        scored_steps: For per-step heads, the trailing steps that count
             towards accuracy (the copy task scores its 10 recall steps).
         tolerance: For "regression" heads, the absolute error under which a
             prediction counts as correct.
@@ -246,7 +247,7 @@ class ImageSequenceTask(Task):
         params = {"dataset": dataset, "timesteps": total}
         if permute:
             params["permutation_seed"] = PERMUTATION_SEED
-        self.spec = TaskSpec(name, total, features, 10, "last", params)
+        self.spec = TaskSpec(name, total, features, 10, "classification", params)
 
     def examples(self, split, data_dir=None, validation_fraction=0.0):
         source = "test" if split == "test" else "train"
@@ -276,7 +277,7 @@ class DigitsTask(Task):
         total = timesteps or 64
         if total < 64:
             raise invalid("timesteps", "an integer >= 64", total)
-        self.spec = TaskSpec("digits", total, 1, 10, "last", {"timesteps": total})
+        self.spec = TaskSpec("digits", total, 1, 10, "classification", {"timesteps": total})
 
     def examples(self, split, data_dir=None, validation_fraction=0.0):
         from sklearn.datasets import load_digits
@@ -377,7 +378,8 @@ class CopyTask(SyntheticTask):
                 "timesteps", "an integer >= 21 (10 symbols, delimiter, 10 outputs)", total
             )
         self.spec = TaskSpec(
-            "copy", total, 10, 10, "sequence", {"timesteps": total}, scored_steps=10
+            "copy", total, 10, 10, "per_step_classification", {"timesteps": total},
+            scored_steps=10,
         )
 
     def make_batch(self, inputs, targets, seed):

@@ -1,8 +1,8 @@
 """The paper's models: an RNN over the sequence and a Dense head on its last state.
 
-The output layer is named for its head (`HEAD_LAYER_NAMES`), so a saved `.keras`
-file records what its outputs mean wherever it is copied: `serving.export` reads
-the name back to choose the serving signature.
+The output layer is named for its head (`training.tasks.heads.Head.layer_name`), so a
+saved `.keras` file records what its outputs mean wherever it is copied: the exporter
+reads the name back to choose the serving signature.
 """
 
 from __future__ import annotations
@@ -14,13 +14,7 @@ import keras
 import keras_antisym
 from apputil.errors import invalid
 from training.config import MODEL_NAMES
-
-# Task head (`training.tasks.catalog.TaskSpec.head`) -> name of the model's output layer.
-HEAD_LAYER_NAMES = {
-    "last": "classification_head",
-    "sequence": "per_step_classification_head",
-    "regression": "regression_head",
-}
+from training.tasks.heads import HEADS
 
 
 def build_model(
@@ -53,17 +47,18 @@ def build_model(
         An uncompiled `keras.Model` from `(batch, T, m)` float32 to logits
         (`(batch, classes)`, `(batch, T, classes)` for sequence heads) or a
         regression value `(batch, 1)`; its output layer is named
-        `HEAD_LAYER_NAMES[spec.head]`.
+        for its head (`training.tasks.heads.Head.layer_name`).
     """
     if model not in MODEL_NAMES:
         raise invalid("model", f"one of {', '.join(MODEL_NAMES)}", model)
-    if spec.head not in HEAD_LAYER_NAMES:
-        raise invalid("spec", f"a head in {', '.join(HEAD_LAYER_NAMES)}", spec.head)
+    if spec.head not in HEADS:
+        raise invalid("spec", f"a head in {', '.join(HEADS)}", spec.head)
+    head_kind = HEADS[spec.head]
     seeds = (None, None) if seed is None else (seed, seed + 1)
     rnn = _recurrent_layer(
         model,
         units,
-        return_sequences=spec.head == "sequence",
+        return_sequences=head_kind.per_step,
         kernel_initializer=keras_antisym.FanInNormal(1.0, seed=seeds[0]),
         recurrent_initializer=keras_antisym.FanInNormal(sigma_w, seed=seeds[1]),
         epsilon=epsilon,
@@ -72,7 +67,7 @@ def build_model(
     )
     head = keras.layers.Dense(
         spec.num_outputs,
-        name=HEAD_LAYER_NAMES[spec.head],
+        name=head_kind.layer_name,
         kernel_initializer=keras.initializers.GlorotUniform(seed=seed),
         dtype=None if dtype_policy is None else "float32",
     )
