@@ -66,9 +66,9 @@ def execute(runs, args, log=print):
         run_dir = os.path.join(args.runs_dir, run.name)
         differences = run.other_settings(RunDir(run_dir).read_config())
         if differences:  # `training.train` would refuse to resume it, and rightly
-            log(f"{run.name}: recorded with other settings ({differences_text(differences)}), "
-                f"kept: move its "
-                f"folder away to run the suite's")  # fmt: skip
+            shown = differences_text(differences)
+            log(f"{run.name}: recorded with other settings ({shown}), kept: move its folder "
+                f"away to run the suite's")  # fmt: skip
         elif finished(run_dir, steps):
             log(f"{run.name}: finished, kept")
         elif not (args.mock_data or data_available(run, args.data_dir)):
