@@ -46,6 +46,20 @@ def test_sections_hold_their_fields_and_flat_keys_name_them():
         RunConfig.of(strategy="mirrored")
 
 
+def test_the_schedule_is_the_optimizer_s_part_and_keeps_the_recorded_flat_keys():
+    # What every recorded config.yaml holds of the schedule: the flat keys, as the flags.
+    recorded = {"lr_schedule": "cosine", "warmup_steps": 5, "lr_floor": 0.25,
+                "lr_decay_steps": 40, "lr_boundaries": None, "lr_decay_factor": 0.1}  # fmt: skip
+    config = RunConfig.of(**recorded)
+    schedule = config.optimizer.schedule
+    assert (schedule.name, schedule.warmup_steps, schedule.floor, schedule.decay_steps) == (
+        "cosine", 5, 0.25, 40)  # fmt: skip
+    assert {key: config.to_dict()[key] for key in recorded} == recorded
+    assert RunConfig.of(**config.to_dict()) == config
+    assert set(recorded) <= set(identity_fields())
+    assert config.replace(lr_floor=0.5).optimizer.schedule.floor == 0.5
+
+
 @pytest.mark.parametrize(
     "fields, decay_steps",
     [({"lr_schedule": "cosine", "steps": 40}, 40),  # the run's length, fixed
@@ -56,8 +70,8 @@ def test_sections_hold_their_fields_and_flat_keys_name_them():
 def test_resolved_fixes_only_a_cosine_without_its_length(fields, decay_steps):
     config = RunConfig.of(**fields)
     resolved = config.resolved()
-    assert resolved.optimizer.lr_decay_steps == decay_steps
-    assert resolved.replace(lr_decay_steps=config.optimizer.lr_decay_steps) == config
+    assert resolved.optimizer.schedule.decay_steps == decay_steps
+    assert resolved.replace(lr_decay_steps=config.optimizer.schedule.decay_steps) == config
 
 
 @pytest.mark.parametrize(
@@ -65,8 +79,8 @@ def test_resolved_fixes_only_a_cosine_without_its_length(fields, decay_steps):
     [({}, False), ({"warmup_steps": 1}, True), ({"lr_schedule": "cosine"}, True),
      ({"lr_schedule": "step", "lr_boundaries": "5"}, True)],
 )  # fmt: skip
-def test_has_schedule_when_the_rate_changes_over_the_run(fields, scheduled):
-    assert RunConfig.of(**fields).optimizer.has_schedule() is scheduled
+def test_a_schedule_varies_when_the_rate_changes_over_the_run(fields, scheduled):
+    assert RunConfig.of(**fields).optimizer.schedule.varies is scheduled
 
 
 @pytest.mark.parametrize(
@@ -76,7 +90,7 @@ def test_has_schedule_when_the_rate_changes_over_the_run(fields, scheduled):
 def test_boundaries_are_the_steps_given(warmup, text, steps):
     config = RunConfig.of(lr_schedule="step" if text else "constant", lr_boundaries=text,
                        warmup_steps=warmup)  # fmt: skip
-    assert config.optimizer.boundaries() == steps
+    assert config.optimizer.schedule.boundary_steps() == steps
 
 
 @pytest.mark.parametrize(
@@ -86,7 +100,7 @@ def test_boundaries_are_the_steps_given(warmup, text, steps):
 def test_boundaries_must_increase_after_the_warm_up(warmup, text):
     config = RunConfig.of(lr_schedule="step", lr_boundaries=text, warmup_steps=warmup)
     with pytest.raises(UsageError) as caught:
-        config.optimizer.boundaries(flag)
+        config.optimizer.schedule.boundary_steps(flag)
     assert str(caught.value) == (
         "Received an invalid value for argument `--lr-boundaries`, expected increasing step "
         f"numbers after --warmup-steps ({warmup}), comma-separated (e.g. 3000,5000), "

@@ -91,7 +91,7 @@ SCHEDULE_BOUNDS = [
     ({}, "warmup_steps", (0, 5), (-1,), "a non-negative integer"),
     ({"lr_schedule": "cosine"}, "lr_floor", (0.0, 1.0), (-0.001, 1.001, math.nan),
      "a float in [0, 1] (a fraction of --learning-rate)"),
-    ({}, "lr_floor", (0.0,), (0.5,), "0 unless --lr-schedule cosine"),
+    ({}, "lr_floor", (0.0,), (0.5,), "0 (the default) unless --lr-schedule cosine"),
     # At or below the warm-up too, as the run's own --steps is (a run and its extension).
     ({"lr_schedule": "cosine", "warmup_steps": 4}, "lr_decay_steps", (None, 1, 4, 5), (0, -1),
      "a positive integer"),
@@ -99,8 +99,9 @@ SCHEDULE_BOUNDS = [
      (0.0, 1.0, math.inf), "a float in (0, 1)"),
     ({"lr_schedule": "step"}, "lr_boundaries", ("5", "5,9"), (None,),
      "comma-separated steps with --lr-schedule step"),
-    ({"lr_schedule": "cosine"}, "lr_boundaries", (None,), ("5",), "none unless --lr-schedule step"),
-    ({}, "lr_decay_steps", (None,), (9,), "none unless --lr-schedule cosine"),
+    ({"lr_schedule": "cosine"}, "lr_boundaries", (None,), ("5",),
+     "none (the default) unless --lr-schedule step"),
+    ({}, "lr_decay_steps", (None,), (9,), "none (the default) unless --lr-schedule cosine"),
     ({}, "lr_decay_factor", (0.1,), (0.5, 0.0999), "0.1 (the default) unless --lr-schedule step"),
     ({"lr_schedule": "cosine"}, "lr_decay_factor", (0.1,), (0.2,),
      "0.1 (the default) unless --lr-schedule step"),
@@ -112,6 +113,33 @@ def test_each_schedule_setting_accepts_its_edge_and_refuses_past_it(
     around, name, accepted, refused, expected
 ):
     _assert_bounds(around, name, accepted, refused, expected)
+
+
+# A setting each schedule reads besides the warm-up: (flag, a value not its default, the
+# default as the refusal says it, the schedule that reads it).
+OWN_SETTINGS = [
+    ("lr_floor", 0.5, "0", "cosine"),
+    ("lr_decay_steps", 9, "none", "cosine"),
+    ("lr_boundaries", "5", "none", "step"),
+    ("lr_decay_factor", 0.5, "0.1", "step"),
+]
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine", "step"])
+@pytest.mark.parametrize("name, value, default, owner", OWN_SETTINGS)
+def test_another_schedule_s_setting_is_refused_under_each_schedule(
+    schedule, name, value, default, owner
+):
+    around = {"lr_schedule": schedule}
+    if schedule == "step" and name != "lr_boundaries":
+        around["lr_boundaries"] = "7"
+    if schedule == owner:
+        assert _validated(**around, **{name: value})[name] == value
+    else:
+        assert _refusal(**around, **{name: value}) == (
+            f"Received an invalid value for argument `--{name.replace('_', '-')}`, expected "
+            f"{default} (the default) unless --lr-schedule {owner}, got {value!r}."
+        )
 
 
 def test_an_unknown_schedule_is_named_with_the_choices():

@@ -78,7 +78,7 @@ def test_each_schedule_gives_the_hand_computed_rate_at_each_step(settings, expec
 
 def test_constant_without_warmup_keeps_an_assignable_rate_variable():
     config = RunConfig.of(learning_rate=0.03).validate()
-    assert _rate(config) == 0.03 and not config.optimizer.has_schedule()
+    assert _rate(config) == 0.03 and not config.optimizer.schedule.varies
     warm = RunConfig.of(learning_rate=0.03, warmup_steps=2).validate()
     assert isinstance(_rate(warm), schedules.RunSchedule)
 
@@ -272,9 +272,10 @@ def test_more_steps_do_not_stretch_a_cosine_and_a_new_peak_applies_on_resume(tmp
         (["--lr-schedule", "step"],
          "argument `--lr-boundaries`, expected comma-separated steps with --lr-schedule step"),
         (["--lr-boundaries", "100"],
-         "argument `--lr-boundaries`, expected none unless --lr-schedule step, got '100'."),
+         "argument `--lr-boundaries`, expected none (the default) unless --lr-schedule step, "
+         "got '100'."),
         (["--lr-floor", "0.05"],
-         "argument `--lr-floor`, expected 0 unless --lr-schedule cosine, got 0.05."),
+         "argument `--lr-floor`, expected 0 (the default) unless --lr-schedule cosine, got 0.05."),
         (["--lr-decay-factor", "0.5"],
          "argument `--lr-decay-factor`, expected 0.1 (the default) unless --lr-schedule step, "
          "got 0.5."),

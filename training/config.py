@@ -49,8 +49,6 @@ __all__ = [
 MODEL_NAMES = ("antisymmetric", "gated", "ablation", "lstm")
 # The Keras dtype policies a run can train under (`--dtype-policy`).
 DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
-# The learning-rate schedules (`--lr-schedule`; built by `training.run.schedules`).
-LR_SCHEDULES = ("constant", "cosine", "step")
 #: `--lr-decay-factor` unless given: only the step schedule reads it.
 DEFAULT_LR_DECAY_FACTOR = 0.1
 
@@ -89,24 +87,52 @@ def key_of(field: dataclasses.Field) -> str:
     return field.metadata["key"] or field.name
 
 
+def _part(section: type) -> typing.Any:
+    """A field that is a section of its own, nested: its fields are options too, with their
+    flat keys (the schedule of `OptimizerConfig`)."""
+    return dataclasses.field(default_factory=section, metadata={"part": section})
+
+
 class _Section:
     """What every section does: flat keys in and out, and its fields' types checked."""
 
     @classmethod
     def keys(cls) -> dict[str, str]:
-        """Flat key -> field name."""
-        return {key_of(f): f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        """Flat key -> field name, of its own options (not of its nested parts)."""
+        return {key_of(f): f.name for f in dataclasses.fields(cls) if "part" not in f.metadata}  # type: ignore[arg-type]
+
+    @classmethod
+    def parts(cls) -> dict[str, typing.Any]:
+        """Field name -> section class, of its nested parts."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        return {f.name: f.metadata["part"] for f in fields if "part" in f.metadata}
+
+    @classmethod
+    def options(cls) -> tuple[tuple[type, dataclasses.Field], ...]:
+        """(the class that holds it, field) of every option, its parts' in place."""
+        found: list[tuple[type, dataclasses.Field]] = []
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            part = field.metadata.get("part")
+            found += part.options() if part else [(cls, field)]
+        return tuple(found)
 
     @classmethod
     def from_flat(cls, values: dict[str, typing.Any]) -> typing.Any:
         """The section of the flat keys in `values` that are its own (the rest default)."""
-        return cls(**{name: values[key] for key, name in cls.keys().items() if key in values})
+        own = {name: values[key] for key, name in cls.keys().items() if key in values}
+        parts = {name: part.from_flat(values) for name, part in cls.parts().items()}
+        return cls(**own, **parts)
 
     def flat(self) -> dict[str, object]:
-        return {key: getattr(self, name) for key, name in self.keys().items()}
+        flat = {key: getattr(self, name) for key, name in self.keys().items()}
+        for name in self.parts():
+            flat.update(getattr(self, name).flat())
+        return flat
 
     def check_types(self, argument: Callable[[str], str] = str) -> None:
-        check_types(self, argument=argument)
+        check_types(self, skip=tuple(self.parts()), argument=argument)
+        for name in self.parts():
+            getattr(self, name).check_types(argument)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,8 +209,137 @@ class ModelConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class ScheduleConfig(_Section):
+    """The learning-rate schedule (`training.run.schedules`): a warm-up, then its kind.
+
+    Each kind reads its own settings (`SCHEDULE_SETTINGS`); another kind's
+    settings must keep their defaults, since they would be ignored.
+    """
+
+    name: str = _option(
+        "constant", "learning-rate schedule, a function of the optimizer's step (a resumed "
+        "run goes on with it): constant, cosine (to --lr-floor at --lr-decay-steps) or step "
+        "(times --lr-decay-factor after each of --lr-boundaries)",
+        group="optimizer", identity=True, metavar="NAME", key="lr_schedule",
+    )  # fmt: skip
+    warmup_steps: int = _option(
+        0, "any schedule: raise the learning rate linearly from 0 to --learning-rate over "
+        "the first N steps", group="optimizer", identity=True, metavar="N",
+    )  # fmt: skip
+    floor: float = _option(
+        0.0, "cosine: the last learning rate, as a fraction of --learning-rate (Keras' alpha)",
+        group="optimizer", identity=True, metavar="F", key="lr_floor",
+    )  # fmt: skip
+    decay_steps: int | None = _option(
+        None, "cosine: the step at which it reaches the floor and stays (default: the run's "
+        "--steps; a tuner trial's --steps-per-trial); at or below --warmup-steps the rate "
+        "warms up, then holds the floor",
+        group="optimizer", identity=True, metavar="N", key="lr_decay_steps",
+    )  # fmt: skip
+    boundaries: str | None = _option(
+        None, "step: comma-separated steps after which the learning rate is multiplied by "
+        "--lr-decay-factor", group="optimizer", identity=True, metavar="S1,S2,...",
+        key="lr_boundaries",
+    )  # fmt: skip
+    decay_factor: float = _option(
+        DEFAULT_LR_DECAY_FACTOR, "step: the factor at each boundary", group="optimizer",
+        identity=True, metavar="F", key="lr_decay_factor",
+    )  # fmt: skip
+
+    @property
+    def varies(self) -> bool:
+        """Whether the learning rate changes over the run (a schedule or a warm-up)."""
+        return self.name != "constant" or self.warmup_steps > 0
+
+    def boundary_steps(self, argument: Callable[[str], str] = str) -> tuple[int, ...]:
+        """The steps of `boundaries` (empty without); raises `UsageError` if malformed."""
+        if self.boundaries is None:
+            return ()
+        expected = (
+            f"increasing step numbers after {argument('warmup_steps')} ({self.warmup_steps}), "
+            f"comma-separated (e.g. 3000,5000)"
+        )
+        try:
+            steps = tuple(int(part) for part in self.boundaries.split(","))
+        except ValueError:
+            raise invalid(argument("lr_boundaries"), expected, self.boundaries) from None
+        ordered = all(a < b for a, b in zip((self.warmup_steps, *steps), steps, strict=False))
+        check(ordered, argument("lr_boundaries"), expected, self.boundaries)
+        return steps
+
+    def validate(self, argument: Callable[[str], str] = str) -> None:
+        check(
+            self.name in SCHEDULE_SETTINGS,
+            argument("lr_schedule"),
+            f"one of {', '.join(SCHEDULE_SETTINGS)}",
+            self.name,
+        )
+        # The settings of another kind would be ignored: a mistake to say, not to skip.
+        fields = {field.name: field for field in dataclasses.fields(self)}
+        for kind, names in SCHEDULE_SETTINGS.items():
+            for name in () if kind == self.name else names:
+                field = fields[name]
+                default, value = field.default, getattr(self, name)
+                check(
+                    value == default,
+                    argument(key_of(field)),
+                    f"{_default_words(default)} (the default) unless "
+                    f"{argument('lr_schedule')} {kind}",
+                    value,
+                )
+        check(
+            self.warmup_steps >= 0,
+            argument("warmup_steps"),
+            "a non-negative integer",
+            self.warmup_steps,
+        )
+        check(
+            math.isfinite(self.floor) and 0 <= self.floor <= 1,
+            argument("lr_floor"),
+            f"a float in [0, 1] (a fraction of {argument('learning_rate')})",
+            self.floor,
+        )
+        # As for the run's own --steps (the default length): a decay that ends within the
+        # warm-up is a warm-up that then holds the floor, so a run extended with its
+        # recorded length is accepted wherever the run itself was.
+        check(
+            self.decay_steps is None or self.decay_steps > 0,
+            argument("lr_decay_steps"),
+            "a positive integer",
+            self.decay_steps,
+        )
+        check(
+            math.isfinite(self.decay_factor) and 0 < self.decay_factor < 1,
+            argument("lr_decay_factor"),
+            "a float in (0, 1)",
+            self.decay_factor,
+        )
+        check(
+            self.name != "step" or bool(self.boundaries),
+            argument("lr_boundaries"),
+            f"comma-separated steps with {argument('lr_schedule')} step",
+            self.boundaries,
+        )
+        self.boundary_steps(argument)
+
+
+# The schedules (`--lr-schedule`) and the settings of `ScheduleConfig` each reads besides
+# the warm-up.
+SCHEDULE_SETTINGS = {
+    "constant": (),
+    "cosine": ("floor", "decay_steps"),
+    "step": ("boundaries", "decay_factor"),
+}
+LR_SCHEDULES = tuple(SCHEDULE_SETTINGS)
+
+
+def _default_words(value: object) -> str:
+    return "none" if value is None else f"{value:g}"
+
+
+@dataclasses.dataclass(frozen=True)
 class OptimizerConfig(_Section):
-    """The optimizer, the global batch and the learning-rate schedule."""
+    """The optimizer, the global batch and the learning-rate schedule (`schedule`)."""
 
     name: str = _option("adam", group="optimizer", identity=True, key="optimizer")
     learning_rate: float = _option(0.01, group="optimizer", identity=True)
@@ -193,54 +348,7 @@ class OptimizerConfig(_Section):
         None, "per-variable gradient clipping", group="optimizer", identity=True
     )
     batch_size: int = _option(64, "global batch size", group="optimizer", identity=True)
-    lr_schedule: str = _option(
-        "constant", "learning-rate schedule, a function of the optimizer's step (a resumed "
-        "run goes on with it): constant, cosine (to --lr-floor at --lr-decay-steps) or step "
-        "(times --lr-decay-factor after each of --lr-boundaries)",
-        group="optimizer", identity=True, metavar="NAME",
-    )  # fmt: skip
-    warmup_steps: int = _option(
-        0, "any schedule: raise the learning rate linearly from 0 to --learning-rate over "
-        "the first N steps", group="optimizer", identity=True, metavar="N",
-    )  # fmt: skip
-    lr_floor: float = _option(
-        0.0, "cosine: the last learning rate, as a fraction of --learning-rate (Keras' alpha)",
-        group="optimizer", identity=True, metavar="F",
-    )  # fmt: skip
-    lr_decay_steps: int | None = _option(
-        None, "cosine: the step at which it reaches the floor and stays (default: the run's "
-        "--steps; a tuner trial's --steps-per-trial); at or below --warmup-steps the rate "
-        "warms up, then holds the floor",
-        group="optimizer", identity=True, metavar="N",
-    )  # fmt: skip
-    lr_boundaries: str | None = _option(
-        None, "step: comma-separated steps after which the learning rate is multiplied by "
-        "--lr-decay-factor", group="optimizer", identity=True, metavar="S1,S2,...",
-    )  # fmt: skip
-    lr_decay_factor: float = _option(
-        DEFAULT_LR_DECAY_FACTOR, "step: the factor at each boundary", group="optimizer",
-        identity=True, metavar="F",
-    )  # fmt: skip
-
-    def has_schedule(self) -> bool:
-        """Whether the learning rate changes over the run (a schedule or a warm-up)."""
-        return self.lr_schedule != "constant" or self.warmup_steps > 0
-
-    def boundaries(self, argument: Callable[[str], str] = str) -> tuple[int, ...]:
-        """The steps of `lr_boundaries` (empty without); raises `UsageError` if malformed."""
-        if self.lr_boundaries is None:
-            return ()
-        expected = (
-            f"increasing step numbers after {argument('warmup_steps')} ({self.warmup_steps}), "
-            f"comma-separated (e.g. 3000,5000)"
-        )
-        try:
-            steps = tuple(int(part) for part in self.lr_boundaries.split(","))
-        except ValueError:
-            raise invalid(argument("lr_boundaries"), expected, self.lr_boundaries) from None
-        ordered = all(a < b for a, b in zip((self.warmup_steps, *steps), steps, strict=False))
-        check(ordered, argument("lr_boundaries"), expected, self.lr_boundaries)
-        return steps
+    schedule: ScheduleConfig = _part(ScheduleConfig)
 
     def validate(self, argument: Callable[[str], str] = str) -> None:
         check(self.batch_size > 0, argument("batch_size"), "a positive integer", self.batch_size)
@@ -253,77 +361,7 @@ class OptimizerConfig(_Section):
             "a positive float",
             self.clipnorm,
         )
-        self._validate_schedule(argument)
-
-    def _validate_schedule(self, argument: Callable[[str], str]) -> None:
-        schedule = self.lr_schedule
-        check(
-            schedule in LR_SCHEDULES,
-            argument("lr_schedule"),
-            f"one of {', '.join(LR_SCHEDULES)}",
-            schedule,
-        )
-        check(
-            self.warmup_steps >= 0,
-            argument("warmup_steps"),
-            "a non-negative integer",
-            self.warmup_steps,
-        )
-        # The settings of another schedule would be ignored: a mistake to say, not to skip.
-        cosine, step = schedule == "cosine", schedule == "step"
-        check(
-            math.isfinite(self.lr_floor) and 0 <= self.lr_floor <= 1,
-            argument("lr_floor"),
-            f"a float in [0, 1] (a fraction of {argument('learning_rate')})",
-            self.lr_floor,
-        )
-        check(
-            cosine or self.lr_floor == 0,
-            argument("lr_floor"),
-            f"0 unless {argument('lr_schedule')} cosine",
-            self.lr_floor,
-        )
-        if self.lr_decay_steps is not None:
-            check(
-                cosine,
-                argument("lr_decay_steps"),
-                f"none unless {argument('lr_schedule')} cosine",
-                self.lr_decay_steps,
-            )
-            # The rule of the default length (the run's --steps) too: a decay that ends
-            # within the warm-up is a warm-up that then holds the floor, so a run extended
-            # with its recorded length is accepted wherever the run itself was.
-            check(
-                self.lr_decay_steps > 0,
-                argument("lr_decay_steps"),
-                "a positive integer",
-                self.lr_decay_steps,
-            )
-        check(
-            math.isfinite(self.lr_decay_factor) and 0 < self.lr_decay_factor < 1,
-            argument("lr_decay_factor"),
-            "a float in (0, 1)",
-            self.lr_decay_factor,
-        )
-        check(
-            step or self.lr_decay_factor == DEFAULT_LR_DECAY_FACTOR,
-            argument("lr_decay_factor"),
-            f"{DEFAULT_LR_DECAY_FACTOR} (the default) unless {argument('lr_schedule')} step",
-            self.lr_decay_factor,
-        )
-        check(
-            step or self.lr_boundaries is None,
-            argument("lr_boundaries"),
-            f"none unless {argument('lr_schedule')} step",
-            self.lr_boundaries,
-        )
-        check(
-            not step or self.lr_boundaries,
-            argument("lr_boundaries"),
-            f"comma-separated steps with {argument('lr_schedule')} step",
-            self.lr_boundaries,
-        )
-        self.boundaries(argument)
+        self.schedule.validate(argument)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -534,7 +572,8 @@ class RunConfig:
     def resolved(self) -> RunConfig:
         """The config a run records: the cosine's length fixed (`lr_decay_steps`, default
         `steps`), so that a resumed run with more `--steps` does not stretch the decay."""
-        if self.optimizer.lr_schedule == "cosine" and self.optimizer.lr_decay_steps is None:
+        schedule = self.optimizer.schedule
+        if schedule.name == "cosine" and schedule.decay_steps is None:
             return self.replace(lr_decay_steps=self.loop.steps)
         return self
 
@@ -571,19 +610,19 @@ def option_fields(launch: bool = True) -> tuple[dataclasses.Field, ...]:
     Each is one option: `key_of(field)` is its flat key, `field.metadata` its
     group, help, metavar and whether it is part of a run's identity.
     """
+    return tuple(field for _, field in _options(launch))
+
+
+def _options(launch: bool) -> tuple[tuple[type, dataclasses.Field], ...]:
     task, model, optimizer, loop = SECTIONS.values()
     # The order of the option groups (`GROUPS`): the launch's group is "distribution".
     classes = (task, model, optimizer, *((LaunchConfig,) if launch else ()), loop)
-    return tuple(field for cls in classes for field in dataclasses.fields(cls))
+    return tuple(option for cls in classes for option in cls.options())
 
 
 def option_types() -> dict[str, object]:
     """The type of each option (flat key -> `int | None`, ...)."""
-    types_: dict[str, object] = {}
-    for cls in (*SECTIONS.values(), LaunchConfig):
-        hints = typing.get_type_hints(cls)
-        types_.update({key_of(f): hints[f.name] for f in dataclasses.fields(cls)})
-    return types_
+    return {key_of(f): typing.get_type_hints(cls)[f.name] for cls, f in _options(True)}
 
 
 def run_keys() -> tuple[str, ...]:

@@ -295,7 +295,7 @@ def _restore(trainer, config, record, rundir, log):
     if restored and changed:
         # The checkpoint restored the optimizer's old values: the new ones apply from here.
         # A schedule holds no rate to restore: it was built with the new peak.
-        if "learning_rate" in changed and not optimizer.has_schedule():
+        if "learning_rate" in changed and not optimizer.schedule.varies:
             trainer.optimizer.learning_rate = optimizer.learning_rate
         if "clipnorm" in changed:
             trainer.optimizer.clipnorm = optimizer.clipnorm

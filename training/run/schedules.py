@@ -90,13 +90,13 @@ def learning_rate(optimizer: OptimizerConfig, steps: int):
         optimizer: The validated `OptimizerConfig` of a run (a tuner trial's
             has the trial's rate).
         steps: The run's length, the cosine's `decay_steps` unless
-            `lr_decay_steps` is set.
+            the schedule's `decay_steps` is set.
     """
-    peak = optimizer.learning_rate
-    if not optimizer.has_schedule():
+    peak, schedule = optimizer.learning_rate, optimizer.schedule
+    if not schedule.varies:
         return peak
     return RunSchedule(
-        optimizer.lr_schedule, peak, warmup_steps=optimizer.warmup_steps,
-        decay_steps=optimizer.lr_decay_steps or steps, floor=optimizer.lr_floor,
-        boundaries=optimizer.boundaries(), factor=optimizer.lr_decay_factor,
+        schedule.name, peak, warmup_steps=schedule.warmup_steps,
+        decay_steps=schedule.decay_steps or steps, floor=schedule.floor,
+        boundaries=schedule.boundary_steps(), factor=schedule.decay_factor,
     )  # fmt: skip
