@@ -70,7 +70,7 @@ def test_serving_has_two_wings_and_the_server_imports_the_exports_never_back():
     assert {(m, t) for m, t in crossings if wing(m) == "exports" and t not in shared} == set()
     assert {(m, t) for m, t in crossings if m in shared} == set()
     # The server reads the exports' warmup records: the one direction there is.
-    assert ("serving.local.repository", "serving.exports.warmup") in crossings
+    assert ("serving.local.servable", "serving.exports.warmup") in crossings
     assert {wing(m) for m in edges if m.startswith("serving.")} == {"top", "exports", "local"}
 
 

@@ -152,7 +152,7 @@ class _CodeOnly(Exception):
     ],
 )
 def test_a_load_failure_is_reported_with_tensorflow_serving_s_code_and_first_line(error, expected):
-    from serving.local.repository import error_status
+    from serving.local.servable import error_status
 
     assert error_status(error) == expected
 
@@ -160,7 +160,7 @@ def test_a_load_failure_is_reported_with_tensorflow_serving_s_code_and_first_lin
 def test_a_real_tensorflow_error_keeps_its_code_and_message():
     import tensorflow as tf
 
-    from serving.local.repository import error_status
+    from serving.local.servable import error_status
 
     error = tf.errors.InvalidArgumentError(None, None, "bad graph\nnode context")
     assert error_status(error) == ("INVALID_ARGUMENT", "bad graph")
@@ -407,7 +407,7 @@ def test_an_unreadable_base_path_is_named_until_a_scan_succeeds(tmp_path):
 
 
 def test_a_loaded_version_prints_its_signatures_as_tensorflow_serving_does():
-    from serving.local.repository import Servable
+    from serving.local.servable import Servable
     from tests.serving_helpers import FEATURES, STEPS, exported
 
     _, base = exported("antisymmetric")
@@ -432,7 +432,7 @@ def test_a_loaded_version_prints_its_signatures_as_tensorflow_serving_does():
 def test_the_deepest_input_of_a_saved_model_without_ranks_is_zero(tmp_path):
     import tensorflow as tf
 
-    from serving.local.repository import Servable
+    from serving.local.servable import Servable
 
     bare = str(tmp_path / "bare")
     tf.saved_model.save(tf.Module(), bare)

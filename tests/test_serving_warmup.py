@@ -49,7 +49,7 @@ def test_an_export_carries_one_predict_request_per_signature_that_the_signature_
 
 
 def test_the_server_replays_the_warmup_before_serving_and_can_skip_it(caplog):
-    from serving.local.repository import Servable
+    from serving.local.servable import Servable
 
     _, base = exported("antisymmetric")
     version_dir = os.path.join(base, "1")
@@ -160,7 +160,7 @@ def test_a_warmup_file_of_more_than_1000_records_fails_the_load(tmp_path):
 
 
 def _no_warmup(path, version):
-    from serving.local.repository import Servable
+    from serving.local.servable import Servable
 
     return Servable(path, version, warmup=False)
 

@@ -34,7 +34,7 @@ _NUMPY_DTYPES = {
 
 
 class Servable(Protocol):
-    """What a request is answered from (`serving.local.repository.Servable` is one)."""
+    """What a request is answered from (`serving.local.servable.Servable` is one)."""
 
     version: int
     signatures: Mapping[str, Callable[..., Mapping[str, Any]]]

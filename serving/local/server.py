@@ -51,8 +51,9 @@ from serving.local.httpd import ServerThread
 from serving.local.model_config import ModelConfig, ModelConfigError, Models, read_model_config
 from serving.local.payload import DEFAULT_MAX_INPUT_ELEMENTS
 from serving.local.plane import DataPlane
-from serving.local.repository import POLL_SECONDS, Servable, base_path_problem
+from serving.local.repository import POLL_SECONDS, base_path_problem
 from serving.local.rest import RestApp
+from serving.local.servable import Servable
 from serving.names import check_model_name
 
 if TYPE_CHECKING:
