@@ -9,9 +9,10 @@ import types
 import pytest
 
 from training import options, train, tune
-from training.config import LaunchConfig, RunConfig, identity_fields, key_of, option_fields
+from training.config import LaunchConfig, RunConfig, identity_fields, option_fields
 from training.errors import DataError
 from training.run import experiment
+from training.sections import key_of
 from training.tasks import catalog as tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,7 +77,7 @@ def test_serving_has_two_wings_and_the_server_imports_the_exports_never_back():
 
 LIGHT_MODULES = (
     "apputil", "apputil.cli", "apputil.errors", "apputil.files", "apputil.quiet",
-    "training", "training.config", "training.options", "training.errors",
+    "training", "training.config", "training.sections", "training.options", "training.errors",
     "training.search.space", "training.tasks.catalog", "training.train", "training.tune",
     "training.data", "training.paper.suite",
 )  # fmt: skip

@@ -14,9 +14,9 @@ from training.config import (
     RunConfig,
     UsageError,
     check_batch_size,
-    flag,
     identity_fields,
 )
+from training.sections import flag
 
 
 def test_from_namespace_takes_the_fields_it_knows_then_the_overrides():

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from training.config import LaunchConfig, RunConfig, UsageError, check_types, flag, run_keys
+from training.config import LaunchConfig, RunConfig, UsageError, run_keys
+from training.sections import check_types, flag
 
 POSITIVE_INTEGER = "a positive integer"
 NON_NEGATIVE_INTEGER = "a non-negative integer"

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from training import options
-from training.config import GROUPS, RunConfig, flag, key_of, option_fields
+from training.config import GROUPS, RunConfig, option_fields
+from training.sections import flag, key_of
 
 
 def _action(parser, dest):

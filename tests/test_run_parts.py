@@ -9,9 +9,10 @@ import pytest
 from apputil.errors import UsageError
 from training.backends import select
 from training.backends.cluster import Cluster
-from training.config import LaunchConfig, flag
+from training.config import LaunchConfig
 from training.run.identity import MISSING, check_unchanged
 from training.run.rundir import RunDir
+from training.sections import flag
 
 
 def test_a_run_folder_names_every_file_of_a_run(tmp_path):

@@ -131,7 +131,8 @@ def test_every_value_is_accepted_or_named(constructor, argument, value):
 @settings(max_examples=40, deadline=None)
 @given(argument=st.sampled_from(["learning_rate", "momentum", "units", "steps"]), value=_ANY_VALUE)
 def test_run_config_accepts_or_names_the_key_or_the_flag(argument, value):
-    from training.config import RunConfig, UsageError, flag
+    from training.config import RunConfig, UsageError
+    from training.sections import flag
 
     rules = {
         "learning_rate": lambda v: _is_real(v) and v > 0,

@@ -1,15 +1,15 @@
 """`RunConfig` and `LaunchConfig`: typed, validated descriptions of a run and of its launch.
 
 A `RunConfig` is four frozen sections, one per option group: `task`
-(`TaskConfig`), `model` (`ModelConfig`), `optimizer` (`OptimizerConfig`, the
-learning-rate schedule included) and `loop` (`LoopConfig`: steps, periods,
+(`TaskConfig`), `model` (`ModelConfig`), `optimizer` (`OptimizerConfig`, with the
+learning-rate schedule as its nested part `ScheduleConfig`) and `loop` (`LoopConfig`: steps, periods,
 evaluation). How the processes and devices are set up (`LaunchConfig`: the
 strategy, the JAX coordinator, the CPU split) is not part of a run: the
 commands read it to make the backend a run trains on.
 
-Every field carries its command-line help, its option group, its flat key
-(`sigma_w`; the flag is `--sigma-w`) and whether a resumed run must keep it
-(`identity`); `training.options` builds the flags of `training.train` and
+Every field (`training.sections.option`) carries its command-line help, its option
+group, its flat key (`sigma_w`; the flag is `--sigma-w`) and whether a resumed run
+must keep it (`identity`); `training.options` builds the flags of `training.train` and
 `training.tune` from them, so an option is written once. Flat keys are also
 what `--config` YAML files, `config.yaml` records and `RunConfig.of(**keys)`
 use. A `RunConfig` is built from flags, a YAML file, a tuner trial or the
@@ -23,11 +23,11 @@ import argparse
 import dataclasses
 import math
 import os
-import types
 import typing
 from collections.abc import Callable
 
 from apputil.errors import Literal, UsageError, check, invalid
+from training.sections import Section, check_types, key_of, option, part
 
 __all__ = [
     "LaunchConfig",
@@ -37,9 +37,8 @@ __all__ = [
     "RunConfig",
     "TaskConfig",
     "UsageError",
+    "ScheduleConfig",
     "check_batch_size",
-    "check_types",
-    "flag",
     "identity_fields",
     "option_fields",
 ]
@@ -64,97 +63,26 @@ RESUME_CHANGEABLE = ("learning_rate", "clipnorm")
 GROUPS = ("task", "model", "optimizer", "distribution", "run")
 
 
-def _option(
-    default: typing.Any,
-    help: str | None = None,
-    *,
-    group: str,
-    identity: bool = False,
-    metavar: str | None = None,
-    key: str | None = None,
-) -> typing.Any:
-    """A field with what the command line and resume checks need to know of it.
-
-    `key` is its flat name (the flag without dashes), when not the field's own.
-    """
-    metadata = {"group": group, "help": help, "identity": identity, "metavar": metavar,
-                "key": key}  # fmt: skip
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def key_of(field: dataclasses.Field) -> str:
-    """The flat key of a section's field: `name` of `TaskConfig` is `task`."""
-    return field.metadata["key"] or field.name
-
-
-def _part(section: type) -> typing.Any:
-    """A field that is a section of its own, nested: its fields are options too, with their
-    flat keys (the schedule of `OptimizerConfig`)."""
-    return dataclasses.field(default_factory=section, metadata={"part": section})
-
-
-class _Section:
-    """What every section does: flat keys in and out, and its fields' types checked."""
-
-    @classmethod
-    def keys(cls) -> dict[str, str]:
-        """Flat key -> field name, of its own options (not of its nested parts)."""
-        return {key_of(f): f.name for f in dataclasses.fields(cls) if "part" not in f.metadata}  # type: ignore[arg-type]
-
-    @classmethod
-    def parts(cls) -> dict[str, typing.Any]:
-        """Field name -> section class, of its nested parts."""
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-        return {f.name: f.metadata["part"] for f in fields if "part" in f.metadata}
-
-    @classmethod
-    def options(cls) -> tuple[tuple[type, dataclasses.Field], ...]:
-        """(the class that holds it, field) of every option, its parts' in place."""
-        found: list[tuple[type, dataclasses.Field]] = []
-        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
-            part = field.metadata.get("part")
-            found += part.options() if part else [(cls, field)]
-        return tuple(found)
-
-    @classmethod
-    def from_flat(cls, values: dict[str, typing.Any]) -> typing.Any:
-        """The section of the flat keys in `values` that are its own (the rest default)."""
-        own = {name: values[key] for key, name in cls.keys().items() if key in values}
-        parts = {name: part.from_flat(values) for name, part in cls.parts().items()}
-        return cls(**own, **parts)
-
-    def flat(self) -> dict[str, object]:
-        flat = {key: getattr(self, name) for key, name in self.keys().items()}
-        for name in self.parts():
-            flat.update(getattr(self, name).flat())
-        return flat
-
-    def check_types(self, argument: Callable[[str], str] = str) -> None:
-        check_types(self, skip=tuple(self.parts()), argument=argument)
-        for name in self.parts():
-            getattr(self, name).check_types(argument)
-
-
 @dataclasses.dataclass(frozen=True)
-class TaskConfig(_Section):
+class TaskConfig(Section):
     """What to learn: the task, its data and the seed of data order, noise and init."""
 
-    name: str = _option("digits", group="task", identity=True, key="task")
-    dataset: str | None = _option(
+    name: str = option("digits", group="task", identity=True, key="task")
+    dataset: str | None = option(
         None, "for the MNIST tasks: mnist (default) or fashion_mnist", group="task", identity=True
     )
-    timesteps: int | None = _option(
+    timesteps: int | None = option(
         None, "sequence length of noise-padded, digits, adding and copy tasks",
         group="task", identity=True,
     )  # fmt: skip
-    data_dir: str | None = _option(
+    data_dir: str | None = option(
         None, "TFDS data directory or folder of .npz files (default: TFDS_DATA_DIR)", group="task"
     )
-    download: bool = _option(
+    download: bool = option(
         False, "let TFDS download and prepare the data set into --data-dir if it is missing "
         "(needs the internet)", group="task",
     )  # fmt: skip
-    seed: int = _option(0, "seed of data order, noise and init", group="task", identity=True)
+    seed: int = option(0, "seed of data order, noise and init", group="task", identity=True)
 
     def validate(self, argument: Callable[[str], str] = str) -> None:
         check(
@@ -172,18 +100,18 @@ class TaskConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """The model `training.tasks.models.build_model` builds."""
 
-    name: str = _option("antisymmetric", group="model", identity=True, key="model")
-    units: int = _option(64, group="model", identity=True)
-    epsilon: float = _option(0.1, "step size ε", group="model", identity=True)
-    gamma: float = _option(0.01, "diffusion γ", group="model", identity=True)
-    sigma_w: float = _option(
+    name: str = option("antisymmetric", group="model", identity=True, key="model")
+    units: int = option(64, group="model", identity=True)
+    epsilon: float = option(0.1, "step size ε", group="model", identity=True)
+    gamma: float = option(0.01, "diffusion γ", group="model", identity=True)
+    sigma_w: float = option(
         1.0, "hidden-to-hidden init N(0, sigma_w^2/n) (paper: 0, 1, 2, 4, 8, 16)",
         group="model", identity=True,
     )  # fmt: skip
-    dtype_policy: str = _option(
+    dtype_policy: str = option(
         "float32", "Keras dtype policy of the model; the mixed ones keep the recurrent state "
         "and the head in float32 (mixed_float16 trains with loss scaling)",
         group="model", identity=True,
@@ -209,39 +137,39 @@ class ModelConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class ScheduleConfig(_Section):
+class ScheduleConfig(Section):
     """The learning-rate schedule (`training.run.schedules`): a warm-up, then its kind.
 
     Each kind reads its own settings (`SCHEDULE_SETTINGS`); another kind's
     settings must keep their defaults, since they would be ignored.
     """
 
-    name: str = _option(
+    name: str = option(
         "constant", "learning-rate schedule, a function of the optimizer's step (a resumed "
         "run goes on with it): constant, cosine (to --lr-floor at --lr-decay-steps) or step "
         "(times --lr-decay-factor after each of --lr-boundaries)",
         group="optimizer", identity=True, metavar="NAME", key="lr_schedule",
     )  # fmt: skip
-    warmup_steps: int = _option(
+    warmup_steps: int = option(
         0, "any schedule: raise the learning rate linearly from 0 to --learning-rate over "
         "the first N steps", group="optimizer", identity=True, metavar="N",
     )  # fmt: skip
-    floor: float = _option(
+    floor: float = option(
         0.0, "cosine: the last learning rate, as a fraction of --learning-rate (Keras' alpha)",
         group="optimizer", identity=True, metavar="F", key="lr_floor",
     )  # fmt: skip
-    decay_steps: int | None = _option(
+    decay_steps: int | None = option(
         None, "cosine: the step at which it reaches the floor and stays (default: the run's "
         "--steps; a tuner trial's --steps-per-trial); at or below --warmup-steps the rate "
         "warms up, then holds the floor",
         group="optimizer", identity=True, metavar="N", key="lr_decay_steps",
     )  # fmt: skip
-    boundaries: str | None = _option(
+    boundaries: str | None = option(
         None, "step: comma-separated steps after which the learning rate is multiplied by "
         "--lr-decay-factor", group="optimizer", identity=True, metavar="S1,S2,...",
         key="lr_boundaries",
     )  # fmt: skip
-    decay_factor: float = _option(
+    decay_factor: float = option(
         DEFAULT_LR_DECAY_FACTOR, "step: the factor at each boundary", group="optimizer",
         identity=True, metavar="F", key="lr_decay_factor",
     )  # fmt: skip
@@ -338,17 +266,17 @@ def _default_words(value: object) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizerConfig(_Section):
+class OptimizerConfig(Section):
     """The optimizer, the global batch and the learning-rate schedule (`schedule`)."""
 
-    name: str = _option("adam", group="optimizer", identity=True, key="optimizer")
-    learning_rate: float = _option(0.01, group="optimizer", identity=True)
-    momentum: float = _option(0.9, "for sgd", group="optimizer", identity=True)
-    clipnorm: float | None = _option(
+    name: str = option("adam", group="optimizer", identity=True, key="optimizer")
+    learning_rate: float = option(0.01, group="optimizer", identity=True)
+    momentum: float = option(0.9, "for sgd", group="optimizer", identity=True)
+    clipnorm: float | None = option(
         None, "per-variable gradient clipping", group="optimizer", identity=True
     )
-    batch_size: int = _option(64, "global batch size", group="optimizer", identity=True)
-    schedule: ScheduleConfig = _part(ScheduleConfig)
+    batch_size: int = option(64, "global batch size", group="optimizer", identity=True)
+    schedule: ScheduleConfig = part(ScheduleConfig)
 
     def validate(self, argument: Callable[[str], str] = str) -> None:
         check(self.batch_size > 0, argument("batch_size"), "a positive integer", self.batch_size)
@@ -365,31 +293,31 @@ class OptimizerConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class LoopConfig(_Section):
+class LoopConfig(Section):
     """How long the loop trains, how often it logs, evaluates and checkpoints."""
 
-    steps: int = _option(2000, "training steps (global batches)", group="run")
-    checkpoint_every: int = _option(200, group="run", metavar="N")
-    log_every: int = _option(50, group="run", metavar="N")
-    eval_every: int = _option(
+    steps: int = option(2000, "training steps (global batches)", group="run")
+    checkpoint_every: int = option(200, group="run", metavar="N")
+    log_every: int = option(50, group="run", metavar="N")
+    eval_every: int = option(
         0, "evaluate every N steps (validation split if any, else test) into curve.json",
         group="run", metavar="N",
     )  # fmt: skip
-    keep_best: bool = _option(
+    keep_best: bool = option(
         False, "test the weights of the best validation evaluation, not the last step's "
         "(needs --validation-fraction and --eval-every; the test split is read only at the "
         "end)", group="run", identity=True,
     )  # fmt: skip
-    eval_batch_size: int = _option(256, group="run")
-    validation_fraction: float = _option(
+    eval_batch_size: int = option(256, group="run")
+    validation_fraction: float = option(
         0.0, "hold out this fraction of the training data and report val_accuracy",
         group="run", identity=True,
     )  # fmt: skip
-    jit_compile: bool = _option(False, "XLA-compile the train step", group="run")
-    diagnostics: int = _option(
+    jit_compile: bool = option(False, "XLA-compile the train step", group="run")
+    diagnostics: int = option(
         0, "log stability diagnostics every N steps (0: off)", group="run", metavar="N"
     )
-    change_on_resume: str | None = _option(
+    change_on_resume: str | None = option(
         None,
         "comma-separated settings a resumed run may change: "
         + ", ".join(RESUME_CHANGEABLE)
@@ -442,37 +370,37 @@ class LoopConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class LaunchConfig(_Section):
+class LaunchConfig(Section):
     """How the processes and devices of a command are set up; not part of any run.
 
     `training.train` and `training.tune` read it to split the CPU, join the
     JAX processes and make the backend (`training.backends`) a run trains on.
     """
 
-    strategy: str = _option("auto", group="distribution")
-    tpu: str | None = _option(None, "TPU name or address for --strategy tpu", group="distribution")
-    cpu_devices: int = _option(
+    strategy: str = option("auto", group="distribution")
+    tpu: str | None = option(None, "TPU name or address for --strategy tpu", group="distribution")
+    cpu_devices: int = option(
         0, "split the CPU into this many logical devices (mirrored training on CPU)",
         group="distribution",
     )  # fmt: skip
-    coordinator: str | None = _option(
+    coordinator: str | None = option(
         None, "JAX on several processes: HOST:PORT of process 0's coordinator, the same on "
         "every process, or auto on a TPU pod slice, Slurm or MPI (default: the first of "
         "KERAS_DISTRIBUTION_JOB_ADDRESSES)", group="distribution", metavar="HOST:PORT",
     )  # fmt: skip
-    num_processes: int | None = _option(
+    num_processes: int | None = option(
         None, "JAX: how many processes train together (default: "
         "KERAS_DISTRIBUTION_NUM_PROCESSES)", group="distribution", metavar="N",
     )  # fmt: skip
-    process_id: int | None = _option(
+    process_id: int | None = option(
         None, "JAX: this process, 0 to N-1; process 0 runs the coordinator and writes the "
         "outputs (default: KERAS_DISTRIBUTION_PROCESS_ID)", group="distribution", metavar="I",
     )  # fmt: skip
-    connect_timeout: int = _option(
+    connect_timeout: int = option(
         120, "JAX: seconds a process waits for all the others to connect", group="distribution",
         metavar="S",
     )  # fmt: skip
-    heartbeat_timeout: int = _option(
+    heartbeat_timeout: int = option(
         30, "JAX: seconds without a heartbeat after which a process counts as lost and the "
         "others stop", group="distribution", metavar="S",
     )  # fmt: skip
@@ -599,11 +527,6 @@ def _is_address(text: str) -> bool:
     return text == "auto" or (bool(host) and port.isdigit() and 0 < int(port) < 65536)
 
 
-def flag(name: str) -> str:
-    """The command-line flag of a field: `sigma_w` -> `--sigma-w`."""
-    return "--" + name.replace("_", "-")
-
-
 def option_fields(launch: bool = True) -> tuple[dataclasses.Field, ...]:
     """The fields of every section (and of `LaunchConfig` with `launch`), in their order.
 
@@ -635,46 +558,7 @@ def identity_fields() -> tuple[str, ...]:
     return tuple(key_of(f) for f in option_fields(launch=False) if f.metadata["identity"])
 
 
-def check_types(
-    config: object, skip: tuple[str, ...] = (), argument: Callable[[str], str] = flag
-) -> None:
-    """Raises `UsageError` naming the first field of a dataclass of a wrong type (by
-    `argument` of its key: its flag by default)."""
-    hints = typing.get_type_hints(type(config))
-    for field in dataclasses.fields(config):  # type: ignore[arg-type]
-        if field.name in skip:
-            continue
-        value, expected = getattr(config, field.name), hints[field.name]
-        if not _is_instance(value, expected):
-            raise invalid(argument(field.metadata.get("key") or field.name), _type_words(expected),
-                          value)  # fmt: skip
-
-
 def check_batch_size(batch_size: int, replicas: int) -> None:
     """Raises `UsageError` unless the global batch splits evenly over `replicas`."""
     check(batch_size % replicas == 0, "--batch-size", f"a multiple of the {replicas} replicas",
           batch_size)  # fmt: skip
-
-
-def _is_instance(value: object, expected: typing.Any) -> bool:
-    """`isinstance` for the field types used here (bool is no int; an int is a float)."""
-    if isinstance(expected, types.UnionType):
-        return any(_is_instance(value, arm) for arm in typing.get_args(expected))
-    if expected is type(None):
-        return value is None
-    if expected is bool:
-        return isinstance(value, bool)
-    if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if expected is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, expected)
-
-
-def _type_words(expected: typing.Any) -> str:
-    words = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-    if isinstance(expected, types.UnionType):
-        arms = typing.get_args(expected)
-        said = " or ".join(words[a] for a in arms if a is not type(None))
-        return said + " (or null)" if type(None) in arms else said
-    return words[expected]

@@ -21,16 +21,9 @@ import yaml
 from apputil.cli import OneLineParser
 from apputil.errors import shown
 from training.backends.backend import STRATEGIES
-from training.config import (
-    DTYPE_POLICIES,
-    GROUPS,
-    MODEL_NAMES,
-    flag,
-    key_of,
-    option_fields,
-    option_types,
-)
+from training.config import DTYPE_POLICIES, GROUPS, MODEL_NAMES, option_fields, option_types
 from training.errors import ConfigFileError
+from training.sections import flag, key_of
 from training.tasks.catalog import MNIST_DATASETS, TASK_NAMES
 from training.tasks.optimizers import OPTIMIZERS
 

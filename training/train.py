@@ -23,8 +23,9 @@ from __future__ import annotations
 from apputil import cli, quiet, signals
 from training import options
 from training.backends.cluster import Cluster
-from training.config import LaunchConfig, RunConfig, flag
+from training.config import LaunchConfig, RunConfig
 from training.errors import EXPECTED, RunStopped
+from training.sections import flag
 
 
 def build_parser() -> cli.OneLineParser:

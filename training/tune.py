@@ -26,9 +26,10 @@ from apputil import cli, quiet, signals
 from apputil.cli import OneLineParser
 from apputil.errors import check, invalid
 from training import options
-from training.config import LaunchConfig, RunConfig, check_types, flag, identity_fields
+from training.config import LaunchConfig, RunConfig, identity_fields
 from training.errors import EXPECTED, SearchInterrupted
 from training.search.space import PAPER_GRID, SearchSpace, flag_name
+from training.sections import check_types, flag
 
 TUNERS = ("random", "bayesian", "hyperband", "grid")
 

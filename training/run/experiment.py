@@ -33,7 +33,7 @@ from apputil.errors import UsageError, check
 from apputil.files import FolderLock, atomic_path, write_atomically
 from training.backends import select
 from training.backends.backend import Backend
-from training.config import RunConfig, flag, identity_fields
+from training.config import RunConfig, identity_fields
 from training.errors import RunLockedError
 from training.run import loop, schedules
 from training.run.callbacks import BestWeights, Checkpoints, Diagnostics, LearningCurve
@@ -41,6 +41,7 @@ from training.run.identity import check_unchanged
 from training.run.loop import Callback, Run
 from training.run.rundir import RunDir
 from training.run.summaries import ScalarWriter
+from training.sections import flag
 from training.tasks import catalog
 from training.tasks.models import build_model
 from training.tasks.optimizers import make_optimizer

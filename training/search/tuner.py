@@ -20,12 +20,13 @@ from apputil import signals
 from apputil.files import write_atomically
 from training.backends import select
 from training.backends.backend import Backend
-from training.config import RunConfig, check_batch_size, flag
+from training.config import RunConfig, check_batch_size
 from training.errors import Interrupted, SearchError, SearchInterrupted
 from training.run.experiment import train_and_evaluate
 from training.run.identity import check_unchanged
 from training.search.hypermodels import RNNHyperModel, trial_config
 from training.search.space import MODEL_HYPERPARAMETERS, OBJECTIVE, flag_name
+from training.sections import flag
 from training.tasks import catalog
 
 
