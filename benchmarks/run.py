@@ -9,7 +9,8 @@ and as multiples of the floor, the compiled time of `T` chained
 `tanh(h @ W)` products. Sections: training steps at several shapes;
 `jit_compile` True against False; the fused layers with the input projection
 hoisted out of the loop or not (wide inputs); inference in process and through
-the SavedModel; peak memory, in a fresh subprocess per layer (peak RSS
+the SavedModel (the fused layers also on Keras' own loop, the anchor of their
+inference loop); peak memory, in a fresh subprocess per layer (peak RSS
 growth over one training step); `training.train` end to end; the training
 step under each dtype policy (`mixed_bfloat16`, `mixed_float16`) beside
 float32; the JAX backend in a subprocess. Writes `results.json` and `results.md` in `--output`
@@ -56,6 +57,8 @@ LAYERS = (
     "GRU",
     "LSTM",
 )
+
+FUSED_LAYERS = ("AntisymmetricRNN", "GatedAntisymmetricRNN")
 
 FULL = {
     "train_shapes": [
@@ -258,6 +261,11 @@ def bench_inference(config, layers=LAYERS):
                 model = make_model(name, steps, features, units)
                 forward = tf.function(lambda v, m=model: m(v, training=False))
                 calls[name] = lambda f=forward, x=x: f(x).numpy()
+                if name in FUSED_LAYERS:
+                    # Keras' own loop (the training path; no dropout here): the anchor of
+                    # the inference loop that LiteRT converts to builtin ops.
+                    anchor = tf.function(lambda v, m=model: m(v, training=True))
+                    calls[f"{name}|keras_loop"] = lambda f=anchor, x=x: f(x).numpy()
                 path = os.path.join(tmp, f"{name}-{batch}".replace("(", "_").replace(")", "_"))
                 model.export(path, format="tf_saved_model", verbose=False)
                 loaded = tf.saved_model.load(path)
@@ -468,6 +476,12 @@ def ratios(results):
     hoist = results.get("hoist")
     if hoist:
         out.update(hoist_ratios(hoist))
+    for entry in results.get("inference", []):
+        t = {k: v["median"] for k, v in entry["times"].items()}
+        for name in FUSED_LAYERS:
+            if f"{name}|keras_loop" in t:
+                key = f"{name} inference B{entry['batch']} T{entry['steps']}: own loop/Keras' loop"
+                out[key] = t[name] / t[f"{name}|keras_loop"]
     precision = results.get("precision")
     if precision:
         out.update(precision_ratios(precision))
@@ -522,11 +536,15 @@ def markdown(results):
     if results.get("precision"):
         lines += precision_markdown(results["precision"])
     for entry in results.get("inference", []):
-        header = [f"inference B{entry['batch']} T{entry['steps']} (s)", "in process", "SavedModel"]
+        header = [f"inference B{entry['batch']} T{entry['steps']} (s)", "in process", "SavedModel",
+                  "Keras' loop"]  # fmt: skip
         t = entry["times"]
+        anchor = {n: t.get(f"{n}|keras_loop", {}).get("median") for n in LAYERS}
         rows = [
-            (n, f"{t[n]['median']:.4f}", f"{t[f'{n}|saved_model']['median']:.4f}") for n in LAYERS
-        ]
+            (n, f"{t[n]['median']:.4f}", f"{t[f'{n}|saved_model']['median']:.4f}",
+             "" if anchor[n] is None else f"{anchor[n]:.4f}")
+            for n in LAYERS
+        ]  # fmt: skip
         lines += ["", *table(header, rows)]
     if results.get("memory"):
         memory = results["memory"]

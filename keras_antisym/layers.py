@@ -8,7 +8,7 @@ from typing import Any, Final, Literal
 import keras
 from keras import ops
 
-from keras_antisym import kernels
+from keras_antisym import _tf_loop, kernels
 from keras_antisym._fast_path import (
     Weights,
     fold_bias,
@@ -260,17 +260,30 @@ class AntisymmetricRNN(keras.layers.RNN):
         chunk = steps_per_iteration(sequences, mask, self.unroll)
         sequences, go_backwards = group_steps(sequences, chunk, self.go_backwards)
         step = self._step_function(operand, weights, recurrent_mask, hoist, chunk, width)
-        last_output, outputs, states = rnn_loop(
-            step,
-            sequences,
-            [h0],
-            go_backwards=go_backwards,
-            mask=mask,
-            unroll=self.unroll,
-            input_length=sequences.shape[1],
-            zero_output_for_mask=self.zero_output_for_mask,
-            return_all_outputs=self.return_sequences,
-        )
+        if not training and not self.unroll and keras.backend.backend() == "tensorflow":
+            # A loop LiteRT converts to builtin ops for any batch (Keras' own export).
+            last_output, outputs, states = _tf_loop.rnn_loop(
+                step,
+                sequences,
+                [h0],
+                chunk * cell.units,
+                go_backwards=go_backwards,
+                mask=mask,
+                zero_output_for_mask=self.zero_output_for_mask,
+                return_all_outputs=self.return_sequences,
+            )
+        else:
+            last_output, outputs, states = rnn_loop(
+                step,
+                sequences,
+                [h0],
+                go_backwards=go_backwards,
+                mask=mask,
+                unroll=self.unroll,
+                input_length=sequences.shape[1],
+                zero_output_for_mask=self.zero_output_for_mask,
+                return_all_outputs=self.return_sequences,
+            )
         if chunk > 1:
             last_output = states[0]
             if self.return_sequences:

@@ -90,10 +90,11 @@ def inputs(batch=3, steps=12, features=4, seed=1):
     return np.random.RandomState(seed).standard_normal((batch, steps, features)).astype("float32")
 
 
-def check_against_reference(kind, gated, x, go_backwards, unroll, mask=None):
+def check_against_reference(kind, gated, x, go_backwards, unroll, mask=None, training=False):
     """Outputs and last state of `kind` (a random-weight layer) equal the NumPy reference.
 
-    Inputs of at least 8 features take the fused layers' hoisted path.
+    Inputs of at least 8 features take the fused layers' hoisted path; on TensorFlow
+    `training` picks the fused layers' loop (Keras' in training, else a LiteRT-friendly one).
     """
     from benchmarks import reference
 
@@ -111,7 +112,7 @@ def check_against_reference(kind, gated, x, go_backwards, unroll, mask=None):
     )
     layer(x)
     weights = random_weights(layer)
-    outputs, state = layer(x, mask=mask)
+    outputs, state = layer(x, mask=mask, training=training)
     expected, expected_state = reference.run(
         weights, x, units=6, gated=gated, mask=mask, go_backwards=go_backwards, **args
     )

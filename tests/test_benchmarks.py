@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import LAYERS, QUICK, hoist_models, random_batch
+from benchmarks.run import FUSED_LAYERS, LAYERS, QUICK, hoist_models, random_batch
 from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +40,8 @@ def test_benchmark_runs_on_tiny_shapes(tmp_path):
             assert timing["repeats"] >= 2
         assert entry["floor"]["median"] > 0
     assert {f"{name}|saved_model" for name in layers} <= set(results["inference"][0]["times"])
+    assert {f"{name}|keras_loop" for name in FUSED_LAYERS} <= set(results["inference"][0]["times"])
+    assert "AntisymmetricRNN inference B1 T20: own loop/Keras' loop" in results["ratios"]
     assert set(results["memory"]["layers"]) == layers
     assert set(results["backends"]["jax"]["training"][0]["times"]) == layers
     assert results["end_to_end"]["train_examples_per_second"] > 0

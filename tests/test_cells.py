@@ -48,6 +48,17 @@ def test_matches_numpy_reference(kind, gated, go_backwards, unroll, features, ma
     check_against_reference(kind, gated, inputs(features=features), go_backwards, unroll, mask)
 
 
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_fused_training_loop_matches_the_numpy_reference_too(gated, go_backwards, masked):
+    """In training (no dropout here) the fused layers run Keras' loop on every backend;
+    outside it, on TensorFlow, their own (the test above): both are the equations."""
+    mask = _ragged_mask() if masked else None
+    x = inputs(features=3)
+    check_against_reference("fused", gated, x, go_backwards, False, mask, training=True)
+
+
 @pytest.mark.parametrize("kind", LAYER_KINDS)
 def test_masking_layer_and_last_output(kind):
     x = inputs()

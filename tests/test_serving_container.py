@@ -228,6 +228,8 @@ def test_clients_send_the_exported_signature_and_input_names():
     np.testing.assert_allclose(answer["logits"].numpy(), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(stacked["logits"].numpy(), expected, rtol=1e-5, atol=1e-5)
     # The documented columnar bodies name the same input; the row bodies send T steps.
-    docs = (ROOT / "docs" / "serving.md").read_text() + (ROOT / "README.md").read_text()
+    pages = ("serving.md", "streaming.md", "export.md", "devices.md")
+    docs = "".join((ROOT / "docs" / page).read_text() for page in pages)
+    docs += (ROOT / "README.md").read_text()
     assert set(re.findall(r'"inputs": \{"(\w+)"', docs)) == {input_name}
     assert f"[[[0.5]] * {STEPS}]" in docs

@@ -264,7 +264,7 @@ def test_keras_own_onnx_export_of_these_layers_runs_in_onnx_runtime(layer, tmp_p
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
-# Quantization: documented bounds (docs/serving.md) on a small fixed set.
+# Quantization: documented bounds (docs/devices.md) on a small fixed set.
 
 
 @pytest.fixture(scope="module")

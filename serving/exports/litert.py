@@ -18,7 +18,7 @@ more as int8 (LiteRT's dynamic-range quantization) and keeps activations and
 the recurrent state in float32. Full-integer int8 is not offered: LiteRT's
 converter quantizes the loop-carried state and the Euler update `h + ε·f`
 inside `WHILE` to int8 as well, whose spacing is coarser than a step's
-increment (docs/serving.md has the measurement).
+increment (docs/devices.md has the measurement).
 
 Only the export imports this module; it imports TensorFlow when called.
 """
