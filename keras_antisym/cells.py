@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_antisym import _equations as equations
+from keras_antisym._docstrings import arguments_from
 from keras_antisym._equations import upper_triangle_indices
 from keras_antisym._keras_private import SequenceConstantsCell, accelerator_available
 from keras_antisym._typing import Activation, DType, KerasObject, Shape, Tensor
@@ -409,6 +410,7 @@ class AntisymmetricCell(keras.layers.Layer, SequenceConstantsCell):
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
+@arguments_from(AntisymmetricCell)
 class GatedAntisymmetricCell(AntisymmetricCell):
     """Cell of the AntisymmetricRNN with an input gate (Chang et al., eq. 10).
 
@@ -425,9 +427,6 @@ class GatedAntisymmetricCell(AntisymmetricCell):
     Args:
         recurrent_activation: Activation of the gate `z` (sigmoid in the
             paper).
-
-    Every other argument is as in `AntisymmetricCell`, in the same order
-    (`recurrent_activation` follows `activation`).
 
     Call arguments:
         - `sequence`: A 2D tensor of shape `(batch, input_dim)`, one time step.

@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_antisym import _tf_loop, kernels
+from keras_antisym._docstrings import arguments_from
 from keras_antisym._fast_path import (
     Weights,
     fold_bias,
@@ -27,6 +28,7 @@ def _cell_property(name: str) -> Any:
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
+@arguments_from(AntisymmetricCell)
 class AntisymmetricRNN(keras.layers.RNN):
     """Fused AntisymmetricRNN layer (Chang et al., ICLR 2019, eq. 9).
 
@@ -73,11 +75,6 @@ class AntisymmetricRNN(keras.layers.RNN):
             `kernels.INTERPRET` allows: for tests). `False` never uses it.
             The kernel's product precision is `kernels.PRECISION`
             (`"tf32x3"`: float32's accuracy on tensor cores).
-
-    The other arguments (`epsilon`, `gamma`, `activation`, `use_bias`, the
-    initializers, regularizers and constraints, `dropout`,
-    `recurrent_dropout`, `seed`, `antisymmetric`) are as in
-    `AntisymmetricCell`, in that order after `units`.
 
     The cell's arguments and `hoist_inputs` are also read-only properties
     of the layer, as in `keras.layers.GRU`.
@@ -412,6 +409,7 @@ class AntisymmetricRNN(keras.layers.RNN):
 
 
 @keras.saving.register_keras_serializable(package="keras_antisym")
+@arguments_from(AntisymmetricRNN, GatedAntisymmetricCell)
 class GatedAntisymmetricRNN(AntisymmetricRNN):
     """Fused AntisymmetricRNN with an input gate (Chang et al., eq. 10).
 
@@ -423,9 +421,6 @@ class GatedAntisymmetricRNN(AntisymmetricRNN):
 
     Args:
         recurrent_activation: Activation of the gate `z` (sigmoid).
-
-    Every other argument is as in `AntisymmetricRNN`, in the same order
-    (`recurrent_activation` follows `activation`).
 
     Examples:
         >>> import numpy as np, keras

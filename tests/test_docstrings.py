@@ -16,6 +16,47 @@ MODULES = [
 ]
 
 
+def test_each_cell_and_layer_documents_every_argument_in_its_signature_order():
+    """Shared arguments read as in the class that describes them first (the cell's, then the
+    fused layer's own), so a description is written once."""
+    from keras_antisym import (
+        AntisymmetricCell,
+        AntisymmetricRNN,
+        GatedAntisymmetricCell,
+        GatedAntisymmetricRNN,
+    )
+    from keras_antisym._docstrings import argument_docs, parameters
+
+    cell, layer = argument_docs(AntisymmetricCell), argument_docs(AntisymmetricRNN)
+    for cls in (AntisymmetricCell, GatedAntisymmetricCell, AntisymmetricRNN, GatedAntisymmetricRNN):
+        docs = argument_docs(cls)
+        assert list(docs) == parameters(cls), cls.__name__
+        for name in ("epsilon", "gamma", "recurrent_initializer", "recurrent_dropout"):
+            assert docs[name] == cell[name], (cls.__name__, name)
+    gated_layer = argument_docs(GatedAntisymmetricRNN)
+    assert gated_layer["fused_kernel"] == layer["fused_kernel"]
+    assert "fused_kernel" in layer and "fused_kernel" not in cell
+    assert gated_layer["recurrent_activation"][0].startswith("    recurrent_activation: Activation")
+
+
+def test_an_argument_no_docstring_describes_is_named():
+    from keras_antisym import AntisymmetricCell
+    from keras_antisym._docstrings import arguments_from
+
+    class Cell(AntisymmetricCell):
+        """A cell.
+
+        Args:
+            units: The state's size.
+        """
+
+        def __init__(self, units, warp=1.0, **kwargs):
+            super().__init__(units, **kwargs)
+
+    with pytest.raises(ValueError, match="Cell: argument `warp` has no description"):
+        arguments_from(AntisymmetricCell)(Cell)
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     module = importlib.import_module(name)
@@ -48,6 +89,17 @@ def test_the_built_reference_shows_examples_as_code_and_call_arguments_as_lists(
     sections = re.findall(r'<details class="call-arguments".*?</details>', page, re.S)
     assert len(sections) >= 3  # the layer and the two cells
     assert all("<ul>" in section and "<li><code>" in section for section in sections)
+    # Every argument of each cell and layer is listed in its own entry.
+    import keras_antisym
+    from keras_antisym._docstrings import parameters
+
+    for name in ("AntisymmetricRNN", "GatedAntisymmetricRNN", "AntisymmetricCell",
+                 "GatedAntisymmetricCell"):  # fmt: skip
+        entry = page.split(f'<h2 id="keras_antisym.{name}"', 1)[1].split("<h2 id=", 1)[0]
+        listed = entry.split("Call arguments", 1)[0]
+        missing = [arg for arg in parameters(getattr(keras_antisym, name))
+                   if f"<code>{arg}</code>" not in listed]  # fmt: skip
+        assert not missing, (name, missing)
 
 
 def test_the_built_site_needs_nothing_from_the_network_and_highlights_every_guide(tmp_path):
