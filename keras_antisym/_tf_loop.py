@@ -1,18 +1,22 @@
 """The fused layers' time loop on TensorFlow outside training, in ops LiteRT has builtins for.
 
 Keras' TensorFlow loop (`rnn_loop`, `keras_antisym/_keras_private.py`, assumption 1)
-collects the outputs in a `TensorArray` reserved with the element shape
-`(batch, units)`. In an exported signature the batch is unknown, and LiteRT's
-converter lowers a tensor list to builtin ops only when that shape is static:
+reserves its list of step outputs with the element shape `(None, units)`: in an
+exported signature the batch is unknown, LiteRT's converter lowers a tensor list
+to builtin ops only when it knows the element shape, and
 `model.export(path, format="litert")` then needs the Flex delegate
-(`FlexTensorListReserve`). This loop's list is unstacked from a zero tensor
-`(T, batch, units)` made at run time (the converter lowers that to a buffer it
-slices and concatenates) and reads step `t`'s inputs with a gather, so the
-whole loop is builtin `WHILE`, `GATHER`, `CONCATENATION` and the step's own ops,
-for any batch and any length. The arithmetic is the layer's step function; the
-semantics are `rnn_loop`'s (mask, `go_backwards`, `zero_output_for_mask`,
-`return_all_outputs`), and it stays differentiable (gradients of an inference
-call, as `keras_antisym.diagnostics` takes them).
+(`FlexTensorListReserve`). This loop reserves its list with the call's batch, read
+at run time (`tf.shape`), which the converter lowers (to a buffer it slices and
+concatenates), and reads step `t`'s inputs with a gather: the whole loop is
+builtin `WHILE`, `GATHER`, `SLICE`, `CONCATENATION` and the step's own ops, for any
+batch and any length. tf2onnx still maps the list to the ONNX `Loop`'s scan output.
+Without `return_all_outputs` no list is kept. The arithmetic is the layer's step
+function; the semantics are `rnn_loop`'s (mask, `go_backwards`,
+`zero_output_for_mask`, `return_all_outputs`), and it stays differentiable
+(gradients of an inference call, as `keras_antisym.diagnostics` takes them).
+
+The raw list ops (`tf.raw_ops.TensorList*`) because `tf.TensorArray` takes its
+element shape as a static `TensorShape` only.
 
 TensorFlow only, imported when the layer runs on it; training keeps Keras' loop.
 """
