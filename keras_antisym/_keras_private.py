@@ -19,6 +19,8 @@ Assumptions:
    the previous output (or zeros). The public `keras.ops.scan` is 20% slower
    per training step on TensorFlow (it routes the carry through a
    TensorArray). Fallback: `public_rnn_loop`, those semantics on `ops.scan`.
+   (On TensorFlow outside training the fused layers run `keras_antisym._tf_loop`,
+   the same semantics in ops LiteRT has builtins for.)
 2. `keras.src.layers.rnn.dropout_rnn_cell.DropoutRNNCell` is the mixin that
    makes `keras.layers.RNN` treat a cell as a dropout cell: `RNN.call` calls
    `get_dropout_mask(sequences[:, 0])` and
