@@ -76,7 +76,8 @@ else
     STORE=dev/mutation-verdicts.json
     modules=("$@")
     if [ ${#modules[@]} -eq 0 ]; then
-        modules=(cells layers stability diagnostics initializers _validation _keras_private)
+        modules=(cells layers stability diagnostics initializers _validation _keras_private
+                 _tf_loop _docstrings)
     fi
     for i in "${!modules[@]}"; do
         module="${modules[$i]%.py}"
