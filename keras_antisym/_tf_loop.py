@@ -67,12 +67,13 @@ def rnn_loop(
         mask = tf.cast(mask, tf.bool)
     states = tuple(tf.convert_to_tensor(state) for state in initial_states)
     dtype = states[0].dtype
-    previous = tf.zeros(tf.stack([batch, output_size]), dtype)
+    shape = tf.stack([batch, output_size])
+    zeros = tf.zeros(shape, dtype)  # made once: the first "previous" output and the masked one
     # Every step's output in a list reserved for the run's batch (the last output only is
     # carried anyway).
     kept = () if not return_all_outputs else (
         tf.raw_ops.TensorListReserve(
-            element_shape=tf.stack([batch, output_size]), num_elements=steps, element_dtype=dtype
+            element_shape=shape, num_elements=steps, element_dtype=dtype
         ),
     )  # fmt: skip
 
@@ -81,7 +82,7 @@ def rnn_loop(
         new_states = list(new_states)
         if mask is not None:
             on = tf.gather(mask, t, axis=1)[:, None]
-            held = tf.zeros_like(output) if zero_output_for_mask else previous
+            held = zeros if zero_output_for_mask else previous
             output = tf.where(on, output, held)
             pairs = zip(new_states, states, strict=True)
             new_states = [tf.where(on, new, old) for new, old in pairs]
@@ -94,7 +95,7 @@ def rnn_loop(
         lambda t, *_: t < steps,
         body,
         # No `maximum_iterations`: tf2onnx would type the ONNX loop's count apart.
-        (tf.constant(0), previous, kept, *states),
+        (tf.constant(0), zeros, kept, *states),
     )
     if not return_all_outputs:
         return last_output, last_output[:, None], list(new_states)
