@@ -2,10 +2,10 @@
 
 A `RunConfig` is four frozen sections, one per option group: `task`
 (`TaskConfig`), `model` (`ModelConfig`), `optimizer` (`OptimizerConfig`, with the
-learning-rate schedule as its nested part `ScheduleConfig`) and `loop` (`LoopConfig`: steps, periods,
-evaluation). How the processes and devices are set up (`LaunchConfig`: the
-strategy, the JAX coordinator, the CPU split) is not part of a run: the
-commands read it to make the backend a run trains on.
+learning-rate schedule as its nested part `ScheduleConfig`) and `loop`
+(`LoopConfig`: steps, periods, evaluation). How the processes and devices are set up
+(`LaunchConfig`: the strategy, the JAX coordinator, the CPU split) is not part of a run:
+the commands read it to make the backend a run trains on.
 
 Every field (`training.sections.option`) carries its command-line help, its option
 group, its flat key (`sigma_w`; the flag is `--sigma-w`) and whether a resumed run
