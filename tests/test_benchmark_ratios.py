@@ -172,6 +172,26 @@ def test_run_markdown_puts_the_sections_in_order():
     assert "| B8 T20 m1 | 0.1000 | 0.2000 |" in text
 
 
+def test_inference_table_has_the_keras_loop_column_only_where_it_was_measured():
+    times = {}
+    for index, name in enumerate(LAYERS):
+        times[name] = _timing(0.001 * (index + 1))
+        times[f"{name}|saved_model"] = _timing(0.01 * (index + 1))
+    without = {"environment": {}, "training": [], "ratios": {},
+               "inference": [{"batch": 1, "steps": 20, "times": dict(times)}]}  # fmt: skip
+    text = run.markdown(without)
+    assert "| inference B1 T20 (s) | in process | SavedModel |\n" in text
+    assert "| AntisymmetricRNN | 0.0010 | 0.0100 |\n" in text
+    times["AntisymmetricRNN|keras_loop"] = _timing(0.003)
+    times["GatedAntisymmetricRNN|keras_loop"] = _timing(0.004)
+    anchored = dict(without, inference=[{"batch": 1, "steps": 20, "times": times}])
+    text = run.markdown(anchored)
+    assert "| inference B1 T20 (s) | in process | SavedModel | Keras' loop |\n" in text
+    assert "| AntisymmetricRNN | 0.0010 | 0.0100 | 0.0030 |\n" in text
+    assert "| GatedAntisymmetricRNN | 0.0020 | 0.0200 | 0.0040 |\n" in text
+    assert "| GRU | 0.0050 | 0.0500 |  |\n" in text  # no loop of its own to compare
+
+
 def _kernel_results():
     def entry(shape, fused_ungated, fused_gated):
         return {
