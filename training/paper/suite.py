@@ -85,6 +85,14 @@ PAPER_STEPS = 50000  # the paper's training length on MNIST (its appendix)
 MNIST_CHOICES = {("pixel_mnist", "gated"): (("gamma", 0.01),)}
 
 
+def _mnist_protocol(seed, *choices):
+    """The overrides of a Table 1 run: MNIST, its seed, the validation split that selects
+    its weights (`--keep-best`), then `choices` (`(key, value)` pairs)."""
+    return (("dataset", "mnist"), ("seed", seed),
+            ("validation_fraction", MNIST_VALIDATION_FRACTION), ("keep_best", True),
+            *choices)  # fmt: skip
+
+
 def _mnist_rows():
     rows = []
     for task, paper in (
@@ -102,13 +110,7 @@ def _mnist_rows():
                         steps=MNIST_STEPS,
                         paper=number,
                         data="mnist",
-                        overrides=(
-                            ("dataset", "mnist"),
-                            ("seed", seed),
-                            ("validation_fraction", MNIST_VALIDATION_FRACTION),
-                            ("keep_best", True),
-                            *MNIST_CHOICES.get((task, model), ()),
-                        ),
+                        overrides=_mnist_protocol(seed, *MNIST_CHOICES.get((task, model), ())),
                     )
                 )
         fashion = task.replace("mnist", "fashion_mnist")
@@ -199,21 +201,18 @@ def _sensitivity_rows():
         # the config's γ = 0.1 are the evidence behind that choice.
         *(Run(f"pixel_mnist_gated_gamma0.1_seed{seed}", "pixel_mnist (mnist)",
               "pixel_mnist_gated.yaml", MNIST_STEPS, None, "mnist",
-              (("dataset", "mnist"), ("seed", seed),
-               ("validation_fraction", MNIST_VALIDATION_FRACTION), ("keep_best", True)))
+              _mnist_protocol(seed))
           for seed in MNIST_SEEDS),
         # The gated permuted row's neighbour on MNIST's own validation split, as the pixel
         # row's (`MNIST_CHOICES`): the config's γ = 0.1 is a Fashion-MNIST choice.
         Run("permuted_mnist_gated_gamma0.01_seed0", "permuted_mnist (mnist)",
             "permuted_mnist_gated.yaml", MNIST_STEPS, None, "mnist",
-            (("dataset", "mnist"), ("seed", 0), ("gamma", 0.01),
-             ("validation_fraction", MNIST_VALIDATION_FRACTION), ("keep_best", True))),
+            _mnist_protocol(0, ("gamma", 0.01))),
         # The paper's budget, 50,000 iterations, for the ungated pixel row: its 10,000-step
         # seeds were still climbing (validation +0.5% over their last 1,500 steps).
         Run("pixel_mnist_antisymmetric_steps50000_seed0", "pixel_mnist (mnist)",
             "pixel_mnist_antisymmetric.yaml", PAPER_STEPS, None, "mnist",
-            (("dataset", "mnist"), ("seed", 0),
-             ("validation_fraction", MNIST_VALIDATION_FRACTION), ("keep_best", True))),
+            _mnist_protocol(0)),
     ]  # fmt: skip
 
 
