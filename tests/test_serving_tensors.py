@@ -44,6 +44,7 @@ def test_tensors_in_typed_value_fields_are_read_as_tensorflow_reads_them(dtype, 
         raw = expected.view(np.uint16) if dtype == tf.float16 else expected
         getattr(proto, field).extend(raw.tolist())
     array = tensors.to_array(proto)
+    assert array.dtype == dtype.as_numpy_dtype  # not NumPy's default for the field's numbers
     np.testing.assert_array_equal(array, np.array(values, dtype.as_numpy_dtype).reshape(2, 2))
     np.testing.assert_array_equal(array, tf.make_ndarray(proto))
     spec = tf.TensorSpec([None, 2], dtype)
@@ -75,3 +76,64 @@ def test_an_input_of_an_unknown_dtype_number_is_named():
     proto.dtype = 7  # DT_STRING
     with pytest.raises(RequestError, match="Input 'x' expects dtype DT_FLOAT, got DataType 7"):
         tensors.input_array(proto, tf.TensorSpec([None, 2], tf.float32), "x", Budget(10))
+
+
+def _refusal(proto, spec, name="x"):
+    with pytest.raises(RequestError) as refused:
+        tensors.input_array(proto, spec, name, Budget(100))
+    assert refused.value.code == "INVALID_ARGUMENT"
+    return refused.value.message
+
+
+def test_a_dtype_outside_the_table_is_named_as_tensorflow_names_it():
+    proto = tensors.to_tensor_proto(np.zeros((1, 2), "float32"))
+    assert _refusal(proto, tf.TensorSpec([None, 2], tf.bool)) == (
+        "Input 'x' expects dtype bool, got DT_FLOAT"
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype_number"),
+    [(tf.TensorSpec([None, 2], tf.bool), 10),  # DT_BOOL: sent as asked, still not taken
+     (tf.TensorSpec(None, tf.float32), 1)],  # any rank: no shape to check it against
+)  # fmt: skip
+def test_a_spec_without_a_table_dtype_or_a_rank_is_refused_as_over_rest(spec, dtype_number):
+    proto = tensors.to_tensor_proto(np.zeros((1, 2), "float32"))
+    proto.dtype = dtype_number
+    assert _refusal(proto, spec) == f"Input 'x' has an unsupported dtype or unknown rank: {spec}"
+
+
+@pytest.mark.parametrize(
+    ("shape", "spec_shape"),
+    [((2, 3), [None, 2]),  # the rank fits, a size does not
+     ((2, 2, 1), [None, 2]),  # one dimension too many
+     ((4,), [None, 2])],  # one too few
+)  # fmt: skip
+def test_a_shape_that_does_not_fit_the_spec_is_refused_naming_both(shape, spec_shape):
+    proto = tensors.to_tensor_proto(np.zeros(shape, "float32"))
+    assert _refusal(proto, tf.TensorSpec(spec_shape, tf.float32)) == (
+        f"Input 'x' expects shape [-1, 2], got {list(shape)}"
+    )
+
+
+def test_a_tensor_of_unknown_rank_is_refused_naming_it():
+    proto = tensors.to_tensor_proto(np.zeros((1, 2), "float32"))
+    proto.tensor_shape.unknown_rank = True
+    assert _refusal(proto, tf.TensorSpec([None, 2], tf.float32), "seq") == (
+        "Input 'seq' has an unknown rank"
+    )
+    with pytest.raises(RequestError, match=r"^Input 'out' has an unknown rank$"):
+        tensors.to_array(proto, "out")
+
+
+def test_values_that_do_not_fill_the_shape_are_counted_in_the_refusal():
+    content = tensors.to_tensor_proto(np.zeros((2, 2), "float32"))
+    content.tensor_content = content.tensor_content[:12]
+    spec = tf.TensorSpec([None, 2], tf.float32)
+    assert _refusal(content, spec) == (
+        "Input 'x' has 12 bytes of tensor_content; shape [2, 2] of float32 takes 16"
+    )
+    typed = tf.make_tensor_proto([1.0, 2.0, 3.0, 4.0], dtype=tf.float32, shape=[2, 2])
+    typed.ClearField("tensor_content")
+    typed.float_val[:] = [1.0, 2.0, 3.0]
+    assert _refusal(typed, spec) == "Input 'x' has 3 values in float_val; shape [2, 2] takes 4"

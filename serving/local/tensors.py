@@ -111,10 +111,11 @@ def input_array(proto: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> n
         raise bad_request(
             f"Input '{name}' expects dtype {_NAMES.get(wanted, spec.dtype.name)}, got {got}"
         )
-    if wanted not in _DTYPES:
-        raise bad_request(f"Input '{name}' has an unsupported dtype: {spec}")
+    if wanted not in _DTYPES or spec.shape.rank is None:
+        # As the REST API words it: the shape message below needs the spec's rank.
+        raise bad_request(f"Input '{name}' has an unsupported dtype or unknown rank: {spec}")
     shape = _shape(proto, name)
-    if spec.shape.rank is None or len(shape) != spec.shape.rank or any(
+    if len(shape) != spec.shape.rank or any(
         want is not None and want != got for want, got in zip(spec.shape, shape, strict=True)
     ):  # fmt: skip
         raise bad_request(f"Input '{name}' expects shape {shape_text(spec.shape)}, got {shape}")
