@@ -137,3 +137,28 @@ def test_values_that_do_not_fill_the_shape_are_counted_in_the_refusal():
     typed.ClearField("tensor_content")
     typed.float_val[:] = [1.0, 2.0, 3.0]
     assert _refusal(typed, spec) == "Input 'x' has 3 values in float_val; shape [2, 2] takes 4"
+
+
+def test_an_empty_dimension_is_refused_and_a_dimension_of_one_is_taken():
+    spec = tf.TensorSpec([None, None, 1], tf.float32)
+    one = tensors.input_array(tensors.to_tensor_proto(np.ones((1, 1, 1), "float32")), spec, "x",
+                              Budget(1))  # fmt: skip
+    np.testing.assert_array_equal(one, np.ones((1, 1, 1), "float32"))
+    for shape in ((0, 3, 1), (2, 0, 1)):
+        assert _refusal(tensors.to_tensor_proto(np.zeros(shape, "float32")), spec) == (
+            "Input 'x' has an empty dimension (empty batch or sequence)"
+        )
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_float_that_is_not_finite_is_refused_as_over_rest(bad):
+    array = np.array([[0.5, bad]], "float32")
+    assert _refusal(tensors.to_tensor_proto(array), tf.TensorSpec([None, 2], tf.float32)) == (
+        "Input 'x' contains NaN or Infinity"
+    )
+    # Integers are always finite: the largest int64 is a number like any other.
+    big = np.array([[np.iinfo("int64").max, 0]], "int64")
+    spec = tf.TensorSpec([None, 2], tf.int64)
+    np.testing.assert_array_equal(
+        tensors.input_array(tensors.to_tensor_proto(big), spec, "x", Budget(2)), big
+    )
