@@ -191,3 +191,21 @@ def test_a_python_caller_reads_its_keys_and_the_command_line_its_flags():
         "Received an invalid value for argument `--lr-boundaries`, expected increasing step "
         "numbers after --warmup-steps (4), comma-separated (e.g. 3000,5000), got '3'."
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [("lr_floor", "0.1", "a number"), ("lr_schedule", 3, "a string"),
+     ("lr_decay_steps", 2.5, "an integer (or null)"), ("model", True, "a string"),
+     ("jit_compile", "false", "a boolean")],
+)  # fmt: skip
+def test_a_wrong_type_is_named_by_its_flat_key_also_inside_a_nested_section(key, value, expected):
+    """A field whose key is not its name (`lr_floor` is the schedule's `floor`, nested in the
+    optimizer's section) is named by its key, by the caller's `argument`, at every depth."""
+    config = RunConfig.of(**{key: value})
+    with pytest.raises(UsageError) as refused:
+        config.validate(flag)
+    assert f"argument `{flag(key)}`, expected {expected}, got " in str(refused.value)
+    with pytest.raises(UsageError) as refused:
+        config.validate()
+    assert f"argument `{key}`, expected {expected}, got " in str(refused.value)
