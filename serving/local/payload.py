@@ -177,7 +177,7 @@ def as_input_array(value: Any, spec: tf.TensorSpec, name: str, budget: Budget) -
         budget: The `Budget` of this request's input numbers (this input is counted).
     """
     if spec.dtype.name not in _NUMPY_DTYPES or spec.shape.rank is None:
-        raise bad_request(f"Input '{name}' has an unsupported dtype or unknown rank: {spec}")
+        raise unsupported_spec(spec, name)
     shape = _leading_shape(value, spec.shape.rank, name)
     if any(want is not None and want != got for want, got in zip(spec.shape, shape, strict=True)):
         raise bad_request(f"Input '{name}' expects shape {shape_text(spec.shape)}, got {shape}")
@@ -199,6 +199,12 @@ def as_input_array(value: Any, spec: tf.TensorSpec, name: str, budget: Budget) -
             f"Input '{name}' contains NaN, Infinity or values out of {spec.dtype.name} range"
         )
     return cast
+
+
+def unsupported_spec(spec: Any, name: str) -> RequestError:
+    """The 400 for a signature input neither transport can take: a dtype it does not
+    carry, or no rank to check a request's shape against."""
+    return bad_request(f"Input '{name}' has an unsupported dtype or unknown rank: {spec}")
 
 
 def shape_text(shape: Any) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from serving import protos
-from serving.local.payload import Budget, bad_request, shape_text
+from serving.local.payload import Budget, bad_request, shape_text, unsupported_spec
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -112,8 +112,7 @@ def input_array(proto: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> n
             f"Input '{name}' expects dtype {_NAMES.get(wanted, spec.dtype.name)}, got {got}"
         )
     if wanted not in _DTYPES or spec.shape.rank is None:
-        # As the REST API words it: the shape message below needs the spec's rank.
-        raise bad_request(f"Input '{name}' has an unsupported dtype or unknown rank: {spec}")
+        raise unsupported_spec(spec, name)  # the shape check below needs the spec's rank
     shape = _shape(proto, name)
     if len(shape) != spec.shape.rank or any(
         want is not None and want != got for want, got in zip(spec.shape, shape, strict=True)
