@@ -209,3 +209,20 @@ def test_a_wrong_type_is_named_by_its_flat_key_also_inside_a_nested_section(key,
     with pytest.raises(UsageError) as refused:
         config.validate()
     assert f"argument `{key}`, expected {expected}, got " in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [("cpu_devices", "2", "an integer"), ("strategy", 1, "a string"),
+     ("connect_timeout", None, "an integer")],
+)  # fmt: skip
+def test_a_launch_setting_of_a_wrong_type_is_named_as_the_caller_names_it(key, value, expected):
+    """The launch settings are checked like a run's: the command line reads its flags, a
+    Python caller its keys."""
+    launch = LaunchConfig.from_flat({key: value})
+    with pytest.raises(UsageError) as refused:
+        launch.validate(flag)
+    assert f"argument `{flag(key)}`, expected {expected}, got " in str(refused.value)
+    with pytest.raises(UsageError) as refused:
+        launch.validate()
+    assert f"argument `{key}`, expected {expected}, got " in str(refused.value)
