@@ -1,0 +1,63 @@
+"""`.ci/run`: every stage runs after a failure, and the first failure is the exit status."""
+
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _script(path, label, stage):
+    """An executable that appends `label` and its arguments to `ran`, then exits with the
+    status in `codes/<stage>`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/usr/bin/env bash\necho "{label} $*" >>ran\n'
+                    f'exit "$(cat codes/{stage} 2>/dev/null || echo 0)"\n')  # fmt: skip
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+    """A tree with `.ci/run` and stand-ins for its stages, each logging that it ran and
+    exiting with the status in `codes/<stage>` (0 without one)."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(REPO_ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    (tmp_path / "codes").mkdir()
+    for stage in ("test", "check_wheel"):
+        _script(tmp_path / "scripts" / f"{stage}.sh", stage, stage)
+    return tmp_path
+
+
+def _ci(tree, venv=True):
+    if venv:
+        _script(tree / ".ci-venv" / "bin" / "python", "slow", "slow")
+    done = subprocess.run(["bash", ".ci/run"], cwd=tree, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "VENV": ""})  # fmt: skip
+    ran = (tree / "ran").read_text().split("\n") if (tree / "ran").exists() else []
+    return done.returncode, [line.split()[0] for line in ran if line], done.stderr
+
+
+def test_every_stage_runs_and_passes(stand_in):
+    assert _ci(stand_in)[:2] == (0, ["test", "slow", "check_wheel"])
+
+
+def test_a_failing_suite_still_runs_the_slow_tests_and_the_wheel_check(stand_in):
+    (stand_in / "codes" / "test").write_text("3")
+    (stand_in / "codes" / "check_wheel").write_text("5")
+    code, ran, err = _ci(stand_in)
+    assert (code, ran) == (3, ["test", "slow", "check_wheel"])
+    assert "CI stage failed (exit 3)" in err and "CI stage failed (exit 5)" in err
+
+
+def test_a_later_failure_is_the_status_when_the_suite_passes(stand_in):
+    (stand_in / "codes" / "slow").write_text("1")
+    assert _ci(stand_in)[:2] == (1, ["test", "slow", "check_wheel"])
+
+
+def test_without_a_venv_only_the_suite_runs(stand_in):
+    (stand_in / "codes" / "test").write_text("2")
+    assert _ci(stand_in, venv=False)[:2] == (2, ["test"])
