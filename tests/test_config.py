@@ -226,3 +226,25 @@ def test_a_launch_setting_of_a_wrong_type_is_named_as_the_caller_names_it(key, v
     with pytest.raises(UsageError) as refused:
         launch.validate()
     assert f"argument `{key}`, expected {expected}, got " in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"keep_best": True, "eval_every": 5},
+      "Received an invalid value for argument `{keep_best}`, expected a validation split to "
+      "select on: {validation_fraction} above 0 (the test split is read only at the end), "
+      "got {keep_best} with {validation_fraction} 0.0."),
+     ({"keep_best": True, "validation_fraction": 0.1},
+      "Received an invalid value for argument `{eval_every}`, expected a positive integer "
+      "with {keep_best} (the evaluations it selects from), got 0.")],
+)  # fmt: skip
+def test_keep_best_needs_a_validation_split_and_evaluations_in_either_naming(fields, message):
+    """`keep_best` selects on the validation split's evaluations: without either it is
+    refused, naming the settings as the caller writes them (flags or keys)."""
+    for argument in (flag, str):
+        names = {key: argument(key) for key in ("keep_best", "eval_every",
+                                                  "validation_fraction")}  # fmt: skip
+        with pytest.raises(UsageError) as refused:
+            RunConfig.of(**fields).validate(argument)
+        assert str(refused.value) == message.format(**names)
+    assert RunConfig.of(keep_best=True, eval_every=5, validation_fraction=0.1).validate()
