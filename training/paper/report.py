@@ -462,13 +462,20 @@ def _previous(assets):
     return [row for row in old.get("runs", []) if row.get("curve")]
 
 
+# What the suite says of a run rather than what the run measured: a row kept from an
+# earlier report takes them from the suite as it is now.
+SUITE_FIELDS = ("table", "row", "paper")
+
+
 def merge(fresh, previous):
     """The report's rows: per run of `fresh` (rows of this runs folder, in suite order),
     its fresh row when it has a curve, and the previous rows of the same run on other
-    hardware; a run with no fresh curve keeps all its previous rows."""
+    hardware; a run with no fresh curve keeps all its previous rows. A kept row's table,
+    seed row and paper number are the suite's (`SUITE_FIELDS` of the fresh row)."""
     rows = []
     for row in fresh:
-        kept = [p for p in previous if p["name"] == row["name"]]
+        suite = {key: row[key] for key in SUITE_FIELDS if key in row}
+        kept = [{**p, **suite} for p in previous if p["name"] == row["name"]]
         if row["curve"]:
             kept = [p for p in kept if hardware(p["device"]) != hardware(row["device"])]
         rows += ([row] if row["curve"] or not kept else []) + kept
