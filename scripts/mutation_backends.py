@@ -20,6 +20,9 @@ existed) cannot name (`--only`: runs them alone, without the map's), and the
 current `tests/` is copied into the tree first.
 The report counts those kills as "recheck". `--app` works in `.mutation-app/`.
 
+`--jobs N` checks N mutants at once, a child each (one per idle core: most tests run on
+one core).
+
 `--unchecked` takes the mutants mutmut has not run yet too: with `--only --test`, a
 first pass of a module's own fast tests over them, in a fraction of the time mutmut
 spends running every test that covers the function. Its kills are recorded like a
@@ -43,6 +46,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 
 VERDICTS = "backend-verdicts.json"
 NOT_KILLED = (0, 33)  # mutmut's exit codes for "survived" and "no tests"
@@ -101,16 +105,20 @@ def _in_tree(mutants, hashes):
     return kept, absent
 
 
-def _run_pytest(tests, mutant, report=None, deselect=()):
-    """pytest on `tests` in a forked child with `mutant` on: (exit code, first failure)."""
+def _start_pytest(tests, mutant, report=None, deselect=()):
+    """Forks a child running pytest on `tests` with `mutant` on, its output into a
+    temporary file (not a pipe: several children run at once, and one that fills a pipe
+    nobody reads would stall): `(pid, output path)`."""
     import pytest
 
-    read, write = os.pipe()
+    handle, output = tempfile.mkstemp(prefix="mutant-", suffix=".log")
     pid = os.fork()
     if pid == 0:
-        os.close(read)
-        os.dup2(write, 1)
-        os.dup2(write, 2)
+        os.dup2(handle, 1)
+        os.dup2(handle, 2)
+        # Python's streams too: the parent's may be redirected elsewhere (a pytest run
+        # capturing them).
+        sys.stdout = sys.stderr = os.fdopen(handle, "w", buffering=1)
         os.environ["MUTANT_UNDER_TEST"] = mutant
         signal.alarm(TIMEOUT_S)
         args = ["-q", "-p", "mutmut_keras_compat", "-p", "no:cacheprovider", "-p", "no:xdist"]
@@ -121,19 +129,81 @@ def _run_pytest(tests, mutant, report=None, deselect=()):
         else:
             args += ["-rf", "--tb=no"]
         code = pytest.main([*args, *tests])
+        sys.stdout.flush()
         os._exit(int(code))
-    os.close(write)
-    with os.fdopen(read) as f:
-        output = f.read()
-    _, status = os.waitpid(pid, 0)
-    failed = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    os.close(handle)
+    return pid, output
+
+
+def _outcome(status, output, report=None):
+    """A finished child's `(exit code, first failure)`; its failed tests' ids appended to
+    `report` when given. Removes its output file."""
+    with open(output) as f:
+        lines = f.read().splitlines()
+    os.unlink(output)
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     if report is not None:
         report.extend(line.split()[1] for line in failed)
     # No test ran: pytest (exit code 4) could not import the tests' conftest.
-    failed += [line for line in output.splitlines() if "while loading conftest" in line][:1]
+    failed += [line for line in lines if "while loading conftest" in line][:1]
     code = os.waitstatus_to_exitcode(status)
     # Paths as the tree names them (the verdicts are kept in the repository).
     return code, (failed[0].replace(os.getcwd() + os.sep, "")[:200] if failed else "")
+
+
+def _run_pytest(tests, mutant, report=None, deselect=()):
+    """pytest on `tests` in a forked child with `mutant` on: (exit code, first failure)."""
+    pid, output = _start_pytest(tests, mutant, report, deselect)
+    _, status = os.waitpid(pid, 0)
+    return _outcome(status, output, report)
+
+
+def _verdict(code, detail):
+    """`(status, detail)` of a mutant from its tests' exit code and first failure."""
+    status = {0: "survived", 1: "killed"}.get(code, "timeout" if code < 0 else "error")
+    if (code == 2 and detail.startswith("ERROR")) or (
+        code == 4 and "while loading conftest" in detail
+    ):
+        # A test module (or the tests' conftest) could not be imported: the mutant broke
+        # code it runs at import (a valid configuration it builds is refused, the quiet
+        # import of Keras fails), a failure too.
+        status = "killed"
+    if status == "error":
+        detail = f"pytest exit code {code}"
+    return status, detail
+
+
+def _check_all(todo, tests_of, deselect, jobs):
+    """Runs each mutant of `todo` with `tests_of(mutant)`, up to `jobs` children at once,
+    yielding `(mutant, status, detail)` as each ends (in the order they end)."""
+    queue = list(todo)
+    running = {}
+    while queue or running:
+        while queue and len(running) < jobs:
+            mutant = queue.pop(0)
+            tests = tests_of(mutant)
+            if not tests:
+                yield mutant, "no tests", ""
+                continue
+            pid, output = _start_pytest(tests, mutant, deselect=deselect)
+            running[pid] = (mutant, output)
+        if not running:
+            continue
+        pid, status = os.wait()
+        if pid not in running:
+            continue  # a child of someone else in this process
+        mutant, output = running.pop(pid)
+        yield (mutant, *_verdict(*_outcome(status, output)))
+
+
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _parse(argv):
@@ -154,6 +224,13 @@ def _parse(argv):
         "--unchecked",
         action="store_true",
         help="the mutants mutmut has not run yet too (with --only: a first pass)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="mutants checked at once, each in its own child (default 1; one per idle core)",
     )
     parser.add_argument("backend", choices=("jax", "torch", "tensorflow"))
     parser.add_argument("patterns", nargs="+", metavar="MUTANT_PATTERN")
@@ -219,22 +296,10 @@ def main(argv):
     _run_pytest(every_test, "", report=failing)
     if failing:
         print(f"left out, failing on {backend} without a mutant: {', '.join(failing)}")
-    for mutant in todo:
-        tests = sorted((set(tests_by_function.get(_function(mutant), ())) | extra) - set(failing))
-        if not tests:
-            status, detail = "no tests", ""
-        else:
-            code, detail = _run_pytest(tests, mutant, deselect=failing)
-            status = {0: "survived", 1: "killed"}.get(code, "timeout" if code < 0 else "error")
-            if (code == 2 and detail.startswith("ERROR")) or (
-                code == 4 and "while loading conftest" in detail
-            ):
-                # A test module (or the tests' conftest) could not be imported: the mutant
-                # broke code it runs at import (a valid configuration it builds is refused,
-                # the quiet import of Keras fails), a failure too.
-                status = "killed"
-            if status == "error":
-                detail = f"pytest exit code {code}"
+    def tests_of(mutant):
+        return sorted((set(tests_by_function.get(_function(mutant), ())) | extra) - set(failing))
+
+    for mutant, status, detail in _check_all(todo, tests_of, failing, args.jobs):
         verdict = {"status": status, "hash": hashes.get(_function(mutant)), "detail": detail}
         print(f"{status:>9}  {mutant}  {detail}", flush=True)
         if mutant in unrun and status != "killed":

@@ -249,3 +249,69 @@ def test_first_pass_kills_and_listed_equivalents_are_checked_and_the_rest_pendin
     row = pending.table(config, files, rechecks, equivalents).splitlines()[-1]
     # mutants, checked, killed by the run, killed by a recheck, equivalent, left, score
     assert row == "| `pkg.mod` | full | 6 | 4 | 1 | 2 | 1 | 0 | 100.0% |"
+
+
+def _backends():
+    spec = importlib.util.spec_from_file_location(
+        "mutation_backends", _PATH.parent / "mutation_backends.py"
+    )
+    backends = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(backends)
+    return backends
+
+
+# A tree's test for the mutants below: mutant 1 of `x_f` breaks it; the two mutants of `x_g`
+# each wait for the other's child to have started (so they pass only when run at once).
+_TREE_TEST = '''
+import os, pathlib, time
+MUTANT = os.environ["MUTANT_UNDER_TEST"]
+
+def test_f():
+    assert MUTANT != "pkg.mod.x_f__mutmut_1"
+
+def test_g_together():
+    if not MUTANT.startswith("pkg.mod.x_g"):
+        return
+    pathlib.Path(MUTANT).touch()
+    other = {"pkg.mod.x_g__mutmut_1": "pkg.mod.x_g__mutmut_2"}.get(MUTANT, "pkg.mod.x_g__mutmut_1")
+    deadline = time.monotonic() + 60
+    while not pathlib.Path(other).exists():
+        assert time.monotonic() < deadline, "the other mutant's child never ran beside this one"
+        time.sleep(0.05)
+'''
+
+
+def test_mutants_are_checked_in_children_up_to_jobs_at_once(tmp_path, monkeypatch):
+    """Each mutant's verdict comes from its own child with that mutant switched on; with
+    `--jobs 2` two children run at once (the two `x_g` mutants each see the other start)."""
+    jobs = 2
+    backends = _backends()
+    (tmp_path / "mutmut_keras_compat.py").write_text("")  # the plugin every child loads
+    (tmp_path / "test_tree.py").write_text(_TREE_TEST)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tests = {"pkg.mod.x_f": ["test_tree.py::test_f"], "pkg.mod.x_g": ["test_tree.py"]}
+    todo = ["pkg.mod.x_f__mutmut_1", "pkg.mod.x_f__mutmut_2", "pkg.mod.x_h__mutmut_1",
+            "pkg.mod.x_g__mutmut_1", "pkg.mod.x_g__mutmut_2"]  # fmt: skip
+    found = list(backends._check_all(
+        todo, lambda m: tests.get(backends._function(m), []), (), jobs))  # fmt: skip
+    verdicts = {mutant: status for mutant, status, _ in found}
+    assert len(found) == len(todo)
+    assert verdicts == {
+        "pkg.mod.x_f__mutmut_1": "killed", "pkg.mod.x_f__mutmut_2": "survived",
+        "pkg.mod.x_h__mutmut_1": "no tests",
+        "pkg.mod.x_g__mutmut_1": "survived", "pkg.mod.x_g__mutmut_2": "survived",
+    }  # fmt: skip
+    detail = {mutant: d for mutant, _, d in found}["pkg.mod.x_f__mutmut_1"]
+    assert detail.startswith("FAILED test_tree.py::test_f")
+    assert not list(tmp_path.glob("mutant-*.log"))
+
+
+def test_jobs_must_be_a_positive_integer(capsys):
+    backends = _backends()
+    assert backends._parse(["--jobs", "2", "tensorflow", "p.*"]).jobs == 2
+    assert backends._parse(["tensorflow", "p.*"]).jobs == 1
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(SystemExit):
+            backends._parse(["--jobs", bad, "tensorflow", "p.*"])
+        assert f"expected a positive integer, got '{bad}'" in capsys.readouterr().err
