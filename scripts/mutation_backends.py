@@ -114,23 +114,28 @@ def _start_pytest(tests, mutant, report=None, deselect=()):
     handle, output = tempfile.mkstemp(prefix="mutant-", suffix=".log")
     pid = os.fork()
     if pid == 0:
-        os.dup2(handle, 1)
-        os.dup2(handle, 2)
-        # Python's streams too: the parent's may be redirected elsewhere (a pytest run
-        # capturing them).
-        sys.stdout = sys.stderr = os.fdopen(handle, "w", buffering=1)
-        os.environ["MUTANT_UNDER_TEST"] = mutant
-        signal.alarm(TIMEOUT_S)
-        args = ["-q", "-p", "mutmut_keras_compat", "-p", "no:cacheprovider", "-p", "no:xdist"]
-        args += ["-p", "no:randomly", "--rootdir=.", "-o", "addopts="]
-        args += [f"--deselect={test}" for test in deselect]
-        if report is None:
-            args.append("-x")
-        else:
-            args += ["-rf", "--tb=no"]
-        code = pytest.main([*args, *tests])
-        sys.stdout.flush()
-        os._exit(int(code))
+        # The child never returns into the parent's code, whatever happens in it (pytest's
+        # exit code 3, an internal error, when pytest itself raises).
+        code = 3
+        try:
+            os.dup2(handle, 1)
+            os.dup2(handle, 2)
+            # Python's streams too: the parent's may be redirected elsewhere (a pytest run
+            # capturing them).
+            sys.stdout = sys.stderr = os.fdopen(handle, "w", buffering=1)
+            os.environ["MUTANT_UNDER_TEST"] = mutant
+            signal.alarm(TIMEOUT_S)
+            args = ["-q", "-p", "mutmut_keras_compat", "-p", "no:cacheprovider"]
+            args += ["-p", "no:xdist", "-p", "no:randomly", "--rootdir=.", "-o", "addopts="]
+            args += [f"--deselect={test}" for test in deselect]
+            if report is None:
+                args.append("-x")
+            else:
+                args += ["-rf", "--tb=no"]
+            code = int(pytest.main([*args, *tests]))
+            sys.stdout.flush()
+        finally:
+            os._exit(code)
     os.close(handle)
     return pid, output
 
@@ -178,32 +183,30 @@ def _check_all(todo, tests_of, deselect, jobs):
     yielding `(mutant, status, detail)` as each ends (in the order they end)."""
     queue = list(todo)
     running = {}
-    while queue or running:
-        while queue and len(running) < jobs:
-            mutant = queue.pop(0)
-            tests = tests_of(mutant)
-            if not tests:
-                yield mutant, "no tests", ""
-                continue
-            pid, output = _start_pytest(tests, mutant, deselect=deselect)
-            running[pid] = (mutant, output)
-        if not running:
-            continue
-        pid, status = os.wait()
-        if pid not in running:
-            continue  # a child of someone else in this process
-        mutant, output = running.pop(pid)
-        yield (mutant, *_verdict(*_outcome(status, output)))
-
-
-def _positive(text):
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+        while queue or running:
+            while queue and len(running) < jobs:
+                mutant = queue.pop(0)
+                tests = tests_of(mutant)
+                if not tests:
+                    yield mutant, "no tests", ""
+                    continue
+                pid, output = _start_pytest(tests, mutant, deselect=deselect)
+                running[pid] = (mutant, output)
+            if not running:
+                continue
+            pid, status = os.wait()
+            if pid not in running:
+                continue  # a child of someone else in this process
+            mutant, output = running.pop(pid)
+            yield (mutant, *_verdict(*_outcome(status, output)))
+    finally:
+        # Stopped early (Ctrl-C, SIGTERM, an error, the caller done): no child goes on
+        # beside whatever runs next, and no output file stays behind.
+        for pid, (_, output) in running.items():
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.unlink(output)
 
 
 def _parse(argv):
@@ -227,14 +230,21 @@ def _parse(argv):
     )
     parser.add_argument(
         "--jobs",
-        type=_positive,
-        default=1,
+        default="1",
         metavar="N",
         help="mutants checked at once, each in its own child (default 1; one per idle core)",
     )
     parser.add_argument("backend", choices=("jax", "torch", "tensorflow"))
     parser.add_argument("patterns", nargs="+", metavar="MUTANT_PATTERN")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    jobs = args.jobs
+    args.jobs = int(jobs) if jobs.isdigit() else 0
+    if args.jobs < 1:
+        parser.error(
+            "Received an invalid value for argument `--jobs`, expected a positive integer, "
+            f"got {jobs!r}."
+        )
+    return args
 
 
 def main(argv):
@@ -296,6 +306,7 @@ def main(argv):
     _run_pytest(every_test, "", report=failing)
     if failing:
         print(f"left out, failing on {backend} without a mutant: {', '.join(failing)}")
+
     def tests_of(mutant):
         return sorted((set(tests_by_function.get(_function(mutant), ())) | extra) - set(failing))
 

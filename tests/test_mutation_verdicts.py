@@ -6,7 +6,9 @@ The meta files are written here in mutmut 3's format (the keys its
 
 import importlib.util
 import json
+import os
 import pathlib
+import tempfile
 
 import pytest
 
@@ -207,14 +209,19 @@ def test_every_test_module_of_the_application_is_selected_for_its_mutants():
     assert all((root / name).is_file() for name in selected | unselected)
 
 
-def test_a_recheck_leaves_out_mutants_of_modules_the_tree_holds_only_as_copies():
-    """After a run over other modules, a module's file in the tree has no mutants to switch
-    on: every test would pass, and its kills would be recorded as survivors."""
+def _backends():
     spec = importlib.util.spec_from_file_location(
         "mutation_backends", _PATH.parent / "mutation_backends.py"
     )
     backends = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(backends)
+    return backends
+
+
+def test_a_recheck_leaves_out_mutants_of_modules_the_tree_holds_only_as_copies():
+    """After a run over other modules, a module's file in the tree has no mutants to switch
+    on: every test would pass, and its kills would be recorded as survivors."""
+    backends = _backends()
     mutants = ["pkg.mod.x_f__mutmut_1", "pkg.mod.xǁCǁm__mutmut_2", "pkg.other.x_g__mutmut_3",
                "pkg.other.x_g__mutmut_4"]  # fmt: skip
     hashes = {"pkg.mod.x_f": "a1", "pkg.mod.xǁCǁm": "b2"}  # the last run mutated pkg.mod
@@ -251,15 +258,6 @@ def test_first_pass_kills_and_listed_equivalents_are_checked_and_the_rest_pendin
     assert row == "| `pkg.mod` | full | 6 | 4 | 1 | 2 | 1 | 0 | 100.0% |"
 
 
-def _backends():
-    spec = importlib.util.spec_from_file_location(
-        "mutation_backends", _PATH.parent / "mutation_backends.py"
-    )
-    backends = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(backends)
-    return backends
-
-
 # A tree's test for the mutants below: mutant 1 of `x_f` breaks it; the two mutants of `x_g`
 # each wait for the other's child to have started (so they pass only when run at once).
 _TREE_TEST = '''
@@ -268,6 +266,9 @@ MUTANT = os.environ["MUTANT_UNDER_TEST"]
 
 def test_f():
     assert MUTANT != "pkg.mod.x_f__mutmut_1"
+
+def test_s():
+    time.sleep(120)  # a mutant whose tests run long
 
 def test_g_together():
     if not MUTANT.startswith("pkg.mod.x_g"):
@@ -281,20 +282,57 @@ def test_g_together():
 '''
 
 
-def test_mutants_are_checked_in_children_up_to_jobs_at_once(tmp_path, monkeypatch):
-    """Each mutant's verdict comes from its own child with that mutant switched on; with
-    `--jobs 2` two children run at once (the two `x_g` mutants each see the other start)."""
-    jobs = 2
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """`(mutation_backends, children)`: the runner in a tree of `_TREE_TEST`, its children
+    counted (`children["most"]` at once, `children["pids"]` all), their output files in
+    `children["logs"]`."""
     backends = _backends()
     (tmp_path / "mutmut_keras_compat.py").write_text("")  # the plugin every child loads
     (tmp_path / "test_tree.py").write_text(_TREE_TEST)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    tests = {"pkg.mod.x_f": ["test_tree.py::test_f"], "pkg.mod.x_g": ["test_tree.py"]}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(logs))  # the children's output files
+    children = {"live": set(), "most": 0, "pids": [], "logs": logs}
+    start, outcome = backends._start_pytest, backends._outcome
+
+    def counted_start(*args, **kwargs):
+        pid, output = start(*args, **kwargs)
+        children["live"].add(output)
+        children["pids"].append(pid)
+        children["most"] = max(children["most"], len(children["live"]))
+        return pid, output
+
+    def counted_outcome(status, output, report=None):
+        children["live"].discard(output)
+        return outcome(status, output, report)
+
+    monkeypatch.setattr(backends, "_start_pytest", counted_start)
+    monkeypatch.setattr(backends, "_outcome", counted_outcome)
+    return backends, children
+
+
+_TREE_TESTS = {
+    "pkg.mod.x_f": ["test_tree.py::test_f"],
+    "pkg.mod.x_g": ["test_tree.py::test_g_together"],
+    "pkg.mod.x_s": ["test_tree.py::test_s"],
+}
+
+
+def _check(backends, todo, jobs):
+    return backends._check_all(
+        todo, lambda m: _TREE_TESTS.get(backends._function(m), []), (), jobs)  # fmt: skip
+
+
+def test_mutants_are_checked_in_children_up_to_jobs_at_once(tree):
+    """Each mutant's verdict comes from its own child with that mutant switched on; with
+    `--jobs 2` two children run at once (the two `x_g` mutants each see the other start)."""
+    backends, children = tree
     todo = ["pkg.mod.x_f__mutmut_1", "pkg.mod.x_f__mutmut_2", "pkg.mod.x_h__mutmut_1",
             "pkg.mod.x_g__mutmut_1", "pkg.mod.x_g__mutmut_2"]  # fmt: skip
-    found = list(backends._check_all(
-        todo, lambda m: tests.get(backends._function(m), []), (), jobs))  # fmt: skip
+    found = list(_check(backends, todo, 2))
     verdicts = {mutant: status for mutant, status, _ in found}
     assert len(found) == len(todo)
     assert verdicts == {
@@ -304,14 +342,31 @@ def test_mutants_are_checked_in_children_up_to_jobs_at_once(tmp_path, monkeypatc
     }  # fmt: skip
     detail = {mutant: d for mutant, _, d in found}["pkg.mod.x_f__mutmut_1"]
     assert detail.startswith("FAILED test_tree.py::test_f")
-    assert not list(tmp_path.glob("mutant-*.log"))
+    assert children["most"] == 2  # at once, and never more
+    assert list(children["logs"].iterdir()) == []
+
+
+def test_a_check_stopped_early_leaves_no_child_running_and_no_output_file(tree):
+    """The caller stops after the first verdict (as Ctrl-C or an error would stop it): the
+    child still running its mutant's tests is ended and reaped, its output file removed."""
+    backends, children = tree
+    checks = _check(backends, ["pkg.mod.x_s__mutmut_1", "pkg.mod.x_f__mutmut_1"], 2)
+    assert next(checks)[:2] == ("pkg.mod.x_f__mutmut_1", "killed")
+    checks.close()
+    slow = children["pids"][0]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(slow, os.WNOHANG)  # reaped already
+    assert list(children["logs"].iterdir()) == []
 
 
 def test_jobs_must_be_a_positive_integer(capsys):
     backends = _backends()
     assert backends._parse(["--jobs", "2", "tensorflow", "p.*"]).jobs == 2
     assert backends._parse(["tensorflow", "p.*"]).jobs == 1
-    for bad in ("0", "two", "-1"):
+    for bad in ("0", "two", "-1", "1.5"):
         with pytest.raises(SystemExit):
-            backends._parse(["--jobs", bad, "tensorflow", "p.*"])
-        assert f"expected a positive integer, got '{bad}'" in capsys.readouterr().err
+            backends._parse([f"--jobs={bad}", "tensorflow", "p.*"])
+        assert capsys.readouterr().err.splitlines()[-1].endswith(
+            "Received an invalid value for argument `--jobs`, expected a positive integer, "
+            f"got '{bad}'."
+        )
