@@ -193,38 +193,33 @@ def test_a_python_caller_reads_its_keys_and_the_command_line_its_flags():
     )
 
 
+def _run(**fields):
+    return RunConfig.of(**fields)
+
+
+def _launch(**fields):
+    return LaunchConfig.from_flat(fields)
+
+
 @pytest.mark.parametrize(
-    ("key", "value", "expected"),
-    [("lr_floor", "0.1", "a number"), ("lr_schedule", 3, "a string"),
-     ("lr_decay_steps", 2.5, "an integer (or null)"), ("model", True, "a string"),
-     ("jit_compile", "false", "a boolean")],
+    ("make", "key", "value", "expected"),
+    [(_run, "lr_floor", "0.1", "a number"), (_run, "lr_schedule", 3, "a string"),
+     (_run, "lr_decay_steps", 2.5, "an integer (or null)"), (_run, "model", True, "a string"),
+     (_run, "jit_compile", "false", "a boolean"),
+     # The launch settings are checked like a run's.
+     (_launch, "cpu_devices", "2", "an integer"), (_launch, "strategy", 1, "a string"),
+     (_launch, "connect_timeout", None, "an integer")],
 )  # fmt: skip
-def test_a_wrong_type_is_named_by_its_flat_key_also_inside_a_nested_section(key, value, expected):
+def test_a_wrong_type_is_named_as_the_caller_names_it_at_every_depth(make, key, value, expected):
     """A field whose key is not its name (`lr_floor` is the schedule's `floor`, nested in the
-    optimizer's section) is named by its key, by the caller's `argument`, at every depth."""
-    config = RunConfig.of(**{key: value})
+    optimizer's section) is named by its key, by the caller's `argument`, at every depth:
+    the command line reads its flags, a Python caller its keys."""
+    config = make(**{key: value})
     with pytest.raises(UsageError) as refused:
         config.validate(flag)
     assert f"argument `{flag(key)}`, expected {expected}, got " in str(refused.value)
     with pytest.raises(UsageError) as refused:
         config.validate()
-    assert f"argument `{key}`, expected {expected}, got " in str(refused.value)
-
-
-@pytest.mark.parametrize(
-    ("key", "value", "expected"),
-    [("cpu_devices", "2", "an integer"), ("strategy", 1, "a string"),
-     ("connect_timeout", None, "an integer")],
-)  # fmt: skip
-def test_a_launch_setting_of_a_wrong_type_is_named_as_the_caller_names_it(key, value, expected):
-    """The launch settings are checked like a run's: the command line reads its flags, a
-    Python caller its keys."""
-    launch = LaunchConfig.from_flat({key: value})
-    with pytest.raises(UsageError) as refused:
-        launch.validate(flag)
-    assert f"argument `{flag(key)}`, expected {expected}, got " in str(refused.value)
-    with pytest.raises(UsageError) as refused:
-        launch.validate()
     assert f"argument `{key}`, expected {expected}, got " in str(refused.value)
 
 
