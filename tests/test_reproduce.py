@@ -191,6 +191,17 @@ def test_search_csv_keeps_completed_trials(tmp_path):
     ]
 
 
+def test_search_csv_keeps_the_optimizer_by_name(tmp_path):
+    path = tmp_path / "trials.csv"
+    path.write_text(
+        "trial_id,status,score,val_loss,epsilon,learning_rate,sigma_w,optimizer\n"
+        "1,COMPLETED,0.75,1.0,0.1,0.3,1.0,adagrad\n"
+    )
+    assert report.read_search(str(path)) == [
+        {"score": 0.75, "epsilon": 0.1, "learning_rate": 0.3, "optimizer": "adagrad"}
+    ]
+
+
 def test_length_plot_puts_each_models_accuracy_against_t(tmp_path):
     def row(name, model, timesteps, accuracy):
         return {"name": name, "model": model, "task": "noise_padded_mnist",
@@ -322,21 +333,74 @@ def test_each_search_varies_its_own_models_hyperparameters_only():
     for each in suite.SEARCHES:
         args = tune.build_parser().parse_args(list(each.argv))
         by_task.setdefault((args.task, args.dataset, args.timesteps), []).append(each.model)
-        assert args.model == each.model and args.steps_per_trial == 400
+        assert args.model == each.model
+        assert args.steps_per_trial == (1500 if args.dataset == "mnist" else 400)
         assert args.validation_fraction == 0.1 and args.tuner == "grid"
         values = tune.make_space(args).values
         varied = {name for name in space.MODEL_HYPERPARAMETERS[each.model]
                   if len(values[name]) > 1}  # fmt: skip
-        assert varied == set(each.grid), each.name
+        assert varied <= set(each.grid), each.name  # what it varies, its report shows
+        if args.dataset == "fashion_mnist":
+            assert varied == set(each.grid), each.name
         trials = int(np.prod([len(values[name]) for name in each.grid]))
         assert args.max_trials == trials, each.name  # the whole grid, nothing more
-    # Each task's configs: one search per model, none shared between models.
+    # Each task's configs: one search per model, none shared between models; on the
+    # real MNIST the ungated pixel config's optimizer against the paper's.
     assert by_task == {
         ("noise_padded_mnist", "fashion_mnist", 1000): ["gated", "antisymmetric", "ablation",
                                                         "lstm"],
         ("pixel_mnist", "fashion_mnist", None): ["gated", "antisymmetric", "lstm"],
         ("permuted_mnist", "fashion_mnist", None): ["gated", "antisymmetric", "lstm"],
+        ("pixel_mnist", "mnist", None): ["antisymmetric", "antisymmetric"],
     }  # fmt: skip
+
+
+def test_the_optimizer_searches_train_the_pixel_config_but_for_its_optimizer():
+    import yaml
+
+    from training import tune
+    from training.search import space
+
+    config = yaml.safe_load(open(os.path.join(suite.CONFIGS, "pixel_mnist_antisymmetric.yaml")))
+    searches = suite.select_searches(["search_mnist_pixel_optimizer"])
+    assert len(searches) == 2
+    grids = {}
+    for each in searches:
+        assert each.grid == ("optimizer", "learning_rate")
+        args = tune.build_parser().parse_args(list(each.argv))
+        values = tune.make_space(args).values
+        for name in ("epsilon", "gamma", "sigma_w"):
+            assert values[name] == (config[name],), (each.name, name)
+        for name in ("task", "model", "units", "batch_size", "clipnorm", "lr_schedule",
+                     "warmup_steps", "lr_floor"):  # fmt: skip
+            assert getattr(args, name) == config[name], (each.name, name)
+        assert args.lr_decay_steps is None  # the cosine decays over each trial
+        grids[each.name] = (values["optimizer"], values["learning_rate"])
+    # The paper's optimizers over the ends and the middle of its learning rates ...
+    paper = grids["search_mnist_pixel_optimizer_antisymmetric"]
+    assert set(paper[0]) == set(space.PAPER_GRID["optimizer"])
+    assert set(paper[1]) <= set(space.PAPER_GRID["learning_rate"])
+    assert min(paper[1]) == 0.1 and max(paper[1]) == 1.0
+    # ... and the config's own optimizer as the anchor.
+    anchor = grids["search_mnist_pixel_optimizer_antisymmetric_adam"]
+    assert anchor == ((config["optimizer"],), (config["learning_rate"],))
+
+
+def test_a_search_table_has_a_column_per_hyperparameter_it_shows(tmp_path):
+    csv = tmp_path / "trials.csv"
+    csv.write_text("trial_id,status,score,learning_rate,optimizer\n"
+                   "1,COMPLETED,0.5,1.0,sgd\n2,COMPLETED,0.25,0.1,sgd\n"
+                   "3,COMPLETED,0.875,0.3,adagrad\n4,RUNNING,,0.1,adagrad\n")  # fmt: skip
+    (search,) = suite.select_searches(["search_mnist_pixel_optimizer_antisymmetric"])
+    path = report.write([], str(tmp_path / "runs"), str(tmp_path / "docs"),
+                        searches={search: str(csv)})  # fmt: skip
+    markdown = open(path).read()
+    section = markdown[markdown.index("## Search: AntisymmetricRNN (pixel MNIST") :]
+    assert (
+        "| optimizer | learning rate | validation accuracy |\n| --- | --- | --- |\n"
+        "| adagrad | 0.3 | 87.5% |\n| sgd | 0.1 | 25.0% |\n| sgd | 1 | 50.0% |\n"
+    ) in section
+    assert "after 1500 steps (3 trials," in section
 
 
 def test_search_runs_the_searches_only_names(tmp_path, monkeypatch):

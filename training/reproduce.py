@@ -10,10 +10,11 @@ of `--runs-dir`. The suite is resumable: a finished run is not redone, an
 interrupted one resumes from its checkpoint (`training.train` does that), and
 `--time-limit` stops every run at a deadline so the next call goes on.
 `--budget` scales every run's steps (`--steps` sets them all). `--search`
-also runs the searches behind the noise-padded configs with `training.tune`
+also runs the searches behind the configs with `training.tune`
 (`training.paper.suite.SEARCHES`: ε × γ for each antisymmetric model, the learning
-rate for the LSTM; `--only search_noise_padded_antisymmetric --search` runs
-one search and no training run), the report's heatmaps.
+rate for the LSTM, and on the real MNIST the paper's optimizers against the configs'
+Adam; `--only search_noise_padded_antisymmetric --search` runs one search and no
+training run), the report's heatmaps and tables.
 
 The report (`docs/reproduction.md`, `docs/reproduction/results.json` and PNG
 learning curves, see `training.paper.report`) is written from whatever the runs

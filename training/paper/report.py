@@ -371,11 +371,20 @@ def plot_length(rows, task, path):
     return lines
 
 
+# The columns of a `trials.csv` the report reads, each with its type.
+_SEARCH_COLUMNS = {
+    "epsilon": float, "gamma": float, "learning_rate": float, "optimizer": str, "score": float,
+}  # fmt: skip
+# How a search's table names each hyperparameter it shows.
+_SEARCH_HEADINGS = {"learning_rate": "learning rate", "optimizer": "optimizer"}
+
+
 def read_search(path):
-    """Completed trials of a `training.tune` `trials.csv` as dicts of floats."""
+    """Completed trials of a `training.tune` `trials.csv`: its hyperparameters (floats,
+    the optimizer's name) and score."""
     rows = _read(path, lambda handle: list(csv.DictReader(handle))) or []
     return [
-        {k: float(v) for k, v in row.items() if k in ("epsilon", "gamma", "learning_rate", "score")}
+        {k: _SEARCH_COLUMNS[k](v) for k, v in row.items() if k in _SEARCH_COLUMNS and v}
         for row in rows
         if row.get("status") == "COMPLETED" and row.get("score")
     ]
@@ -607,7 +616,11 @@ def _search_section(search, trials, assets):
         figure = f"heatmap_{search.name}.png"
         plot_heatmap(trials, title, os.path.join(assets, figure))
         return lines + [f"![{search.name}](reproduction/{figure})", ""]
-    lines += ["| learning rate | validation accuracy |", "| --- | --- |"]
-    for trial in sorted(trials, key=lambda t: t["learning_rate"]):
-        lines.append(f"| {trial['learning_rate']:g} | {_percent(trial['score'])} |")
+    columns = search.grid
+    headings = [_SEARCH_HEADINGS[c] for c in columns] + ["validation accuracy"]
+    lines.append("| " + " | ".join(headings) + " |")
+    lines.append("| --- " * (len(columns) + 1) + "|")
+    for trial in sorted(trials, key=lambda t: tuple(t[c] for c in columns)):
+        cells = [f"{trial[c]:g}" if isinstance(trial[c], float) else trial[c] for c in columns]
+        lines.append("| " + " | ".join(cells) + f" | {_percent(trial['score'])} |")
     return lines + [""]
