@@ -888,6 +888,32 @@ def test_a_subclassed_model_has_no_output_shape_to_fit_a_head():
     )
 
 
+def test_a_model_outside_keras_functional_api_is_read_from_its_layers_or_its_shape():
+    """A wrapper whose outputs carry no Keras history: the head is its last layer's name;
+    one with no layers at all is inferred from its output shape alone. An output of
+    unknown width has no classes to classify into."""
+    from types import SimpleNamespace
+
+    from serving.exports.heads import resolve_head
+
+    def model(width, *layer_names):
+        outputs = [SimpleNamespace(shape=(None, width))]  # no `_keras_history`
+        layers = [SimpleNamespace(name=name) for name in layer_names]
+        return SimpleNamespace(outputs=outputs, **({"layers": layers} if layers else {}))
+
+    assert resolve_head(model(3, "dense", "regression_head")) == ("regression", "recorded")
+    assert resolve_head(model(3)) == (
+        "classification", "inferred from output layer None of shape (None, 3)"
+    )  # fmt: skip
+    with pytest.raises(ValueError) as refused:
+        resolve_head(model(None, "classification_head"))
+    assert str(refused.value) == (
+        "Received an invalid value for argument `head`, expected a model with (batch, "
+        "classes >= 2) outputs for head 'classification' (recorded), got output shape "
+        "(None, None)."
+    )
+
+
 def test_stale_staging_removal_reads_every_entry_and_removes_only_staging_folders(tmp_path):
     from serving.exports.versions import _host, remove_stale_staging
 
