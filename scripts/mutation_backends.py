@@ -5,7 +5,7 @@ another backend (the JAX and PyTorch branches of the diagnostics' gradients,
 PyTorch's state copies) survives there whatever the tests say. This runs each
 given mutant's tests (mutmut's own map, `mutmut tests-for-mutant`) in mutmut's
 tree `mutants/` with `KERAS_BACKEND` set and the mutant switched on, as mutmut
-does (a forked child per mutant, stopping at the first failure), and records
+does (a child per mutant, stopping at the first failure), and records
 the verdicts in `mutants/backend-verdicts.json`, keyed by the backend, with
 the mutated function's hash: a kill stands while the function is unchanged,
 anything else is checked again at the next call.
@@ -45,6 +45,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 
@@ -105,39 +106,38 @@ def _in_tree(mutants, hashes):
     return kept, absent
 
 
-def _start_pytest(tests, mutant, report=None, deselect=()):
-    """Forks a child running pytest on `tests` with `mutant` on, its output into a
-    temporary file (not a pipe: several children run at once, and one that fills a pipe
-    nobody reads would stall): `(pid, output path)`."""
-    import pytest
+# A child's program: pytest on the arguments given as JSON, stopped by SIGALRM after its
+# time limit (a mutant that makes a test loop forever).
+_CHILD = (
+    "import json, signal, sys\n"
+    "import pytest\n"
+    "signal.alarm(int(sys.argv[1]))\n"
+    "sys.exit(int(pytest.main(json.loads(sys.argv[2]))))\n"
+)
 
+
+def _start_pytest(tests, mutant, report=None, deselect=()):
+    """Starts a child Python running pytest on `tests` with `mutant` on, its output into a
+    temporary file (not a pipe: several children run at once, and one that fills a pipe
+    nobody reads would stall): `(pid, output path)`. A fresh interpreter, not a fork:
+    a fork of a process whose threads hold locks (TensorFlow's, a test runner's) can
+    deadlock in the child."""
     handle, output = tempfile.mkstemp(prefix="mutant-", suffix=".log")
-    pid = os.fork()
-    if pid == 0:
-        # The child never returns into the parent's code, whatever happens in it (pytest's
-        # exit code 3, an internal error, when pytest itself raises).
-        code = 3
-        try:
-            os.dup2(handle, 1)
-            os.dup2(handle, 2)
-            # Python's streams too: the parent's may be redirected elsewhere (a pytest run
-            # capturing them).
-            sys.stdout = sys.stderr = os.fdopen(handle, "w", buffering=1)
-            os.environ["MUTANT_UNDER_TEST"] = mutant
-            signal.alarm(TIMEOUT_S)
-            args = ["-q", "-p", "mutmut_keras_compat", "-p", "no:cacheprovider"]
-            args += ["-p", "no:xdist", "-p", "no:randomly", "--rootdir=.", "-o", "addopts="]
-            args += [f"--deselect={test}" for test in deselect]
-            if report is None:
-                args.append("-x")
-            else:
-                args += ["-rf", "--tb=no"]
-            code = int(pytest.main([*args, *tests]))
-            sys.stdout.flush()
-        finally:
-            os._exit(code)
-    os.close(handle)
-    return pid, output
+    args = ["-q", "-p", "mutmut_keras_compat", "-p", "no:cacheprovider"]
+    args += ["-p", "no:xdist", "-p", "no:randomly", "--rootdir=.", "-o", "addopts="]
+    args += [f"--deselect={test}" for test in deselect]
+    args += ["-x"] if report is None else ["-rf", "--tb=no"]
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(TIMEOUT_S), json.dumps([*args, *tests])],
+            stdin=subprocess.DEVNULL, stdout=handle, stderr=handle,
+            env={**os.environ, "MUTANT_UNDER_TEST": mutant},
+        )  # fmt: skip
+    finally:
+        os.close(handle)
+    # The caller reaps it with os.wait/os.waitpid; the Popen object is not needed again.
+    child.returncode = 0  # so that its finalizer does not wait on a reaped pid
+    return child.pid, output
 
 
 def _outcome(status, output, report=None):
@@ -157,7 +157,7 @@ def _outcome(status, output, report=None):
 
 
 def _run_pytest(tests, mutant, report=None, deselect=()):
-    """pytest on `tests` in a forked child with `mutant` on: (exit code, first failure)."""
+    """pytest on `tests` in a child with `mutant` on: (exit code, first failure)."""
     pid, output = _start_pytest(tests, mutant, report, deselect)
     _, status = os.waitpid(pid, 0)
     return _outcome(status, output, report)

@@ -3,6 +3,7 @@
 import os
 import pathlib
 import shutil
+import signal
 import stat
 import subprocess
 
@@ -35,9 +36,16 @@ def stand_in(tmp_path):
 def _ci(tree, venv=True):
     if venv:
         _script(tree / ".ci-venv" / "bin" / "python", "slow", "slow")
+    # CI starts with Ctrl-C's default action, as from a terminal: a test runner's worker may
+    # ignore SIGINT, and a shell cannot trap a signal ignored when it started.
     done = subprocess.run(["bash", ".ci/run"], cwd=tree, capture_output=True, text=True,
-                          timeout=60, env=_without(os.environ, "VENV", "PYTHON"))  # fmt: skip
+                          timeout=60, env=_without(os.environ, "VENV", "PYTHON"),
+                          preexec_fn=_default_interrupt)  # fmt: skip
     return done.returncode, [line.split()[0] for line in _ran(tree)], done.stderr
+
+
+def _default_interrupt():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _without(environment, *names):
