@@ -401,6 +401,11 @@ def test_a_search_table_has_a_column_per_hyperparameter_it_shows(tmp_path):
         "| adagrad | 0.3 | 87.5% |\n| sgd | 0.1 | 25.0% |\n| sgd | 1 | 50.0% |\n"
     ) in section
     assert "after 1500 steps (3 trials," in section
+    (anchor,) = suite.select_searches(["search_mnist_pixel_optimizer_antisymmetric_adam"])
+    csv.write_text("trial_id,status,score,learning_rate,optimizer\n1,COMPLETED,0.5,0.002,adam\n")
+    path = report.write([], str(tmp_path / "runs"), str(tmp_path / "docs"),
+                        searches={anchor: str(csv)})  # fmt: skip
+    assert "after 1500 steps (1 trial, `python" in open(path).read()
 
 
 def test_search_runs_the_searches_only_names(tmp_path, monkeypatch):

@@ -610,7 +610,8 @@ def _search_section(search, trials, assets):
     title = f"{search.title}, {label}"
     steps = search.argv[search.argv.index("--steps-per-trial") + 1]
     lines = [f"## Search: {label} ({search.title})", ""]
-    lines += [f"{title}: validation accuracy after {steps} steps ({len(trials)} trials, "
+    count = f"{len(trials)} trial" + ("" if len(trials) == 1 else "s")
+    lines += [f"{title}: validation accuracy after {steps} steps ({count}, "
               f"`python -m training.reproduce --search --only {search.name}`).", ""]  # fmt: skip
     if search.grid == ("epsilon", "gamma"):
         figure = f"heatmap_{search.name}.png"
