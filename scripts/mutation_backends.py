@@ -45,7 +45,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 
@@ -128,16 +127,17 @@ def _start_pytest(tests, mutant, report=None, deselect=()):
     args += [f"--deselect={test}" for test in deselect]
     args += ["-x"] if report is None else ["-rf", "--tb=no"]
     try:
-        child = subprocess.Popen(
+        # A bare pid, as the caller reaps it with os.wait/os.waitpid.
+        pid = os.posix_spawn(
+            sys.executable,
             [sys.executable, "-c", _CHILD, str(TIMEOUT_S), json.dumps([*args, *tests])],
-            stdin=subprocess.DEVNULL, stdout=handle, stderr=handle,
-            env={**os.environ, "MUTANT_UNDER_TEST": mutant},
+            {**os.environ, "MUTANT_UNDER_TEST": mutant},
+            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                          (os.POSIX_SPAWN_DUP2, handle, 1), (os.POSIX_SPAWN_DUP2, handle, 2)],
         )  # fmt: skip
     finally:
         os.close(handle)
-    # The caller reaps it with os.wait/os.waitpid; the Popen object is not needed again.
-    child.returncode = 0  # so that its finalizer does not wait on a reaped pid
-    return child.pid, output
+    return pid, output
 
 
 def _outcome(status, output, report=None):
