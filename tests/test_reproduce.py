@@ -800,6 +800,9 @@ def test_every_run_of_the_suites_is_a_valid_training_command_with_its_overrides(
             for short, value in re.findall(r"_(eps|gamma|lr)([0-9.]+)", run.name):
                 field = {"eps": "epsilon", "gamma": "gamma", "lr": "learning_rate"}[short]
                 assert flat[field] == float(value), (run.name, field)
+            # An optimizer in the name ("..._sgd0.1") is the run's, at that learning rate.
+            for name, value in re.findall(r"_(sgd|adagrad|adam)([0-9.]+)", run.name):
+                assert (flat["optimizer"], flat["learning_rate"]) == (name, float(value))
             # The data it needs is the data it trains on; its table names task and data.
             first = run.table.split(" ")[0]
             assert first in ("length", "smoke") or config.task.name.startswith(first), run.name
