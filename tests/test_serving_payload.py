@@ -99,6 +99,14 @@ def test_inputs_that_are_not_the_signatures_are_listed_as_tensorflow_serving_doe
         ({"instances": [[[1], [2], [3]], [[1], [2]]]},
          "Input 'x' is not a rectangular array of shape [2, 3, 1]", ONE),
         ({"instances": [[1, 2, 3]]}, "Input 'x' expects a rank-3 nested list, got rank 2", ONE),
+        ({"instances": [[[[1]], [2], [3]]]},
+         "Input 'x' expects a rank-3 nested list, got a deeper one", ONE),
+        ({"instances": [[]]}, "Input 'x' has an empty dimension (empty batch or sequence)", ONE),
+        ({"instances": [{"a": [1.0, 2.0], "c": 1}, {"c": 2, "a": [1.0, 2.0]}]},
+         "input size does not match signature: 2!=2 len({a,c}) != len({a,b}). "
+         "Sent extra: {c}. Missing but required: {b}.", TWO),
+        ({"instances": [{"a": [1.0, 2.0]}]}, "input size does not match signature: 1!=2 "
+         "len({a}) != len({a,b}). Sent extra: {}. Missing but required: {b}.", TWO),
         ({"inputs": {"a": [[1.0, 2.0]], "b": [1, 2]}}, "Inputs have different batch sizes", TWO),
     ],
 )  # fmt: skip
@@ -178,6 +186,21 @@ def test_row_instances_are_all_objects_or_all_plain_values_of_one_input(
     instances, servable, message
 ):
     assert _error({"instances": instances}, servable) == message
+
+
+@pytest.mark.parametrize(
+    "instances",
+    [
+        [{"a": [1.0, 2.0], "b": 1}],
+        [{"a": [1.0, 2.0], "b": 1}, {"b": 2, "a": [3.0, 4.0]}],
+    ],
+)
+def test_row_instances_as_objects_become_one_column_per_input(instances):
+    signature, arrays, rows = _parse(json.dumps({"instances": instances}).encode(), TWO)
+    assert (signature, rows, sorted(arrays)) == ("serving_default", True, ["a", "b"])
+    assert arrays["a"].dtype == np.float32 and arrays["b"].dtype == np.int32
+    np.testing.assert_array_equal(arrays["a"], [row["a"] for row in instances])
+    np.testing.assert_array_equal(arrays["b"], [row["b"] for row in instances])
 
 
 def _as_array(value, spec, budget=None):
