@@ -9,7 +9,8 @@ import types
 import pytest
 
 from training import options, train, tune
-from training.config import LaunchConfig, RunConfig, identity_fields, option_fields
+from training.backends.launch_config import LaunchConfig
+from training.config import RunConfig, identity_fields, option_fields
 from training.errors import DataError
 from training.run import experiment
 from training.sections import key_of
@@ -78,6 +79,7 @@ def test_serving_has_two_wings_and_the_server_imports_the_exports_never_back():
 LIGHT_MODULES = (
     "apputil", "apputil.cli", "apputil.errors", "apputil.files", "apputil.quiet",
     "training", "training.config", "training.sections", "training.options", "training.errors",
+    "training.backends.launch_config",
     "training.search.space", "training.tasks.catalog", "training.train", "training.tune",
     "training.data", "training.paper.suite",
 )  # fmt: skip

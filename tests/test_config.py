@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from training.backends.launch_config import LaunchConfig
 from training.config import (
     RESUME_CHANGEABLE,
-    LaunchConfig,
     ModelConfig,
     RunConfig,
     UsageError,

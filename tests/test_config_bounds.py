@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from training.config import LaunchConfig, RunConfig, UsageError, run_keys
+from training.backends.launch_config import LaunchConfig
+from training.config import RunConfig, UsageError, run_keys
 from training.sections import check_types, flag
 
 POSITIVE_INTEGER = "a positive integer"

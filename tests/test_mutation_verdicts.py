@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import random
 import tempfile
 
 import pytest
@@ -229,19 +230,23 @@ def test_a_recheck_leaves_out_mutants_of_modules_the_tree_holds_only_as_copies()
     assert backends._in_tree(mutants, {}) == ([], ["pkg.mod", "pkg.other"])
 
 
-def test_first_pass_kills_and_listed_equivalents_are_checked_and_the_rest_pending(
-    verdicts, monkeypatch
-):
-    """A mutant mutmut never ran counts as checked once a recheck killed it while its
-    function is unchanged, or once it is listed as equivalent; else it stays pending."""
+@pytest.fixture
+def pending(verdicts, monkeypatch):
+    """scripts/mutation_pending.py as a module."""
     import sys
 
     monkeypatch.setitem(sys.modules, "mutation_verdicts", verdicts)  # mutation_pending's
     spec = importlib.util.spec_from_file_location(
         "mutation_pending", _PATH.parent / "mutation_pending.py"
     )
-    pending = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pending)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_first_pass_kills_and_listed_equivalents_are_checked_and_the_rest_pending(pending):
+    """A mutant mutmut never ran counts as checked once a recheck killed it while its
+    function is unchanged, or once it is listed as equivalent; else it stays pending."""
     names = [f"pkg.mod.x_f__mutmut_{i}" for i in range(1, 7)]
     codes = dict(zip(names, (1, 0, None, None, None, None), strict=True))
     files = {"pkg/mod.py": _meta(codes, {"x_f": "h1"})}
@@ -256,6 +261,46 @@ def test_first_pass_kills_and_listed_equivalents_are_checked_and_the_rest_pendin
     row = pending.table(config, files, rechecks, equivalents).splitlines()[-1]
     # mutants, checked, killed by the run, killed by a recheck, equivalent, left, score
     assert row == "| `pkg.mod` | full | 6 | 4 | 1 | 2 | 1 | 0 | 100.0% |"
+
+
+def test_a_sample_judges_a_full_module_on_the_draw_of_mutation_sh(pending):
+    """`--sample N` judges every module, a full one too, on the seeded draw that
+    `MUTATION_SAMPLE=N scripts/mutation.sh` runs; named modules keep only those."""
+    names = [f"pkg.mod.x_f__mutmut_{i}" for i in range(1, 11)]
+    codes = dict.fromkeys(names)
+    codes[names[0]] = 1  # killed by the run
+    files = {"pkg/mod.py": _meta(codes, {"x_f": "h1"}), "pkg/other.py": _meta(
+        {"pkg.other.x_g__mutmut_1": None}, {"x_g": "h2"})}  # fmt: skip
+    config = "# module: pkg.mod\n# module: pkg.other  # sample: 40\n"
+    draw = random.Random("keras-antisym:pkg.mod").sample(sorted(names), 4)
+    expected = [name for name in draw if name != names[0]]
+    assert list(pending.pending(config, files, sample=4, only=("pkg.mod",))) == expected
+    assert list(pending.pending(config, files, only=("pkg.other",))) == [
+        "pkg.other.x_g__mutmut_1"
+    ]
+    assert len(list(pending.pending(config, files))) == 10  # full, and the other's one
+    row = pending.table(config, files, {}, "", sample=4, only=("pkg.mod",)).splitlines()
+    checked = 1 if names[0] in draw else 0
+    assert row[2:] == [
+        f"| `pkg.mod` | sample | 10 | {checked} | {checked} | 0 | 0 | 0 | "
+        f"{'100.0%' if checked else '-'} |"
+    ]
+    with pytest.raises(ValueError, match="pkg.nothing"):
+        list(pending.pending(config, files, only=("pkg.nothing",)))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--sample", "0"], "argument `--sample`, expected a positive integer, got '0'."),
+    (["--sample", "x"], "argument `--sample`, expected a positive integer, got 'x'."),
+    (["pkg.nothing"], "argument `modules`, expected modules of scripts/mutation-app.cfg, "
+                      "got pkg.nothing."),
+])  # fmt: skip
+def test_the_command_line_refuses_a_bad_sample_or_module(pending, capsys, argv, words):
+    with pytest.raises(SystemExit):
+        pending.main(argv)
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"Received an invalid value for {words}"
+    )
 
 
 # A tree's test for the mutants below: mutant 1 of `x_f` breaks it; the two mutants of `x_g`

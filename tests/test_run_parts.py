@@ -9,7 +9,7 @@ import pytest
 from apputil.errors import UsageError
 from training.backends import select
 from training.backends.cluster import Cluster
-from training.config import LaunchConfig
+from training.backends.launch_config import LaunchConfig
 from training.run.identity import MISSING, check_unchanged
 from training.run.rundir import RunDir
 from training.sections import flag

@@ -17,7 +17,8 @@ import yaml
 from benchmarks import reference
 from tests.limits import limit
 from training import train
-from training.config import LaunchConfig, RunConfig
+from training.backends.launch_config import LaunchConfig
+from training.config import RunConfig
 from training.run import experiment
 from training.tasks.catalog import get_task
 from training.tasks.models import build_model

@@ -19,10 +19,10 @@ from training.backends import select, strategies
 from training.backends.backend import Backend
 from training.backends.cluster import Cluster, Processes
 from training.backends.distributions import JaxBackend, TorchBackend
+from training.backends.launch_config import LaunchConfig
 from training.backends.strategies import TensorFlowBackend
 from training.backends.trainer_keras import KerasTrainer
 from training.backends.trainer_tf import TFTrainer
-from training.config import LaunchConfig
 from training.errors import StrategyError
 from training.tasks import catalog as tasks
 from training.tasks.optimizers import make_optimizer

@@ -790,8 +790,8 @@ def test_a_search_refuses_a_multi_worker_cluster_and_a_batch_the_replicas_cannot
 ):
     """Before any trial: keras-tuner runs each trial on one worker, and a trial's batch must
     split over the backend's replicas."""
+    from training.backends.launch_config import LaunchConfig
     from training.backends.strategies import TensorFlowBackend
-    from training.config import LaunchConfig
     from training.search import tuner as search
 
     cluster = TensorFlowBackend(launch=LaunchConfig(strategy="multi_worker"))

@@ -23,7 +23,8 @@ from __future__ import annotations
 from apputil import cli, quiet, signals
 from training import options
 from training.backends.cluster import Cluster
-from training.config import LaunchConfig, RunConfig
+from training.backends.launch_config import LaunchConfig
+from training.config import RunConfig
 from training.errors import EXPECTED, RunStopped
 from training.sections import flag
 

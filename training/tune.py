@@ -26,7 +26,8 @@ from apputil import cli, quiet, signals
 from apputil.cli import OneLineParser
 from apputil.errors import check, invalid
 from training import options
-from training.config import LaunchConfig, RunConfig, identity_fields
+from training.backends.launch_config import LaunchConfig
+from training.config import RunConfig, identity_fields
 from training.errors import EXPECTED, SearchInterrupted
 from training.search.space import PAPER_GRID, SearchSpace, flag_name
 from training.sections import check_types, flag

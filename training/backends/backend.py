@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from training.config import LaunchConfig
+from training.backends.launch_config import LaunchConfig
 
 #: Every `--strategy` name; each backend accepts some (`Backend.STRATEGIES`).
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu", "data_parallel")
@@ -39,7 +39,7 @@ class Backend:
     Args:
         strategy: A `tf.distribute.Strategy` (TensorFlow), a
             `keras.distribution.Distribution` or None (JAX, PyTorch: one device).
-        launch: The `training.config.LaunchConfig` it was made from (its
+        launch: The `training.backends.launch_config.LaunchConfig` it was made from (its
             `strategy` is the name asked for); a run records it as how it ran.
 
     Attributes:

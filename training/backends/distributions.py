@@ -8,8 +8,8 @@ from typing import Any
 
 from training.backends.backend import Backend
 from training.backends.cluster import Cluster, Processes
+from training.backends.launch_config import LaunchConfig
 from training.backends.strategies import check_strategy
-from training.config import LaunchConfig
 from training.errors import StrategyError
 
 
@@ -19,7 +19,7 @@ class JaxBackend(Backend):
 
     Args:
         strategy: The distribution (None: one device).
-        launch: The `training.config.LaunchConfig` it was made from.
+        launch: The `training.backends.launch_config.LaunchConfig` it was made from.
         cluster: The processes this one trains with (default: this one alone).
     """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from training.backends.backend import Backend
 from training.backends.cluster import Cluster
-from training.config import LaunchConfig
+from training.backends.launch_config import LaunchConfig
 
 
 def start(launch: LaunchConfig | None = None, cluster: Cluster | None = None) -> Backend:

@@ -10,7 +10,7 @@ from typing import Any
 from apputil.errors import invalid
 from apputil.quiet import native_stderr_silenced
 from training.backends.backend import Backend
-from training.config import LaunchConfig
+from training.backends.launch_config import LaunchConfig
 from training.errors import StrategyError
 
 #: The `--strategy` names of the TensorFlow backend.
