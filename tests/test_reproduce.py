@@ -340,19 +340,54 @@ def test_each_search_varies_its_own_models_hyperparameters_only():
         varied = {name for name in space.MODEL_HYPERPARAMETERS[each.model]
                   if len(values[name]) > 1}  # fmt: skip
         assert varied <= set(each.grid), each.name  # what it varies, its report shows
-        if args.dataset == "fashion_mnist":
+        if args.dataset == "fashion_mnist" or "optimizer" not in each.name:
             assert varied == set(each.grid), each.name
         trials = int(np.prod([len(values[name]) for name in each.grid]))
         assert args.max_trials == trials, each.name  # the whole grid, nothing more
     # Each task's configs: one search per model, none shared between models; on the
-    # real MNIST the ungated pixel config's optimizer against the paper's.
+    # real MNIST also the ungated pixel config's optimizer against the paper's.
     assert by_task == {
         ("noise_padded_mnist", "fashion_mnist", 1000): ["gated", "antisymmetric", "ablation",
                                                         "lstm"],
         ("pixel_mnist", "fashion_mnist", None): ["gated", "antisymmetric", "lstm"],
         ("permuted_mnist", "fashion_mnist", None): ["gated", "antisymmetric", "lstm"],
-        ("pixel_mnist", "mnist", None): ["antisymmetric", "antisymmetric"],
+        ("pixel_mnist", "mnist", None): ["antisymmetric", "antisymmetric", "gated",
+                                         "antisymmetric", "lstm"],
+        ("permuted_mnist", "mnist", None): ["gated", "antisymmetric", "lstm"],
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("task", ["pixel_mnist", "permuted_mnist"])
+@pytest.mark.parametrize("model", ["antisymmetric", "gated", "lstm"])
+def test_the_mnist_searches_train_each_table_1_config_but_for_its_grid(task, model):
+    """Each Table 1 config's own grid on MNIST's validation split: the config's settings
+    fixed, its searched values among the grid's, so the search can confirm the config or
+    show what beats it."""
+    import yaml
+
+    from training import tune
+
+    config = yaml.safe_load(open(os.path.join(suite.CONFIGS, f"{task}_{model}.yaml")))
+    (each,) = suite.select_searches([f"search_mnist_{task.split('_')[0]}_{model}"])
+    args = tune.build_parser().parse_args(list(each.argv))
+    values = tune.make_space(args).values
+    assert (args.dataset, args.validation_fraction, args.steps_per_trial) == ("mnist", 0.1, 1500)
+    for name in ("task", "model", "units", "batch_size", "clipnorm", "lr_schedule",
+                 "warmup_steps", "lr_floor"):  # fmt: skip
+        assert getattr(args, name) == config[name], name
+    assert values["optimizer"] == (config["optimizer"],)
+    assert values["sigma_w"] == (config["sigma_w"],)
+    grid = {name: values[name] for name in each.grid}
+    if model == "lstm":
+        assert each.grid == ("learning_rate",) and len(grid["learning_rate"]) == 3
+    else:
+        assert each.grid == ("epsilon", "gamma")
+        assert values["learning_rate"] == (config["learning_rate"],)
+        # The choices the suite's rows run with (the config's, or MNIST's own).
+        choices = dict(suite.MNIST_CHOICES.get((task, model), ()))
+        assert choices.get("gamma", config["gamma"]) in grid["gamma"]
+    for name, searched in grid.items():
+        assert config[name] in searched, name
 
 
 def test_the_optimizer_searches_train_the_pixel_config_but_for_its_optimizer():
@@ -421,7 +456,8 @@ def test_search_runs_the_searches_only_names(tmp_path, monkeypatch):
     assert call[call.index("--directory") + 1] == os.path.join(str(tmp_path), "search")
     assert call[-2:] == ["--data-dir", "d"]
     assert [s.name for s in suite.select_searches(["lstm"])] == [
-        "search_noise_padded_lstm", "search_pixel_lstm", "search_permuted_lstm"]  # fmt: skip
+        "search_noise_padded_lstm", "search_pixel_lstm", "search_permuted_lstm",
+        "search_mnist_pixel_lstm", "search_mnist_permuted_lstm"]  # fmt: skip
     assert len(suite.select_searches(None)) == len(suite.SEARCHES)
 
 
