@@ -288,3 +288,70 @@ def test_a_single_unnamed_tensor_needs_a_signature_of_one_input():
     assert _error({"inputs": [[1.0, 2.0]]}, TWO) == (
         "Expected inputs ['a', 'b'], got a single unnamed tensor"
     )
+
+
+PADDED = FakeServable({"sequence": tf.TensorSpec([None, 4, 1], tf.float32, name="sequence"),
+                       "length": tf.TensorSpec([None], tf.int32, name="length")})  # fmt: skip
+
+
+def _padded(lengths, signature="padded"):
+    """The `padded` signature's inputs for `len(lengths)` rows of 4 steps, checked."""
+    sequence = np.zeros((len(lengths), 4, 1)).tolist()
+    sent = {"sequence": sequence, "length": list(lengths)}
+    return payload.checked_inputs(PADDED, signature, sent)
+
+
+@pytest.mark.parametrize("lengths, row, value", [
+    ([0], 0, 0), ([5], 0, 5), ([2, 0, 7], 1, 0), ([4, 4, -1], 2, -1),
+])  # fmt: skip
+def test_a_padded_length_outside_one_to_the_steps_names_its_first_row(lengths, row, value):
+    with pytest.raises(RequestError) as raised:
+        _padded(lengths)
+    assert (raised.value.status, raised.value.message) == (
+        400,
+        f"Input 'length' of row {row} is {value}; each row's length must be in 1..4 (the "
+        "steps of input 'sequence')",
+    )
+
+
+def test_padded_lengths_from_one_to_the_steps_pass_and_other_signatures_skip_them():
+    arrays = _padded([1, 4, 2])
+    assert arrays["length"].tolist() == [1, 4, 2] and arrays["sequence"].shape == (3, 4, 1)
+    # The check belongs to the `padded` signature: another one's `length` is not a length.
+    assert _padded([0, 9], signature="other")["length"].tolist() == [0, 9]
+    # Either input alone: nothing to check against.
+    assert payload.check_lengths({"length": np.array([9])}) is None
+    assert payload.check_lengths({"sequence": np.zeros((2, 4, 1))}) is None
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("rows", [True, False])
+def test_an_output_json_cannot_carry_is_a_400_naming_it_and_its_row(bad, rows):
+    outputs = {"ok": np.zeros((3, 2), "float32"),
+               "state": np.array([[0.0, 1.0], [2.0, 3.0], [4.0, bad]], "float32")}  # fmt: skip
+    with pytest.raises(RequestError) as raised:
+        payload.predict_body(outputs, "stream", rows)
+    assert (raised.value.status, raised.value.message) == (
+        400,
+        "Output 'state' of signature 'stream' holds NaN or Infinity (row 2), which JSON "
+        "cannot carry: the inputs (a state, say) drive the model out of float32 range",
+    )
+    # Integer outputs and finite floats are answered.
+    counts = {"count": np.array([1, 2, 3], "int64")}
+    assert payload.predict_body(counts, "stream", rows) == (
+        {"predictions": [1, 2, 3]} if rows else {"outputs": [1, 2, 3]}
+    )
+
+
+def test_a_scalar_output_that_is_not_finite_is_row_zero():
+    with pytest.raises(RequestError, match=r"holds NaN or Infinity \(row 0\)"):
+        payload.predict_body({"loss": np.array(np.nan, "float32")}, "serving_default", False)
+
+
+def test_a_single_input_may_be_sent_bare_or_named_and_is_read_as_the_same_input():
+    steps = [[[0.5], [0.25], [-1.0]]]
+    bare = _parse(json.dumps({"inputs": steps}).encode(), ONE)
+    named = _parse(json.dumps({"inputs": {"x": steps}}).encode(), ONE)
+    for signature, arrays, rows in (bare, named):
+        assert (signature, sorted(arrays), rows) == ("serving_default", ["x"], False)
+        np.testing.assert_array_equal(arrays["x"], np.array(steps, "float32"))
