@@ -20,3 +20,18 @@ def ended_pid():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return child.pid
+
+
+def record_figures(monkeypatch, module):
+    """The matplotlib figures `module` makes (through its `Figure`), kept in a list."""
+    from matplotlib.figure import Figure
+
+    made = []
+
+    class Recorded(Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(module, "Figure", Recorded)
+    return made

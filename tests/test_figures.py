@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from keras_antisym import AntisymmetricRNN
+from tests.helpers import record_figures
 from tests.limits import limit
 from training import figures
 
@@ -219,15 +220,8 @@ def test_figure1a_random_weights_send_the_three_states_to_two_fixed_points_on_th
     assert np.all(np.abs(finals).max(axis=1) > 0.9), finals  # on the boundary of (-1, 1)²
 
 
-def _kept_figures(monkeypatch):
-    """The figures a plot function makes, kept when it closes them."""
-    kept = []
-    monkeypatch.setattr(figures.plt, "close", kept.append)
-    return kept
-
-
 def test_figure1_panels_carry_the_paper_titles(monkeypatch, tmp_path):
-    kept = _kept_figures(monkeypatch)
+    kept = record_figures(monkeypatch, figures)
     figures.dynamics_figures(str(tmp_path), grid_seeds=1)
     first, *_, with_input = kept
     vanilla, feedback = first.axes[:4], first.axes[4:]
@@ -238,13 +232,10 @@ def test_figure1_panels_carry_the_paper_titles(monkeypatch, tmp_path):
     assert [ax.get_title() for ax in with_input.axes] == [
         f"{title}, + input" for title in figures.FEEDBACK_TITLES.values()
     ]
-    monkeypatch.undo()
-    for fig in kept:
-        figures.plt.close(fig)
 
 
 def test_the_jacobian_figure_plots_means_and_deviations_against_the_lengths(monkeypatch, tmp_path):
-    kept = _kept_figures(monkeypatch)
+    kept = record_figures(monkeypatch, figures)
     study = {
         "lengths": [10, 20, 40],
         "units": 4, "epsilon": 0.5, "lstm_units": 3, "samples": 2,
@@ -269,8 +260,6 @@ def test_the_jacobian_figure_plots_means_and_deviations_against_the_lengths(monk
     assert means.get_title() == "mean of |eigenvalues| of ∂h_T/∂h_0"
     assert stds.get_title() == "standard deviation of |eigenvalues| of ∂h_T/∂h_0"
     assert (tmp_path / "jacobian.png").read_bytes()[:4] == b"\x89PNG"
-    monkeypatch.undo()
-    figures.plt.close(fig)
 
 
 def test_a_checkpoint_is_measured_on_its_noise_padded_inputs(tmp_path):

@@ -8,6 +8,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from tests.helpers import record_figures
 from training import reproduce
 from training.paper import report, suite
 from training.tasks import catalog as tasks
@@ -518,24 +519,11 @@ def test_a_best_run_without_a_point_by_the_rival_s_time_leads_from_zero():
     assert line.splitlines()[-1].endswith("| +70.0 / -20.0 points |")  # at 30 s: 0 - 0.2
 
 
-def _record_figures(monkeypatch):
-    """The `(figure, axes)` of every `plt.subplots` call of `report`, kept after it closes them."""
-    made = []
-    subplots = report.plt.subplots
-
-    def recording(*args, **kwargs):
-        made.append(subplots(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(report.plt, "subplots", recording)
-    return made
-
-
 def test_heatmap_axes_name_the_parameters_on_a_fixed_scale(tmp_path, monkeypatch):
-    made = _record_figures(monkeypatch)
+    made = record_figures(monkeypatch, report)
     trials = [{"epsilon": 0.01, "gamma": 0.1, "score": 0.25}]
     report.plot_heatmap(trials, "the title", str(tmp_path / "h.png"))
-    _, axis = made[0]
+    axis = made[0].axes[0]  # then the colorbar's
     assert (axis.get_xlabel(), axis.get_ylabel()) == ("γ (diffusion)", "ε (step size)")
     assert axis.get_title() == "the title"
     (image,) = axis.images
@@ -588,12 +576,12 @@ def test_a_runs_folder_is_named_relatively_or_not_at_all(tmp_path, monkeypatch):
 
 
 def test_curves_plot_accuracy_against_steps_and_against_seconds(tmp_path, monkeypatch):
-    made = _record_figures(monkeypatch)
+    made = record_figures(monkeypatch, report)
     row = _row("a", "gated", 0.5, 30, curve=[
         {"step": 10, "seconds": 3, "accuracy": 0.2}, {"step": 20, "seconds": 7, "accuracy": 0.5},
     ])  # fmt: skip
     assert report.plot_curves("title", [row], str(tmp_path / "c.png"))
-    _, (by_steps, by_seconds) = made[0]
+    by_steps, by_seconds = made[0].axes
     np.testing.assert_array_equal(by_steps.lines[0].get_xydata(), [[10, 0.2], [20, 0.5]])
     np.testing.assert_array_equal(by_seconds.lines[0].get_xydata(), [[3, 0.2], [7, 0.5]])
     assert (by_steps.get_xlabel(), by_seconds.get_xlabel()) == (

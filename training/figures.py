@@ -27,21 +27,18 @@ import json
 import os
 import sys
 
-import matplotlib
+import keras
+import numpy as np
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # headless: no display on training machines or CI
-
-import keras  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from apputil.cli import execute  # noqa: E402
-from apputil.errors import invalid  # noqa: E402
-from keras_antisym import (  # noqa: E402
+from apputil.cli import execute
+from apputil.errors import invalid
+from keras_antisym import (
     AntisymmetricCell,
     AntisymmetricRNN,
     FanInNormal,
-    diagnostics,  # noqa: E402
+    diagnostics,
 )
 
 INITIAL_STATES = np.array([[0.0, 0.5], [-0.5, -0.5], [0.5, -0.75]])
@@ -117,7 +114,7 @@ def trajectory_numbers(w, trajectories):
 
 def _plot_trajectories(ax, trajectories, title, w=None, limit=None):
     for traj, color in zip(trajectories, COLORS, strict=False):
-        rgba = np.tile(matplotlib.colors.to_rgba(color), (len(traj), 1))
+        rgba = np.tile(to_rgba(color), (len(traj), 1))
         rgba[:, 3] = np.linspace(0.1, 1.0, len(traj))  # earlier: more translucent
         ax.scatter(traj[:, 0], traj[:, 1], c=rgba, s=6, linewidths=0)
         ax.scatter(*traj[0], marker="*", s=60, color=color, edgecolors="k", linewidths=0.4)
@@ -137,7 +134,8 @@ def _plot_trajectories(ax, trajectories, title, w=None, limit=None):
 def dynamics_figures(output_dir, grid_seeds=16, input_seed=0, dpi=80):
     """Figure 1, the two seed grids and the with-input panel; returns the numbers."""
     numbers = {"epsilon": EPSILON, "steps": STEPS, "initial_states": INITIAL_STATES.tolist()}
-    fig, axes = plt.subplots(2, 4, figsize=(8, 4.3))
+    fig = Figure(figsize=(8, 4.3))
+    axes = fig.subplots(2, 4)
     numbers["vanilla"] = {}
     for ax, (name, w) in zip(axes[0], vanilla_matrices().items(), strict=True):
         trajs = [vanilla_trajectory(w, h0) for h0 in INITIAL_STATES]
@@ -150,11 +148,11 @@ def dynamics_figures(output_dir, grid_seeds=16, input_seed=0, dpi=80):
         _plot_trajectories(ax, trajs, FEEDBACK_TITLES[name], w=w)
     fig.tight_layout()
     fig.savefig(os.path.join(output_dir, "figure1_dynamics.png"), dpi=dpi)
-    plt.close(fig)
 
     side = int(np.ceil(np.sqrt(grid_seeds)))
     for kind in ("vanilla", "feedback"):
-        fig, axes = plt.subplots(side, side, figsize=(1.6 * side, 1.6 * side), squeeze=False)
+        fig = Figure(figsize=(1.6 * side, 1.6 * side))
+        axes = fig.subplots(side, side, squeeze=False)
         numbers[f"{kind}_seeds"] = {}
         for ax, seed in zip(axes.ravel(), range(1, grid_seeds + 1), strict=False):
             a = np.random.RandomState(seed).standard_normal((2, 2))
@@ -170,11 +168,11 @@ def dynamics_figures(output_dir, grid_seeds=16, input_seed=0, dpi=80):
             ax.axis("off")
         fig.tight_layout()
         fig.savefig(os.path.join(output_dir, f"appendix_{kind}_seeds.png"), dpi=dpi)
-        plt.close(fig)
 
     # Appendix: feedback with independent standard Gaussian input (V = I).
     inputs = np.random.RandomState(input_seed).standard_normal((len(INITIAL_STATES), STEPS, 2))
-    fig, axes = plt.subplots(1, 4, figsize=(8, 2.3))
+    fig = Figure(figsize=(8, 2.3))
+    axes = fig.subplots(1, 4)
     numbers["feedback_with_input"] = {"input_seed": input_seed}
     for ax, (name, w) in zip(axes, FEEDBACK_MATRICES.items(), strict=True):
         trajs = [
@@ -184,7 +182,6 @@ def dynamics_figures(output_dir, grid_seeds=16, input_seed=0, dpi=80):
         _plot_trajectories(ax, trajs, f"{FEEDBACK_TITLES[name]}, + input", w=w)
     fig.tight_layout()
     fig.savefig(os.path.join(output_dir, "appendix_feedback_with_input.png"), dpi=dpi)
-    plt.close(fig)
     return numbers
 
 
@@ -312,7 +309,8 @@ def checkpoint_study(paths, args):
 
 
 def plot_jacobian_study(study, path, dpi=80):
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    fig = Figure(figsize=(8, 3))
+    axes = fig.subplots(1, 2)
     lengths = study["lengths"]
     for name, per_length in study["models"].items():
         means = [per_length[str(t)]["mean"] for t in lengths]
@@ -335,7 +333,6 @@ def plot_jacobian_study(study, path, dpi=80):
     )
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
 
 
 def _csv(cast):

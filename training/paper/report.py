@@ -13,16 +13,12 @@ import json
 import os
 import shlex
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # headless: no display on training machines or CI
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from apputil.files import write_atomically  # noqa: E402
-from training.paper.suite import data_available, differences_text, train_argv  # noqa: E402
-from training.run.rundir import RunDir  # noqa: E402
+from apputil.files import write_atomically
+from training.paper.suite import data_available, differences_text, train_argv
+from training.run.rundir import RunDir
 
 # The report states the spread of this many last evaluations beside each final number:
 # how far the curve still oscillates where the run stopped.
@@ -318,7 +314,8 @@ def plot_curves(title, rows, path):
     rows = [r for r in rows if r["curve"]]
     if not rows:
         return False
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    figure = Figure(figsize=(11, 4))
+    axes = figure.subplots(1, 2)
     names = [r["name"] for r in rows]
     for r in rows:
         steps = [p["step"] for p in r["curve"]]
@@ -339,7 +336,6 @@ def plot_curves(title, rows, path):
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
-    plt.close(figure)
     return True
 
 
@@ -356,7 +352,8 @@ def plot_length(rows, task, path):
     lines = {m: points for m, points in lines.items() if len(points) > 1}
     if not lines:
         return None
-    figure, axis = plt.subplots(figsize=(5.5, 3.6))
+    figure = Figure(figsize=(5.5, 3.6))
+    axis = figure.subplots()
     for model, points in lines.items():
         axis.plot(*zip(*points, strict=True), marker="o", label=MODEL_LABELS.get(model, model))
     axis.set_xscale("log")
@@ -367,7 +364,6 @@ def plot_length(rows, task, path):
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
-    plt.close(figure)
     return lines
 
 
@@ -400,7 +396,8 @@ def plot_heatmap(trials, title, path):
             scores = [t["score"] for t in trials if t["epsilon"] == e and t["gamma"] == g]
             if scores:
                 grid[i, j] = np.mean(scores)
-    figure, axis = plt.subplots(figsize=(5, 3.6))
+    figure = Figure(figsize=(5, 3.6))
+    axis = figure.subplots()
     image = axis.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="lower")
     axis.set_xticks(range(len(gammas)), [f"{g:g}" for g in gammas])
     axis.set_yticks(range(len(epsilons)), [f"{e:g}" for e in epsilons])
@@ -414,7 +411,6 @@ def plot_heatmap(trials, title, path):
     axis.set_title(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
-    plt.close(figure)
     return grid
 
 
