@@ -293,3 +293,18 @@ def test_each_application_module_logs_under_its_own_name():
                         for name in own.findall(f.read()):
                             found[os.path.relpath(path, ROOT)] = name
     assert len(found) >= 6 and set(found.values()) == {"__name__"}, found
+
+
+def test_the_modules_that_draw_leave_matplotlib_s_backend_as_the_user_chose():
+    # Importing a module must not change process-wide state such as matplotlib's backend:
+    # the figures draw on `Figure` objects, which need no backend.
+    code = (
+        "import matplotlib\n"
+        "import training.figures, training.paper.plots, training.paper.report\n"
+        "print(matplotlib.get_backend())\n"
+    )
+    env = {**os.environ, "MPLBACKEND": "svg", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=limit(180))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "svg"

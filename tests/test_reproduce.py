@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import record_figures
 from training import reproduce
-from training.paper import report, suite
+from training.paper import plots, report, suite
 from training.tasks import catalog as tasks
 
 
@@ -175,7 +175,7 @@ def test_heatmap_cells_are_the_mean_validation_accuracy(tmp_path):
         {"epsilon": 0.01, "gamma": 0.1, "score": 0.7},
         {"epsilon": 0.1, "gamma": 1.0, "score": 0.2},
     ]
-    grid = report.plot_heatmap(trials, "t", str(tmp_path / "h.png"))
+    grid = plots.plot_heatmap(trials, "t", str(tmp_path / "h.png"))
     np.testing.assert_allclose(grid, [[0.6, np.nan], [np.nan, 0.2]])
     assert matplotlib.image.imread(tmp_path / "h.png").shape[-1] in (3, 4)
 
@@ -215,7 +215,7 @@ def test_length_plot_puts_each_models_accuracy_against_t(tmp_path):
         row("np_gated_eps0.1_gamma1", "gated", 1000, 0.2),  # a variant, not the main config
         row("noise_padded_fashion_mnist_lstm", "lstm", 1000, 0.1),  # one point: no line
     ]
-    lines = report.plot_length(rows, "noise_padded_mnist", str(tmp_path / "l.png"))
+    lines = plots.plot_length(rows, "noise_padded_mnist", str(tmp_path / "l.png"))
     assert lines == {"gated": [(100, 0.8), (300, 0.75), (1000, 0.7)]}
     assert (tmp_path / "l.png").is_file()
 
@@ -249,9 +249,9 @@ def test_equal_time_compares_only_runs_on_the_same_hardware():
 
 
 def test_hardware_is_the_machine_whatever_the_backend():
-    assert report.hardware("jax on 1 x NVIDIA H100 (gpu)") == "1 x NVIDIA H100 (gpu)"
-    assert report.hardware("tensorflow on cpu") == "cpu"
-    assert report.hardware(None) is None
+    assert plots.hardware("jax on 1 x NVIDIA H100 (gpu)") == "1 x NVIDIA H100 (gpu)"
+    assert plots.hardware("tensorflow on cpu") == "cpu"
+    assert plots.hardware(None) is None
     gated = _row("g", "gated", 0.8, 20, device="jax on 1 x H100 (gpu)", curve=[
         {"step": 50, "seconds": 10, "accuracy": 0.6},
         {"step": 100, "seconds": 20, "accuracy": 0.8},
@@ -494,9 +494,9 @@ def test_report_has_a_section_per_search_and_reads_an_older_single_search(tmp_pa
 
 
 def test_curves_are_labelled_with_the_split_they_were_evaluated_on():
-    assert report.curve_label([{"curve_split": "test"}, {}]) == "test accuracy"
-    assert report.curve_label([{"curve_split": "validation"}]) == "validation accuracy"
-    mixed = report.curve_label([{"curve_split": "validation"}, {"curve_split": "test"}])
+    assert plots.curve_label([{"curve_split": "test"}, {}]) == "test accuracy"
+    assert plots.curve_label([{"curve_split": "validation"}]) == "validation accuracy"
+    mixed = plots.curve_label([{"curve_split": "validation"}, {"curve_split": "test"}])
     assert mixed == "accuracy (test or validation: see the table)"
 
 
@@ -520,9 +520,9 @@ def test_a_best_run_without_a_point_by_the_rival_s_time_leads_from_zero():
 
 
 def test_heatmap_axes_name_the_parameters_on_a_fixed_scale(tmp_path, monkeypatch):
-    made = record_figures(monkeypatch, report)
+    made = record_figures(monkeypatch, plots)
     trials = [{"epsilon": 0.01, "gamma": 0.1, "score": 0.25}]
-    report.plot_heatmap(trials, "the title", str(tmp_path / "h.png"))
+    plots.plot_heatmap(trials, "the title", str(tmp_path / "h.png"))
     axis = made[0].axes[0]  # then the colorbar's
     assert (axis.get_xlabel(), axis.get_ylabel()) == ("γ (diffusion)", "ε (step size)")
     assert axis.get_title() == "the title"
@@ -576,11 +576,11 @@ def test_a_runs_folder_is_named_relatively_or_not_at_all(tmp_path, monkeypatch):
 
 
 def test_curves_plot_accuracy_against_steps_and_against_seconds(tmp_path, monkeypatch):
-    made = record_figures(monkeypatch, report)
+    made = record_figures(monkeypatch, plots)
     row = _row("a", "gated", 0.5, 30, curve=[
         {"step": 10, "seconds": 3, "accuracy": 0.2}, {"step": 20, "seconds": 7, "accuracy": 0.5},
     ])  # fmt: skip
-    assert report.plot_curves("title", [row], str(tmp_path / "c.png"))
+    assert plots.plot_curves("title", [row], str(tmp_path / "c.png"))
     by_steps, by_seconds = made[0].axes
     np.testing.assert_array_equal(by_steps.lines[0].get_xydata(), [[10, 0.2], [20, 0.5]])
     np.testing.assert_array_equal(by_seconds.lines[0].get_xydata(), [[3, 0.2], [7, 0.5]])
