@@ -4,7 +4,7 @@
 
 For machines where TensorFlow is not installed (GPU machines often carry JAX
 and PyTorch only): one subprocess per backend runs, for every layer of
-`benchmarks.run.LAYERS`, interleaved and repeated,
+`benchmarks.tables.LAYERS`, interleaved and repeated,
 
 - the training step (forward + backward + SGD) at the suite's shapes, with
   XLA on JAX (`jit_compile=True`, as Keras always does there) and eagerly on
@@ -53,20 +53,16 @@ from benchmarks.common import (
     table,
     write_text,
 )
-from benchmarks.run import (
-    FULL,
+from benchmarks.run import FULL, QUICK, make_model, random_batch, training_entry
+from benchmarks.run import bench_hoist as run_bench_hoist
+from benchmarks.tables import (
     LAYERS,
-    QUICK,
     hoist_markdown,
     hoist_ratios,
-    make_model,
-    random_batch,
     ratios_markdown,
-    training_entry,
     training_markdown,
     training_ratios,
 )
-from benchmarks.run import bench_hoist as run_bench_hoist
 
 #: The kernel section's training shapes `(batch, T, m, n)`: the suite's T=784, and twice as long.
 KERNEL_SHAPES = {"full": [(128, 784, 1, 128), (128, 1568, 1, 128)], "quick": [(8, 20, 1, 8)]}

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import accelerator
 from benchmarks.accelerator import KERNEL_LAYERS
-from benchmarks.run import LAYERS
+from benchmarks.tables import LAYERS
 from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]

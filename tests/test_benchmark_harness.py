@@ -13,7 +13,8 @@ import pytest
 
 from apputil.cli import EXIT_FAILURE
 from benchmarks import accelerator, run
-from benchmarks.run import LAYERS, QUICK
+from benchmarks.run import QUICK
+from benchmarks.tables import LAYERS
 
 TINY = {
     "train_shapes": [(3, 5, 2, 4), (3, 7, 1, 4)],

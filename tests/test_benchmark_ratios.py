@@ -2,8 +2,8 @@
 
 import pytest
 
-from benchmarks import accelerator, run
-from benchmarks.run import LAYERS, POLICIES, PRECISION_LAYERS
+from benchmarks import accelerator, run, tables
+from benchmarks.tables import LAYERS, POLICIES, PRECISION_LAYERS
 
 
 def _timing(median, low=None, high=None):
@@ -23,7 +23,7 @@ def _training_entry(batch, steps, features, units, scale=1.0):
 
 def test_training_ratios_divide_the_medians():
     # AntisymmetricRNN 1, Gated 2, RNN(cell) 3, SimpleRNN 4, GRU 5, LSTM 6, floor 0.5.
-    assert run.training_ratios(_training_entry(8, 20, 1, 8)) == {
+    assert tables.training_ratios(_training_entry(8, 20, 1, 8)) == {
         "AntisymmetricRNN/SimpleRNN": 0.25,
         "GatedAntisymmetricRNN/SimpleRNN": 0.5,
         "RNN(AntisymmetricCell)/SimpleRNN": 0.75,
@@ -42,7 +42,7 @@ def test_hoist_ratios_name_the_shape():
             "GatedAntisymmetricRNN|hoist=False": _timing(2.0),
         },
     }  # fmt: skip
-    assert run.hoist_ratios(hoist) == {
+    assert tables.hoist_ratios(hoist) == {
         "AntisymmetricRNN hoisted/not hoisted (m=9, T=20)": 0.25,
         "GatedAntisymmetricRNN hoisted/not hoisted (m=9, T=20)": 1.5,
     }
@@ -86,8 +86,8 @@ def _run_results(lstm_peak=4.0):
 
 
 def test_run_ratios_cover_every_section():
-    out = run.ratios(_run_results())
-    assert out["train_B8_T20_m1_n8"] == run.training_ratios(_training_entry(8, 20, 1, 8))
+    out = tables.ratios(_run_results())
+    assert out["train_B8_T20_m1_n8"] == tables.training_ratios(_training_entry(8, 20, 1, 8))
     assert out["train_B8_T160_m3_n8"]["AntisymmetricRNN/floor"] == 2.0
     # The two longest single-feature shapes (T=80 over T=40): 5/3, for both models.
     assert out["AntisymmetricRNN T=80/T=40"] == pytest.approx(5 / 3)
@@ -113,20 +113,20 @@ def test_run_ratios_leave_out_missing_sections_and_an_lstm_that_did_not_grow():
     results = _run_results(lstm_peak=0.0)
     del results["jit"], results["hoist"], results["precision"], results["end_to_end"]
     results["training"] = results["training"][:1]  # one shape: no T ratio
-    out = run.ratios(results)
+    out = tables.ratios(results)
     assert list(out) == ["train_B8_T20_m1_n8"]
 
 
 def test_run_tables_format_medians_and_ranges():
     entry = _training_entry(8, 20, 1, 8)
-    lines = run.training_markdown([entry])
+    lines = tables.training_markdown([entry])
     assert lines[0] == "| training step (s) | " + " | ".join(LAYERS) + " | floor |"
     assert lines[2] == (
         "| B8 T20 m1 n8 | 1.0000 (0.5000-2.0000) | 2.0000 (1.0000-4.0000) | "
         "3.0000 (1.5000-6.0000) | 4.0000 (2.0000-8.0000) | 5.0000 (2.5000-10.0000) | "
         "6.0000 (3.0000-12.0000) | 0.5000 |"
     )
-    assert run.ratios_markdown({"a": 0.12345, "b": {"x": 2.0, "y": 1 / 3}}) == [
+    assert tables.ratios_markdown({"a": 0.12345, "b": {"x": 2.0, "y": 1 / 3}}) == [
         "| ratio (same run, medians) | value |",
         "|---|---|",
         "| a | 0.123 |",
@@ -134,10 +134,10 @@ def test_run_tables_format_medians_and_ranges():
         "| b: y | 0.333 |",
     ]
     results = _run_results()
-    hoist = run.hoist_markdown(results["hoist"])
+    hoist = tables.hoist_markdown(results["hoist"])
     assert hoist[1] == "| input projection, training step B8 T20 m9 n8 (s) | median |"
     assert "| AntisymmetricRNN, hoist=False | 2.0000 |" in hoist
-    precision = run.precision_markdown(results["precision"])
+    precision = tables.precision_markdown(results["precision"])
     assert precision[1] == (
         "| training step by dtype policy, B8 T20 m1 n8 (s) | " + " | ".join(POLICIES) + " |"
     )
@@ -154,7 +154,7 @@ def test_run_markdown_puts_the_sections_in_order():
         times[f"{name}|saved_model"] = _timing(0.01 * (index + 1))
     results["inference"] = [{"batch": 1, "steps": 20, "times": times}]
     results["backends"] = {"jax": {"training": [_training_entry(8, 20, 1, 8, scale=0.1)]}}
-    text = run.markdown(results)
+    text = tables.markdown(results)
     assert text.startswith('Environment: {"backend": "tensorflow"}\n\n| training step (s) |')
     assert text.endswith("| r | 1.500 |\n")
     order = [
@@ -179,13 +179,13 @@ def test_inference_table_has_the_keras_loop_column_only_where_it_was_measured():
         times[f"{name}|saved_model"] = _timing(0.01 * (index + 1))
     without = {"environment": {}, "training": [], "ratios": {},
                "inference": [{"batch": 1, "steps": 20, "times": dict(times)}]}  # fmt: skip
-    text = run.markdown(without)
+    text = tables.markdown(without)
     assert "| inference B1 T20 (s) | in process | SavedModel |\n" in text
     assert "| AntisymmetricRNN | 0.0010 | 0.0100 |\n" in text
     times["AntisymmetricRNN|keras_loop"] = _timing(0.003)
     times["GatedAntisymmetricRNN|keras_loop"] = _timing(0.004)
     anchored = dict(without, inference=[{"batch": 1, "steps": 20, "times": times}])
-    text = run.markdown(anchored)
+    text = tables.markdown(anchored)
     assert "| inference B1 T20 (s) | in process | SavedModel | Keras' loop |\n" in text
     assert "| AntisymmetricRNN | 0.0010 | 0.0100 | 0.0030 |\n" in text
     assert "| GatedAntisymmetricRNN | 0.0020 | 0.0200 | 0.0040 |\n" in text
@@ -256,7 +256,7 @@ def test_accelerator_ratios_and_markdown():
     memory = {name: {"peak_growth_mib": float(i + 1)} for i, name in enumerate(LAYERS)}
     results = _accelerator_results(memory)
     out = accelerator.ratios(results)
-    assert out["B8 T20 m1 n8"] == run.training_ratios(results["training"][0])
+    assert out["B8 T20 m1 n8"] == tables.training_ratios(results["training"][0])
     assert out["gated/ungated kernel B8 T20 m1 n8"] == 3.0
     # LSTM is the sixth layer: peak 6.
     assert out["AntisymmetricRNN peak memory/LSTM"] == pytest.approx(1 / 6)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import FUSED_LAYERS, LAYERS, QUICK, hoist_models, random_batch
+from benchmarks.run import QUICK, hoist_models, random_batch
+from benchmarks.tables import FUSED_LAYERS, LAYERS
 from tests.limits import limit
 
 ROOT = Path(__file__).resolve().parents[1]

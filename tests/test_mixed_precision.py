@@ -342,7 +342,8 @@ def test_export_of_a_mixed_precision_model_serves_float32_outputs(policy, tmp_pa
 
 
 def test_benchmark_times_every_policy_beside_float32():
-    from benchmarks.run import QUICK, bench_precision, precision_markdown, precision_ratios
+    from benchmarks.run import QUICK, bench_precision
+    from benchmarks.tables import precision_markdown, precision_ratios
 
     result = bench_precision({**QUICK, "repeats": 1, "warmup": 0}, layers=("AntisymmetricRNN",))
     assert set(result["times"]) == {f"AntisymmetricRNN|{p}" for p in POLICIES}
