@@ -116,6 +116,11 @@ def test_a_bad_config_is_one_line_naming_the_model_at_fault(text, message):
     assert "\n" not in str(refused.value)
 
 
+def test_a_config_text_without_a_source_is_named_the_model_config():
+    with pytest.raises(ModelConfigError, match=r"^the model config does not parse: "):
+        parse_model_config("model_config_list { config {")
+
+
 def test_a_version_folder_as_base_path_and_an_unreadable_file_are_refused(tmp_path):
     base = _versions(tmp_path, 1)
     with pytest.raises(ModelConfigError, match=r"model 1 \(a\): base_path '.*1' holds a saved"):
@@ -214,6 +219,9 @@ def test_labels_name_served_versions_and_an_unknown_label_is_400(tmp_path):
         assert (refused.value.status, refused.value.message) == (
             404, "Servable not found for request: Latest(c)"
         )  # fmt: skip
+        unknown = r"^Servable not found for request: Specific\(c, 9\)$"
+        with pytest.raises(RequestError, match=unknown):
+            models.status("c", version="9")
     finally:
         models.stop()
     assert not models.watching
@@ -232,6 +240,13 @@ def test_a_label_of_a_version_that_is_not_served_is_refused(tmp_path):
         assert models.labels("a") == {}
     finally:
         models.stop()
+    unserved = _config(("a", base, "specific { versions: 5 }", {"stable": 5}))
+    nothing = Models(parse_model_config(unserved), poll_seconds=60, loader=_Loaded)
+    try:
+        with pytest.raises(ModelConfigError, match=r"not served \(served: none\)$"):
+            nothing.start()
+    finally:
+        nothing.stop()
 
 
 def test_a_reread_applies_changes_and_a_bad_file_keeps_the_previous_config(tmp_path, caplog):
@@ -244,7 +259,9 @@ def test_a_reread_applies_changes_and_a_bad_file_keeps_the_previous_config(tmp_p
         # A rollout step: canary moves to 3, a second model arrives.
         path.write_text(_config(("a", a, policy, {"stable": 2, "canary": 3}),
                                 ("b", b, "", {})))  # fmt: skip
-        assert models.reread(str(path)) is True
+        with caplog.at_level(logging.INFO, logger="serving"):
+            assert models.reread(str(path)) is True
+        assert f"Model config {path} applied: a, b" in [r.getMessage() for r in caplog.records]
         assert models.get("a", label="canary").version == 3
         assert models.get("a", label="stable").version == 2
         assert models.get("b").version == 7
@@ -326,6 +343,9 @@ def test_stop_waits_for_a_reload_in_progress_up_to_its_timeout(tmp_path):
     models.start()
     models.watch(str(path), poll_seconds=0.05)
     try:
+        # A daemon: a server that stops is not held open by the watcher.
+        (watcher,) = [t for t in threading.enumerate() if t.name == "model-config-watcher"]
+        assert watcher.daemon
         path.write_text(_config(("a", a, "", {}), ("b", b, "", {})))
         assert loading.wait(30)  # the watcher is loading b
         started = time.monotonic()

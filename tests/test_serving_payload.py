@@ -171,6 +171,15 @@ def test_a_rest_error_is_an_exception_with_its_message_and_status():
     assert (str(error), error.message, error.status) == ("not here", "not here", 404)
 
 
+def test_a_message_past_the_cap_is_cut_to_it_and_ends_with_an_ellipsis():
+    limit = payload.MAX_MESSAGE_CHARS
+    fits = RequestError(400, "m" * limit)
+    assert fits.message == "m" * limit  # at the cap: whole
+    cut = RequestError(400, "a" * (limit - 3) + "bcdefg")
+    assert cut.message == "a" * (limit - 3) + "..."
+    assert str(cut) == cut.message and len(cut.message) == limit
+
+
 @pytest.mark.parametrize(
     "instances, servable, message",
     [

@@ -653,3 +653,70 @@ def test_stop_gives_up_after_its_timeout_on_a_scan_that_does_not_end(tmp_path):
     assert 0.2 <= time.monotonic() - started < 2 and repository.watching
     release.set()
     assert repository.stop(timeout=limit(10)) is True and not repository.watching
+
+
+def test_version_policies_check_only_their_own_fields_and_describe_themselves():
+    from serving.local.repository import VersionPolicy
+
+    assert VersionPolicy().describe() == "latest 1"
+    assert VersionPolicy("latest", num_versions=2).describe() == "latest 2"
+    assert VersionPolicy("specific", versions=(3, 1)).describe() == "specific 1, 3"
+    assert VersionPolicy("all").describe() == "all"
+    # `num_versions` counts only for `latest`: the other kinds take any.
+    assert VersionPolicy("all", num_versions=0).describe() == "all"
+    assert VersionPolicy("specific", num_versions=0, versions=(2,)).describe() == "specific 2"
+    with pytest.raises(ValueError, match=r"argument `num_versions`, expected at least 1, got 0"):
+        VersionPolicy("latest", num_versions=0)
+    with pytest.raises(ValueError, match=r"argument `kind`, expected latest, specific or all"):
+        VersionPolicy("LATEST")
+
+
+def test_a_specific_policy_serves_its_versions_below_the_highest(tmp_path):
+    from serving.local.repository import ModelRepository, VersionPolicy
+
+    for version in ("1", "2", "3"):
+        _fake_version(str(tmp_path), version)
+    loaded = []
+
+    def loader(path, version):
+        loaded.append(version)
+        return _FakeServable(path, version)
+
+    specific = VersionPolicy("specific", versions=(1,))
+    repository = ModelRepository(str(tmp_path), "m", loader=loader, policy=specific)
+    repository.refresh()
+    assert repository.served_versions == [1] and loaded == [1]
+    latest = ModelRepository(str(tmp_path), "m", loader=loader, policy=VersionPolicy())
+    loaded.clear()
+    latest.refresh()
+    assert latest.served_versions == [3] and loaded == [3]  # lower versions are not loaded
+
+
+def test_a_version_replaced_by_a_higher_one_is_logged_as_no_longer_served(tmp_path, caplog):
+    from serving.local.repository import ModelRepository
+
+    _fake_version(str(tmp_path), "1")
+    repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
+    repository.refresh()
+    _fake_version(str(tmp_path), "2")
+    with caplog.at_level("INFO", logger="serving"):
+        repository.refresh()
+    assert [r.getMessage() for r in caplog.records] == [
+        "Serving version 2 of model m",
+        "Version 1 of model m is no longer served",
+    ]
+
+
+def test_a_relative_base_path_is_hidden_in_its_absolute_spelling_too(tmp_path, monkeypatch):
+    from serving.local.repository import BASE_PATH_SHOWN, ModelRepository
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    repository = ModelRepository("m", "m", loader=_FakeServable)
+    text = f"cannot read {tmp_path / 'm' / '1' / 'saved_model.pb'}, nor m/2 under m."
+    assert repository.hide_paths(text) == (
+        f"cannot read {BASE_PATH_SHOWN}/1/saved_model.pb, nor {BASE_PATH_SHOWN}/2 under "
+        f"{BASE_PATH_SHOWN}."
+    )
+    # Only whole paths: the same letters inside words or other folders' names stay.
+    assert repository.hide_paths("a model in mm/ or m.pb or x/m") == "a model in mm/ or m.pb or x/m"

@@ -137,6 +137,11 @@ def test_values_that_do_not_fill_the_shape_are_counted_in_the_refusal():
     typed.ClearField("tensor_content")
     typed.float_val[:] = [1.0, 2.0, 3.0]
     assert _refusal(typed, spec) == "Input 'x' has 3 values in float_val; shape [2, 2] takes 4"
+    # An answer's output is read by the same check, named as the caller names it.
+    with pytest.raises(RequestError, match=r"^Input 'out' has 3 values in float_val;"):
+        tensors.to_array(typed, "out")
+    with pytest.raises(RequestError, match=r"^Input 'tensor' has 12 bytes of tensor_content;"):
+        tensors.to_array(content)
 
 
 def test_an_empty_dimension_is_refused_and_a_dimension_of_one_is_taken():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,8 @@ POLL_SECONDS = 1.0
 MAX_LOAD_RETRIES = 5
 #: How answers to clients write the base path (the server's logs give it in full).
 BASE_PATH_SHOWN = "<base_path>"
+# A path inside a message: not preceded or followed by a character a path name goes on with.
+_PATH_EDGES = r"(?<![\w./~-]){}(?![\w~-]|\.\w)"
 
 
 def _other_format(path: str) -> str:
@@ -358,7 +361,9 @@ class ModelRepository:
         """`text` with the base path on disk written as `<base_path>`: clients see no paths."""
         paths = {self.base_path, os.path.abspath(self.base_path), os.path.realpath(self.base_path)}
         for path in sorted(paths, key=len, reverse=True):
-            text = text.replace(path.rstrip(os.sep) or path, BASE_PATH_SHOWN)
+            # Whole paths only: a relative base path such as `m` is no letter of other words.
+            whole = _PATH_EDGES.format(re.escape(path.rstrip(os.sep) or path))
+            text = re.sub(whole, lambda _: BASE_PATH_SHOWN, text)
         return text
 
     def serves(self, name: str) -> bool:
