@@ -122,7 +122,7 @@ def test_a_tensor_of_unknown_rank_is_refused_naming_it():
     assert _refusal(proto, tf.TensorSpec([None, 2], tf.float32), "seq") == (
         "Input 'seq' has an unknown rank"
     )
-    with pytest.raises(RequestError, match=r"^Input 'out' has an unknown rank$"):
+    with pytest.raises(RequestError, match=r"^Output 'out' has an unknown rank$"):
         tensors.to_array(proto, "out")
 
 
@@ -137,10 +137,10 @@ def test_values_that_do_not_fill_the_shape_are_counted_in_the_refusal():
     typed.ClearField("tensor_content")
     typed.float_val[:] = [1.0, 2.0, 3.0]
     assert _refusal(typed, spec) == "Input 'x' has 3 values in float_val; shape [2, 2] takes 4"
-    # An answer's output is read by the same check, named as the caller names it.
-    with pytest.raises(RequestError, match=r"^Input 'out' has 3 values in float_val;"):
+    # An answer's output is read by the same check, named as an output.
+    with pytest.raises(RequestError, match=r"^Output 'out' has 3 values in float_val;"):
         tensors.to_array(typed, "out")
-    with pytest.raises(RequestError, match=r"^Input 'tensor' has 12 bytes of tensor_content;"):
+    with pytest.raises(RequestError, match=r"^Output 'tensor' has 12 bytes of tensor_content;"):
         tensors.to_array(content)
 
 

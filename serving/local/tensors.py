@@ -58,28 +58,29 @@ def to_tensor_proto(array: Any) -> Any:
     return proto
 
 
-def _shape(proto: Any, name: str) -> list[int]:
+def _shape(proto: Any, what: str) -> list[int]:
+    """The dimensions of a `TensorProto`, or a 400 naming it as `what` ("Input 'x'")."""
     if proto.tensor_shape.unknown_rank:
-        raise bad_request(f"Input '{name}' has an unknown rank")
+        raise bad_request(f"{what} has an unknown rank")
     return [dim.size for dim in proto.tensor_shape.dim]
 
 
-def _values(proto: Any, shape: list[int], name: str) -> np.ndarray:
-    """The array a `TensorProto` of a known dtype holds, or a 400 naming `name`."""
+def _values(proto: Any, shape: list[int], what: str) -> np.ndarray:
+    """The array a `TensorProto` of a known dtype holds, or a 400 naming it as `what`."""
     dtype, field = _DTYPES[proto.dtype]
     size = math.prod(shape)
     if proto.tensor_content:
         needed = size * dtype.itemsize
         if len(proto.tensor_content) != needed:
             raise bad_request(
-                f"Input '{name}' has {len(proto.tensor_content)} bytes of tensor_content; "
+                f"{what} has {len(proto.tensor_content)} bytes of tensor_content; "
                 f"shape {shape} of {dtype.name} takes {needed}"
             )
         return np.frombuffer(proto.tensor_content, dtype.newbyteorder("<")).astype(dtype)
     values = getattr(proto, field)
     if len(values) != size:
         raise bad_request(
-            f"Input '{name}' has {len(values)} values in {field}; shape {shape} takes {size}"
+            f"{what} has {len(values)} values in {field}; shape {shape} takes {size}"
         )
     if proto.dtype == 19:
         return np.array(values, np.uint16).view(np.float16)
@@ -90,8 +91,9 @@ def to_array(proto: Any, name: str = "tensor") -> np.ndarray:
     """The NumPy array of a `TensorProto` (an answer's output), or a 400 `RequestError`."""
     if proto.dtype not in _DTYPES:
         raise bad_request(f"Output '{name}' has an unsupported dtype {proto.dtype}")
-    shape = _shape(proto, name)
-    return _values(proto, shape, name).reshape(shape)
+    what = f"Output '{name}'"
+    shape = _shape(proto, what)
+    return _values(proto, shape, what).reshape(shape)
 
 
 def input_array(proto: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> np.ndarray:
@@ -113,7 +115,7 @@ def input_array(proto: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> n
         )
     if wanted not in _DTYPES or spec.shape.rank is None:
         raise unsupported_spec(spec, name)  # the shape check below needs the spec's rank
-    shape = _shape(proto, name)
+    shape = _shape(proto, f"Input '{name}'")
     if len(shape) != spec.shape.rank or any(
         want is not None and want != got for want, got in zip(spec.shape, shape, strict=True)
     ):  # fmt: skip
@@ -121,7 +123,7 @@ def input_array(proto: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> n
     if any(size < 1 for size in shape):
         raise bad_request(f"Input '{name}' has an empty dimension (empty batch or sequence)")
     budget.take(math.prod(shape), name)
-    array = _values(proto, shape, name).reshape(shape)
+    array = _values(proto, shape, f"Input '{name}'").reshape(shape)
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise bad_request(f"Input '{name}' contains NaN or Infinity")
     return array
