@@ -47,10 +47,13 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 
 VERDICTS = "backend-verdicts.json"
 NOT_KILLED = (0, 33)  # mutmut's exit codes for "survived" and "no tests"
 TIMEOUT_S = 600
+_GRACE_S = 30  # past TIMEOUT_S the parent kills a child its own alarm did not end
+_POLL_S = 0.2
 
 
 def _mutmut_results():
@@ -178,6 +181,22 @@ def _verdict(code, detail):
     return status, detail
 
 
+def _wait_any(running):
+    """`(pid, wait status)` of the first child to end; a child past its deadline is killed
+    first (a timeout). The parent keeps the time: a child's own alarm is not enough, as a
+    test plugin may re-arm SIGALRM, and a mutant can leave a thread that keeps the child's
+    interpreter from exiting after its tests."""
+    while True:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            return pid, status
+        now = time.monotonic()
+        for child, (_, _, deadline) in running.items():
+            if now > deadline:
+                os.kill(child, signal.SIGKILL)
+        time.sleep(_POLL_S)
+
+
 def _check_all(todo, tests_of, deselect, jobs):
     """Runs each mutant of `todo` with `tests_of(mutant)`, up to `jobs` children at once,
     yielding `(mutant, status, detail)` as each ends (in the order they end)."""
@@ -192,18 +211,18 @@ def _check_all(todo, tests_of, deselect, jobs):
                     yield mutant, "no tests", ""
                     continue
                 pid, output = _start_pytest(tests, mutant, deselect=deselect)
-                running[pid] = (mutant, output)
+                running[pid] = (mutant, output, time.monotonic() + TIMEOUT_S + _GRACE_S)
             if not running:
                 continue
-            pid, status = os.wait()
+            pid, status = _wait_any(running)
             if pid not in running:
                 continue  # a child of someone else in this process
-            mutant, output = running.pop(pid)
+            mutant, output, _ = running.pop(pid)
             yield (mutant, *_verdict(*_outcome(status, output)))
     finally:
         # Stopped early (Ctrl-C, SIGTERM, an error, the caller done): no child goes on
         # beside whatever runs next, and no output file stays behind.
-        for pid, (_, output) in running.items():
+        for pid, (_, output, _) in running.items():
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             os.unlink(output)

@@ -10,6 +10,7 @@ import os
 import pathlib
 import random
 import tempfile
+import time
 
 import pytest
 
@@ -315,6 +316,12 @@ def test_f():
 def test_s():
     time.sleep(120)  # a mutant whose tests run long
 
+def test_h():
+    import signal, threading
+    signal.alarm(0)  # as a test plugin that re-arms SIGALRM does
+    # A thread that is no daemon: the child's interpreter never exits after its tests.
+    threading.Thread(target=time.sleep, args=(3600,)).start()
+
 def test_g_together():
     if not MUTANT.startswith("pkg.mod.x_g"):
         return
@@ -363,6 +370,7 @@ _TREE_TESTS = {
     "pkg.mod.x_f": ["test_tree.py::test_f"],
     "pkg.mod.x_g": ["test_tree.py::test_g_together"],
     "pkg.mod.x_s": ["test_tree.py::test_s"],
+    "pkg.mod.x_t": ["test_tree.py::test_h"],
 }
 
 
@@ -401,6 +409,19 @@ def test_a_check_stopped_early_leaves_no_child_running_and_no_output_file(tree):
     slow = children["pids"][0]
     with pytest.raises(ChildProcessError):
         os.waitpid(slow, os.WNOHANG)  # reaped already
+    assert list(children["logs"].iterdir()) == []
+
+
+def test_a_child_that_never_exits_is_ended_by_the_parent_as_a_timeout(tree, monkeypatch):
+    backends, children = tree
+    monkeypatch.setattr(backends, "TIMEOUT_S", 3)
+    monkeypatch.setattr(backends, "_GRACE_S", 0)
+    started = time.monotonic()
+    (found,) = _check(backends, ["pkg.mod.x_t__mutmut_1"], 1)
+    assert found[:2] == ("pkg.mod.x_t__mutmut_1", "timeout")
+    assert time.monotonic() - started < 60
+    with pytest.raises(ChildProcessError):
+        os.waitpid(children["pids"][0], os.WNOHANG)  # reaped
     assert list(children["logs"].iterdir()) == []
 
 
