@@ -128,9 +128,15 @@ class _CodedError(Exception):
 class _CodeOnly(Exception):
     """An `error_code` without a `message`: `str()` is its text."""
 
-    def __init__(self, code):
-        super().__init__("str() when there is no message")
+    def __init__(self, code, text="str() when there is no message"):
+        super().__init__(text)
         self.error_code = code
+
+
+def _warmup_failed(error):
+    from serving.exports.warmup import WarmupRequestFailed
+
+    return WarmupRequestFailed(3, "serving_default", error)
 
 
 @pytest.mark.parametrize(
@@ -149,12 +155,25 @@ class _CodeOnly(Exception):
         (ValueError("bad\nmore"), ("UNKNOWN", "ValueError: bad")),
         (_CodedError(13, "x" * 600), ("INTERNAL", "x" * 500)),
         (_CodeOnly(14), ("UNAVAILABLE", "str() when there is no message")),
+        (_CodeOnly(14, ""), ("UNAVAILABLE", "")),
     ],
 )
 def test_a_load_failure_is_reported_with_tensorflow_serving_s_code_and_first_line(error, expected):
     from serving.local.servable import error_status
 
     assert error_status(error) == expected
+
+
+@pytest.mark.parametrize(
+    "error, code",
+    [(_CodedError(5, "missing"), "NOT_FOUND"), (ValueError("missing"), "INVALID_ARGUMENT")],
+)
+def test_a_refused_warmup_request_keeps_its_error_s_code_or_is_an_invalid_argument(error, code):
+    from serving.local.servable import error_status
+
+    assert error_status(_warmup_failed(error)) == (
+        code, "warmup request 3 (signature 'serving_default') failed: missing"
+    )  # fmt: skip
 
 
 def test_a_real_tensorflow_error_keeps_its_code_and_message():
