@@ -388,6 +388,40 @@ def test_drain_answers_the_backlog_and_says_so(caplog, listen_fails):
         server.server_close()
 
 
+class _RecordedSleeps:
+    """`time` as `serving.local.httpd` sees it, with every `sleep` recorded."""
+
+    def __init__(self):
+        self.sleeps = []
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        time.sleep(seconds)
+
+
+@pytest.mark.parametrize("how", ["filter", "backlog", "none"])
+def test_the_drain_waits_for_late_handshakes_only_after_a_filter(monkeypatch, how):
+    """A handshake the kernel answered before the filter still completes: the drain gives
+    it a moment to reach the backlog. A shrunken backlog completes none, so no wait."""
+    clock = _RecordedSleeps()
+    monkeypatch.setattr(httpd, "time", clock)
+    monkeypatch.setattr(httpd, "stop_handshakes", lambda listener: how)
+    monkeypatch.setattr(httpd, "HANDSHAKE_GRACE_SECONDS", 0.0173)  # told apart from others
+    server = _thread()
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    try:
+        server.drain(0.5)
+        worker.start()
+        worker.join(timeout=limit(10))
+        assert not worker.is_alive()
+    finally:
+        server.server_close()
+    assert clock.sleeps.count(0.0173) == (1 if how == "filter" else 0)
+
+
 def test_after_stop_handshakes_the_kernel_completes_no_connection_but_keeps_the_backlog():
     """Linux: the listener drops SYNs (a client's connect waits), while a connection
     completed before waits in the backlog and is accepted and answered."""
