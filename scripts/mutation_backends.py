@@ -43,6 +43,7 @@ import fcntl
 import fnmatch
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -54,6 +55,7 @@ NOT_KILLED = (0, 33)  # mutmut's exit codes for "survived" and "no tests"
 TIMEOUT_S = 600
 _GRACE_S = 30  # past TIMEOUT_S the parent kills a child its own alarm did not end
 _POLL_S = 0.2
+_SUMMARY_LINE = re.compile(r"(FAILED|ERROR) \S")
 
 
 def _mutmut_results():
@@ -149,7 +151,9 @@ def _outcome(status, output, report=None):
     with open(output) as f:
         lines = f.read().splitlines()
     os.unlink(output)
-    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    # pytest's summary lines ("FAILED tests/x.py::t - ..."), not captured log records,
+    # which start "ERROR    module:file.py:12 ...".
+    failed = [line for line in lines if _SUMMARY_LINE.match(line)]
     if report is not None:
         report.extend(line.split()[1] for line in failed)
     # No test ran: pytest (exit code 4) could not import the tests' conftest.

@@ -425,6 +425,21 @@ def test_a_child_that_never_exits_is_ended_by_the_parent_as_a_timeout(tree, monk
     assert list(children["logs"].iterdir()) == []
 
 
+def test_a_failure_is_named_by_pytest_s_summary_line_not_by_a_logged_error(tmp_path):
+    backends = _backends()
+    output = tmp_path / "child.log"
+    output.write_text(
+        "ERROR    serving.local.grpcd:grpcd.py:385 Internal error on gRPC predict\n"
+        "FAILED tests/test_x.py::test_y - AssertionError: no\n"
+        "ERROR tests/test_x.py::test_z - ValueError\n"
+    )
+    report = []
+    code, first = backends._outcome(1 << 8, str(output), report)  # exit status 1
+    assert (code, first) == (1, "FAILED tests/test_x.py::test_y - AssertionError: no")
+    assert report == ["tests/test_x.py::test_y", "tests/test_x.py::test_z"]
+    assert not output.exists()
+
+
 def test_jobs_must_be_a_positive_integer(capsys):
     backends = _backends()
     assert backends._parse(["--jobs", "2", "tensorflow", "p.*"]).jobs == 2
