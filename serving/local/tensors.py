@@ -115,7 +115,8 @@ def input_array(proto: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> n
         )
     if wanted not in _DTYPES or spec.shape.rank is None:
         raise unsupported_spec(spec, name)  # the shape check below needs the spec's rank
-    shape = _shape(proto, f"Input '{name}'")
+    what = f"Input '{name}'"
+    shape = _shape(proto, what)
     if len(shape) != spec.shape.rank or any(
         want is not None and want != got for want, got in zip(spec.shape, shape, strict=True)
     ):  # fmt: skip
@@ -123,7 +124,7 @@ def input_array(proto: Any, spec: tf.TensorSpec, name: str, budget: Budget) -> n
     if any(size < 1 for size in shape):
         raise bad_request(f"Input '{name}' has an empty dimension (empty batch or sequence)")
     budget.take(math.prod(shape), name)
-    array = _values(proto, shape, f"Input '{name}'").reshape(shape)
+    array = _values(proto, shape, what).reshape(shape)
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise bad_request(f"Input '{name}' contains NaN or Infinity")
     return array
