@@ -164,6 +164,7 @@ def test_killed_worker_stops_the_chief_and_a_restart_resumes(tmp_path, one_proce
         text = chief.log.read_text()
         assert chief.returncode == 1, text[-3000:]
         assert latency < STOP_BOUND, latency
+        assert "Traceback" not in text, text[-3000:]  # one line, whatever it was doing
         assert _errors(text) == [
             "python -m training.train: error: lost process 1 of 2 (killed, crashed or "
             "unreachable); the others stopped: start all 2 processes again to resume from the "

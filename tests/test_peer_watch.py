@@ -34,6 +34,9 @@ class _KeyValueStore:
         self.calls.append(("get", key, timeout_ms))
         return "1"
 
+    def get_live_nodes(self, nodes):  # the coordinator's view: every process heartbeats
+        return list(nodes)
+
 
 def _cluster(calls, done=None, prog="prog"):
     def fake_exit(status):
@@ -142,6 +145,27 @@ def test_a_failed_collective_names_the_dead_peer_of_this_host(exits):
         "all 2 processes again to resume from the last checkpoint"
     )
     assert cluster.lost == [1]
+
+
+def test_any_failure_while_a_peer_is_lost_is_the_lost_process_error(exits):
+    """Not only a step's collective: whatever this process calls next fails (a metric's
+    reset, a checkpoint's agreement) and is the one lost-process line, not its trace."""
+    cluster, peer, calls, done = exits
+    with pytest.raises(ValueError, match="not a loss"):  # every process lives
+        with cluster.losses():
+            raise ValueError("not a loss")
+    peer.kill()
+    peer.wait()
+    with pytest.raises(StrategyError, match="expected"):  # the command's own line passes
+        with cluster.losses((StrategyError,)):
+            raise StrategyError("expected")
+    assert cluster.lost is None
+    with pytest.raises(ProcessLostError) as raised:
+        with cluster.losses((StrategyError,)):
+            raise ValueError("UNKNOWN: Gloo AllGather failed: Connection reset by peer")
+    assert str(raised.value).startswith("lost process 1 of 2 (killed, crashed or unreachable)")
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    assert cluster.lost == [1] and calls == []
 
 
 def test_one_process_has_no_lost_peer():

@@ -55,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             from training.backends import select
             from training.run import experiment
 
-            backend = select.start(launch, cluster)
-            experiment.train_and_evaluate(config, args.output_dir, backend=backend)
+            # A lost peer fails the next JAX call wherever it is: one line, not its trace.
+            with cluster.losses(tuple(EXPECTED)):
+                backend = select.start(launch, cluster)
+                experiment.train_and_evaluate(config, args.output_dir, backend=backend)
 
     return cluster.finish(cli.run(parser.prog, body, EXPECTED))
 

@@ -12,6 +12,7 @@ backends, and with one process, a `Cluster` does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,7 +20,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from apputil.cli import EXIT_FAILURE, EXIT_USAGE
@@ -285,6 +286,27 @@ class Cluster:
         if not self.claim_loss(lost):  # the peer watch reports it and ends this process
             threading.Event().wait()
         return ProcessLostError(self.lost_message(sorted(lost)))
+
+    @contextlib.contextmanager
+    def losses(self, expected: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+        """Turns an exception raised inside while a process is lost into its `ProcessLostError`.
+
+        A lost peer fails whatever this process does next that needs it: a training
+        step's collective, and as well a metric's reset, a checkpoint's agreement or
+        an evaluation, each a JAX error with a stack trace of its own. Inside this
+        block any of them ends the run with the one lost-process line. Exceptions of
+        the `expected` classes (the command's own one-line errors), and any raised
+        while every process lives, pass unchanged.
+        """
+        try:
+            yield
+        except Exception as error:  # JAX's runtime errors have no public base class
+            if isinstance(error, expected):
+                raise
+            lost = self.lost_processes_error(error)
+            if lost is None:
+                raise
+            raise lost from None
 
     def claim_loss(self, lost: list[int]) -> bool:
         """Records `lost`; False when a loss was claimed already (by the other finder), or

@@ -11,8 +11,6 @@ newest, so a crash at any moment leaves a complete one.
 
 import collections
 import concurrent.futures
-import contextlib
-import functools
 import json
 import os
 import zipfile
@@ -60,7 +58,7 @@ class KerasTrainer:
         self.batches = TrainingBatches(task, inputs, targets, batch_size, seed)
         # Each process feeds its own rows of every global batch (the whole batch on one).
         self._rows = backend.process_rows(batch_size)
-        self._collective = functools.partial(_collective, backend.cluster)
+        self._collective = backend.cluster.losses
         self.checkpoint_dir = checkpoint_dir
         keras.distribution.set_distribution(self.distribution)
         spec = task.spec
@@ -147,8 +145,8 @@ class KerasTrainer:
             self._pending.append(self._pool.submit(self._batch, upcoming))
         x, y = self._pending.popleft().result()
         self._next_step += 1
-        self.model.reset_metrics()
         with self._collective():
+            self.model.reset_metrics()  # a reset of distributed metrics is a collective too
             logs = self.model.train_on_batch(x, y, return_dict=True)
             return float(logs["loss"]), float(logs["accuracy"])
 
@@ -189,15 +187,3 @@ class KerasTrainer:
         if self.checkpoint_dir is None:
             return []
         return [os.path.join(self.checkpoint_dir, name) for name in self._index().get("all", [])]
-
-
-@contextlib.contextmanager
-def _collective(cluster):
-    """Turns the failure of a step whose peer process is gone into `ProcessLostError`."""
-    try:
-        yield
-    except Exception as error:  # JAX's runtime errors have no public base class
-        lost = cluster.lost_processes_error(error)
-        if lost is None:
-            raise
-        raise lost from None
