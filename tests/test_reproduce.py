@@ -3,16 +3,22 @@ resumption, and the report's numbers against hand-built runs."""
 
 import json
 import os
+import signal
+import sys
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
 import pytest
 
 from tests.helpers import record_figures
+from tests.limits import limit
 from training import reproduce
+from training.errors import SuiteInterrupted
 from training.paper import plots, report, suite
 from training.tasks import catalog as tasks
 
+ROOT = Path(__file__).resolve().parents[1]
 
 def test_smoke_suite_runs_end_to_end_and_writes_the_report(tmp_path, capsys):
     runs, docs = tmp_path / "runs", tmp_path / "docs"
@@ -671,9 +677,176 @@ def test_the_time_limit_stops_the_runs_in_progress(tmp_path, monkeypatch):
     begun = time.monotonic()
     reproduce.execute(runs, _args(tmp_path, parallel=2, time_limit=0.5), log=lines.append)
     assert time.monotonic() - begun < 10
-    stopped = [line for line in lines if line.endswith(": stopped at --time-limit")]
+    stopped = [line for line in lines if line.endswith(": stopped at --time-limit (exit 143)")]
     assert [line.split(":")[0] for line in stopped] == [run.name for run in runs[:2]]
     assert not any(runs[2].name in line for line in lines)  # never started
+
+
+# A stand-in run that saves its work on SIGTERM and SIGINT as `training.train` does: it
+# writes which signal stopped it (and whether it leads a session of its own), then exits
+# 128 + the number.
+_CHECKPOINTS_ON_STOP = """
+import os, signal, sys, time
+folder = sys.argv[sys.argv.index("--output-dir") + 1]
+os.makedirs(folder, exist_ok=True)
+def stop(number, frame):
+    with open(os.path.join(folder, "stopped"), "w") as handle:
+        handle.write(f"{signal.Signals(number).name} {os.getsid(0) == os.getpid()}")
+    sys.exit(128 + number)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def _checkpointing(monkeypatch):
+    """`execute`'s training processes replaced by `_CHECKPOINTS_ON_STOP` children."""
+    import subprocess
+    import sys
+
+    real_popen = subprocess.Popen
+
+    def popen(command, **kwargs):
+        return real_popen([sys.executable, "-c", _CHECKPOINTS_ON_STOP, *command[3:]], **kwargs)
+
+    monkeypatch.setattr(reproduce.subprocess, "Popen", popen)
+
+
+def _when_up(tmp_path, runs, then):
+    """Calls `then()` in a thread once every run's log says it is up (bounded wait)."""
+    import threading
+    import time
+
+    def wait():
+        deadline = time.monotonic() + limit(30)
+        logs = [tmp_path / "runs" / f"{run.name}.log" for run in runs]
+        while time.monotonic() < deadline:
+            if all(log.exists() and "up" in log.read_text() for log in logs):
+                break
+            time.sleep(0.05)
+        then()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def _stopped(tmp_path, run):
+    return (tmp_path / "runs" / run.name / "stopped").read_text()
+
+
+def test_the_time_limit_lets_each_run_checkpoint_before_it_ends(tmp_path, monkeypatch):
+    """SIGTERM, which makes `training.train` save the step in progress, not SIGKILL."""
+    _checkpointing(monkeypatch)
+    runs = _digit_runs(2)
+    lines = []
+    reproduce.execute(runs, _args(tmp_path, parallel=2, time_limit=limit(3)), log=lines.append)
+    assert [_stopped(tmp_path, run) for run in runs] == ["SIGTERM True"] * 2
+    assert sorted(line for line in lines if "stopped" in line) == [
+        f"{run.name}: stopped at --time-limit (exit 143)" for run in runs
+    ]
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_stops_every_run_with_a_checkpoint_and_the_suite(
+    tmp_path, monkeypatch, number
+):
+    """The runs lead sessions of their own (a terminal's Ctrl-C reaches only the suite),
+    and the suite passes the signal on once: each run checkpoints, no next run starts."""
+    _checkpointing(monkeypatch)
+    runs = _digit_runs(3)
+    lines = []
+    _when_up(tmp_path, runs[:2], lambda: os.kill(os.getpid(), number))
+    with pytest.raises(SuiteInterrupted) as raised:
+        reproduce.execute(runs, _args(tmp_path, parallel=2), log=lines.append)
+    assert raised.value.signal_number == number
+    name = signal.Signals(number).name
+    assert [_stopped(tmp_path, run) for run in runs[:2]] == [f"{name} True"] * 2
+    assert sorted(line for line in lines if "stopped" in line) == [
+        f"{run.name}: stopped by {name} (exit {128 + number})" for run in runs[:2]
+    ]
+    assert not any(runs[2].name in line for line in lines)  # never started
+    assert signal.getsignal(number) is not None  # the handlers are handed back
+
+
+def test_the_command_stopped_says_so_in_one_line_and_writes_no_report(
+    tmp_path, monkeypatch, capsys
+):
+    _checkpointing(monkeypatch)
+    monkeypatch.setattr(reproduce, "select", lambda suite, only: _digit_runs(1))
+    _when_up(tmp_path, _digit_runs(1), lambda: os.kill(os.getpid(), signal.SIGTERM))
+    argv = ["--suite", "smoke", "--runs-dir", str(tmp_path / "runs"), "--steps", "7",
+            "--report-dir", str(tmp_path / "docs")]  # fmt: skip
+    assert reproduce.main(argv) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == (
+        "python -m training.reproduce: error: stopped by SIGTERM; the runs in progress "
+        "checkpointed their step: run the same command to resume\n"
+    )
+    assert not (tmp_path / "docs").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_runs_of_a_suite_killed_outright_stop_with_a_checkpoint(tmp_path):
+    """SIGKILL to the suite (an out-of-memory kill, a scheduler's kill) SIGTERMs its runs:
+    none keeps training, unseen, in a folder the next call of the suite needs."""
+    import subprocess
+    import time
+
+    driver = f"""
+import sys
+from tests import test_reproduce as t
+from training import reproduce
+class Patch:
+    def setattr(self, owner, name, value):
+        setattr(owner, name, value)
+t._checkpointing(Patch())
+runs = t._digit_runs(2)
+reproduce.execute(runs, t._args(__import__("pathlib").Path({str(tmp_path)!r}), parallel=2))
+"""
+    suite_process = subprocess.Popen(
+        [sys.executable, "-c", driver], cwd=ROOT, start_new_session=True
+    )
+    try:
+        logs = [tmp_path / "runs" / f"{run.name}.log" for run in _digit_runs(2)]
+        deadline = time.monotonic() + limit(60)
+        while not all(log.exists() and "up" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and suite_process.poll() is None
+            time.sleep(0.05)
+        suite_process.kill()
+        suite_process.wait(timeout=limit(10))
+        deadline = time.monotonic() + limit(10)
+        marks = [tmp_path / "runs" / run.name / "stopped" for run in _digit_runs(2)]
+        while not all(mark.exists() for mark in marks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [mark.read_text() for mark in marks] == ["SIGTERM True"] * 2
+    finally:
+        if suite_process.poll() is None:
+            os.killpg(suite_process.pid, signal.SIGKILL)
+        suite_process.wait(timeout=limit(10))
+
+
+def test_a_failed_search_does_not_keep_the_next_from_running(tmp_path, monkeypatch, capsys):
+    statuses = iter([2, 0])
+    calls = []
+    monkeypatch.setattr(
+        reproduce.tune, "main", lambda argv: calls.append(argv) or next(statuses)
+    )
+    argv = ["--only", "search_pixel_lstm", "search_permuted_lstm", "--search", "--runs-dir",
+            str(tmp_path), "--report-dir", str(tmp_path / "docs")]  # fmt: skip
+    assert reproduce.main(argv) == 2  # the first failure's status, after both ran
+    assert len(calls) == 2
+    assert "search search_pixel_lstm: exit 2\n" in capsys.readouterr().out
+
+
+def test_a_search_stopped_by_a_signal_stops_the_suite(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(reproduce.tune, "main", lambda argv: calls.append(argv) or 130)
+    argv = ["--only", "search_pixel_lstm", "search_permuted_lstm", "--search", "--runs-dir",
+            str(tmp_path), "--report-dir", str(tmp_path / "docs")]  # fmt: skip
+    assert reproduce.main(argv) == 130
+    assert len(calls) == 1  # the second search is not started
+    assert "error: stopped by SIGINT;" in capsys.readouterr().err
 
 
 def test_data_is_available_as_a_tfds_folder_or_an_npz(tmp_path):

@@ -94,6 +94,19 @@ class SearchInterrupted(BaseException):  # noqa: N818  (a request to stop, as Ke
         )
 
 
+class SuiteInterrupted(BaseException):  # noqa: N818  (a request to stop, as KeyboardInterrupt)
+    """SIGTERM or SIGINT stopped the reproduction suite; each run in progress was stopped
+    by the same signal, which makes it checkpoint its step."""
+
+    def __init__(self, signal_number: int):
+        self.signal_number = signal_number
+        name = signal.Signals(signal_number).name
+        super().__init__(
+            f"stopped by {name}; the runs in progress checkpointed their step: run the same "
+            f"command to resume"
+        )
+
+
 #: Exception class -> exit status (or a function of the exception); the first match wins.
 EXPECTED: dict[type[BaseException], Status] = {
     UsageError: EXIT_USAGE,
@@ -106,6 +119,7 @@ EXPECTED: dict[type[BaseException], Status] = {
     Interrupted: lambda error: 128 + error.signal_number,
     RunStopped: lambda error: 128 + error.signal_number,
     SearchInterrupted: lambda error: 128 + error.signal_number,
+    SuiteInterrupted: lambda error: 128 + error.signal_number,
     ProcessLostError: EXIT_FAILURE,
     OSError: EXIT_FAILURE,
 }

@@ -17,7 +17,6 @@ otherwise, and never more than the machine's process limits leave room for
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import selectors
@@ -26,12 +25,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from apputil import cli, signals
 from apputil.errors import UsageError, check, invalid
 from apputil.net import free_port
+from apputil.processes import exit_status, parent_death_hook, stop_all
 from training.backends.cluster import check_port_free
 from training.errors import StrategyError
 
@@ -152,32 +151,6 @@ def _nproc_room(proc):
     return [(soft - tasks, f"the user's process limit (ulimit -u {soft})")]
 
 
-PR_SET_PDEATHSIG = 1  # prctl(2)
-
-
-def parent_death_hook() -> Callable[[], None] | None:
-    """What a child runs before exec so that the kernel kills it when the launcher dies.
-
-    Linux's PR_SET_PDEATHSIG: SIGKILL reaches the child as soon as the thread
-    that started it ends, however the launcher died. A child whose launcher
-    is gone already (between fork and prctl) exits at once. None elsewhere.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    launcher = os.getpid()
-
-    def die_with_parent() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != launcher:
-            os._exit(1)
-
-    return die_with_parent
-
-
 class Launch:
     """The processes of one launch, their output forwarding and their stopping.
 
@@ -274,7 +247,7 @@ class Launch:
                 index, status = failed[0]
                 self.note(f"process {index} exited with status {_shown(status)}; stopping the rest")
                 self.stop()
-                return _exit_status(status)
+                return exit_status(status)
             if all(status == 0 for status in statuses):
                 self._drain()
                 return 0
@@ -282,16 +255,7 @@ class Launch:
 
     def stop(self, grace: float = GRACE_SECONDS) -> None:
         """SIGTERM to the processes still running, SIGKILL to those left after `grace` s."""
-        for child in self.children:
-            if child.poll() is None:
-                child.terminate()
-        deadline = time.monotonic() + grace
-        for child in self.children:
-            try:
-                child.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        stop_all(self.children, signal.SIGTERM, grace)
         self._drain()
 
     def _drain(self) -> None:
@@ -305,11 +269,6 @@ class Launch:
 
 def _shown(status: int) -> str:
     return f"{status} ({signal.Signals(-status).name})" if status < 0 else str(status)
-
-
-def _exit_status(status: int) -> int:
-    """A child's status as a shell reports it: killed by signal N is 128 + N."""
-    return 128 - status if status < 0 else status
 
 
 class _Stopped(Exception):

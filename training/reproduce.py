@@ -8,7 +8,10 @@ Each run of the suite is one `python -m training.train --config ...` command
 (a config of `training/paper/configs/` plus the suite's overrides) in its own folder
 of `--runs-dir`. The suite is resumable: a finished run is not redone, an
 interrupted one resumes from its checkpoint (`training.train` does that), and
-`--time-limit` stops every run at a deadline so the next call goes on.
+`--time-limit` stops every run at a deadline so the next call goes on. SIGTERM or
+SIGINT (Ctrl-C) stops every run in progress the same way, each checkpointing its
+step, and the suite with one line (exit 128 + the signal's number); runs of a suite
+killed outright get SIGTERM from the kernel and checkpoint too.
 `--budget` scales every run's steps (`--steps` sets them all). `--search`
 also runs the searches behind the configs with `training.tune`
 (`training.paper.suite.SEARCHES`: ε × γ for each antisymmetric model, the learning
@@ -25,13 +28,16 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 
-from apputil import cli
+from apputil import cli, signals
 from apputil.errors import invalid
+from apputil.processes import exit_status, parent_death_hook, stop_all
 from training import train, tune
+from training.errors import EXPECTED, SuiteInterrupted
 from training.paper import report
 from training.paper.suite import (
     SEARCHES,
@@ -47,6 +53,11 @@ from training.paper.suite import (
 from training.run.rundir import RunDir
 
 MOCK_EXAMPLES = 64  # per split, for --mock-data
+#: Seconds between two looks at the runs in progress (and at a stop signal).
+POLL_SECONDS = 1.0
+#: Seconds a stopped run has to checkpoint its step and exit before it is killed: a step of
+#: the slowest row on a CPU (a few seconds) and the checkpoint, with room for a loaded machine.
+STOP_GRACE_SECONDS = 120.0
 
 
 def finished(run_dir, steps):
@@ -59,7 +70,14 @@ def select(suite, only):
 
 
 def execute(runs, args, log=print):
-    """Runs what is not finished: `--parallel` at once, stopped at `--time-limit`."""
+    """Runs what is not finished: `--parallel` at once, stopped at `--time-limit`.
+
+    Each run is a `training.train` process in a session of its own: a stop
+    signal (SIGTERM, or SIGINT from a terminal) reaches it once, from here, and
+    is passed on, so every run checkpoints its step and the suite ends with one
+    line (`SuiteInterrupted`); a suite killed outright stops its runs with SIGTERM
+    too. `--time-limit` stops them the same way, a checkpoint each.
+    """
     deadline = time.monotonic() + args.time_limit if args.time_limit else None
     pending = []
     for run in runs:
@@ -82,42 +100,62 @@ def execute(runs, args, log=print):
         with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES):
             for run, argv in pending:
                 log(f"{run.name}: python -m training.train {shlex.join(argv)}")
-                train.main(argv)
+                _raise_if_stopped(train.main(argv))
         return
     running: list = []
     os.makedirs(args.runs_dir, exist_ok=True)
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            run, argv = pending.pop(0)
-            log(f"{run.name}: python -m training.train {shlex.join(argv)}")
-            handle = open(os.path.join(args.runs_dir, f"{run.name}.log"), "a")
-            process = subprocess.Popen(
-                [sys.executable, "-m", "training.train", *argv],
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-            )
-            running.append((run, process, handle))
-        time.sleep(1)
-        for item in list(running):
-            run, process, handle = item
-            if process.poll() is not None:
-                handle.close()
-                running.remove(item)
-                log(f"{run.name}: exit {process.returncode}")
-        if deadline is not None and time.monotonic() > deadline:
-            for run, process, handle in running:
-                process.kill()  # resumes from its checkpoint next time
-                process.wait()
-                handle.close()
-                log(f"{run.name}: stopped at --time-limit")
-            return
+    die_with_suite = parent_death_hook(signal.SIGTERM)
+    with signals.recording() as received:
+        while (pending or running) and not received:
+            while pending and len(running) < args.parallel:
+                run, argv = pending.pop(0)
+                log(f"{run.name}: python -m training.train {shlex.join(argv)}")
+                handle = open(os.path.join(args.runs_dir, f"{run.name}.log"), "a")
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "training.train", *argv],
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=die_with_suite,
+                )
+                running.append((run, process, handle))
+            time.sleep(POLL_SECONDS)
+            for item in list(running):
+                run, process, handle = item
+                if process.poll() is not None:
+                    handle.close()
+                    running.remove(item)
+                    log(f"{run.name}: exit {process.returncode}")
+            if deadline is not None and time.monotonic() > deadline and not received:
+                _stop(running, signal.SIGTERM, log, "stopped at --time-limit")
+                return
+        if received:
+            number = received[0]
+            _stop(running, number, log, f"stopped by {signal.Signals(number).name}")
+            raise SuiteInterrupted(number)
+
+
+def _stop(running, number, log, why):
+    """Signal `number` to each run in progress (it checkpoints its step), `why` logged."""
+    stop_all([process for _, process, _ in running], number, STOP_GRACE_SECONDS)
+    for run, process, handle in running:
+        handle.close()
+        log(f"{run.name}: {why} (exit {exit_status(process.returncode)})")
+
+
+def _raise_if_stopped(status):
+    """A command of the suite's that a stop signal ended (128 + its number) stops the suite."""
+    if status - 128 in signals.STOP_SIGNALS:
+        raise SuiteInterrupted(status - 128)
+    return status
 
 
 def search(args, log=print):
     """Runs the `SEARCHES` that `--only` names (all without it) with `training.tune`.
 
-    Each resumes where it stopped when rerun. Returns the first non-zero exit
-    status, or 0.
+    Each resumes where it stopped when rerun; one that fails does not keep the
+    next from running, a stop signal ends them all (`SuiteInterrupted`).
+    Returns the first non-zero exit status, or 0.
     """
     status = 0
     for each in select_searches(args.only):
@@ -126,7 +164,10 @@ def search(args, log=print):
         if args.data_dir:
             argv += ["--data-dir", args.data_dir]
         log(f"search {each.name}: python -m training.tune {shlex.join(argv)}")
-        status = status or tune.main(argv)
+        code = _raise_if_stopped(tune.main(argv))
+        if code:
+            log(f"search {each.name}: exit {code}")
+        status = status or code
     return status
 
 
@@ -171,10 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             return cli.fail(parser.prog, invalid(name, expected, value))
     runs = select(args.suite, args.only)
+    status = 0
     if not args.report_only:
-        execute(runs, args)
-        if args.search:
-            search(args)
+
+        def body():
+            execute(runs, args)
+            return search(args) if args.search else 0
+
+        status = cli.run(parser.prog, body, EXPECTED)
+        if status - 128 in signals.STOP_SIGNALS:
+            return status  # stopped: no report now (`--report-only` writes it)
     path = report.write(
         SUITES[args.suite],
         args.runs_dir,
@@ -188,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
     )
     print(f"report -> {path}")
-    return 0
+    return status
 
 
 if __name__ == "__main__":
