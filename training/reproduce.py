@@ -143,9 +143,14 @@ def _stop(running, number, log, why):
         log(f"{run.name}: {why} (exit {exit_status(process.returncode)})")
 
 
+def _stopped_by(status):
+    """Whether exit `status` says a stop signal ended the command (128 + its number)."""
+    return status - 128 in signals.STOP_SIGNALS
+
+
 def _raise_if_stopped(status):
-    """A command of the suite's that a stop signal ended (128 + its number) stops the suite."""
-    if status - 128 in signals.STOP_SIGNALS:
+    """A command of the suite's that a stop signal ended stops the suite."""
+    if _stopped_by(status):
         raise SuiteInterrupted(status - 128)
     return status
 
@@ -220,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             return search(args) if args.search else 0
 
         status = cli.run(parser.prog, body, EXPECTED)
-        if status - 128 in signals.STOP_SIGNALS:
+        if _stopped_by(status):
             return status  # stopped: no report now (`--report-only` writes it)
     path = report.write(
         SUITES[args.suite],
