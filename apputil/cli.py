@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import inspect
 import os
 import signal
 import sys
@@ -79,8 +78,10 @@ def execute(main: Callable[[], int]) -> NoReturn:
     are joined and the exit functions run (logging's flush, JAX's shutdown),
     then the process ends without the teardown.
     """
-    caller = inspect.currentframe()
-    spec = caller.f_back.f_globals.get("__spec__") if caller and caller.f_back else None
+    # Named by the program that runs, not by the frame that calls: `execute` is called from
+    # a `__main__` block, and wrappers around functions (a profiler's, a mutation tool's
+    # trampolines) would otherwise name themselves.
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     prog = f"python -m {spec.name}" if spec is not None else os.path.basename(sys.argv[0])
     exiting = _Exiting(prog)
     handler = signals.outside(exiting)

@@ -223,6 +223,39 @@ def test_a_signal_as_a_stop_block_hands_back_is_the_exiting_line(tmp_path):
     )
 
 
+_WRAPPED = """
+import atexit, os, signal
+from apputil import cli
+from wrapping import wrapped
+def main():
+    # A signal after the work, as the exit functions run: the line names the program.
+    atexit.register(os.kill, os.getpid(), signal.SIGTERM)
+    return 5
+if __name__ == "__main__":
+    wrapped(cli.execute)(main)
+"""
+
+
+@pytest.mark.parametrize("as_module", [True, False])
+def test_the_exiting_line_names_the_program_run_not_the_caller_of_execute(tmp_path, as_module):
+    """`python -m PACKAGE.MODULE` is named so, a script by its file name, also when `execute`
+    is reached through a wrapper of another module (a profiler's or a mutation tool's)."""
+    package = tmp_path / "tool"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "command.py").write_text(_WRAPPED)
+    (tmp_path / "wrapping.py").write_text(
+        "def wrapped(function):\n    return lambda *args: function(*args)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
+    argv = ["-m", "tool.command"] if as_module else [str(package / "command.py")]
+    result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=limit(60))  # fmt: skip
+    assert result.returncode == 5, result.stderr
+    prog = "python -m tool.command" if as_module else "command.py"
+    assert result.stderr == f"{prog}: SIGTERM while exiting: its work was done (exit status 5)\n"
+
+
 def test_outside_a_block_before_the_work_a_signal_does_what_it_did_before():
     """Until a block has ended, the command's handler hands a signal to the handler that
     was there (here a recording one); a block's end turns it into the after-work one."""
