@@ -489,23 +489,30 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_keeps_the_last_and_the_rerun_re
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-def test_a_stop_lost_in_a_finalizer_at_start_up_still_stops_the_run(tmp_path, capsys):
+def test_a_stop_lost_in_a_finalizer_at_start_up_still_stops_the_run(tmp_path, capsys, monkeypatch):
     """SIGINT whose handler runs inside a `gc` callback (as JAX's is, while a run starts):
     Python's KeyboardInterrupt would be printed as "Exception ignored" and the run would
     train to its end; the run keeps the stop, stops after its first step, checkpointed."""
     import gc
+    import threading
 
-    sent = []
+    from training.run import experiment
+
+    setting_up, sent = [], []
+    original = experiment.train_and_evaluate
+
+    def train_and_evaluate(*args, **kwargs):
+        setting_up.append(True)
+        return original(*args, **kwargs)
 
     def send_once(phase, info):
-        # Once the run is being set up (its model built, its data read), before it trains.
-        frame, inside = sys._getframe(1), False
-        while frame is not None and not inside:
-            inside, frame = frame.f_code.co_name == "train_and_evaluate", frame.f_back
-        if inside and not sent:
+        # Once the run is being set up (its model built, its data read), before it trains;
+        # in the main thread, where the handler then runs inside this callback.
+        if setting_up and not sent and threading.current_thread() is threading.main_thread():
             sent.append(phase)
             signal.raise_signal(signal.SIGINT)
 
+    monkeypatch.setattr(experiment, "train_and_evaluate", train_and_evaluate)
     out = tmp_path / "run"
     before = signal.getsignal(signal.SIGINT)
     gc.callbacks.append(send_once)
