@@ -250,7 +250,7 @@ def test_the_exiting_line_names_the_program_run_not_the_caller_of_execute(tmp_pa
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
     argv = ["-m", "tool.command"] if as_module else [str(package / "command.py")]
     result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env,
-                            cwd=tmp_path, timeout=limit(60))  # fmt: skip
+                            timeout=limit(60))  # fmt: skip
     assert result.returncode == 5, result.stderr
     prog = "python -m tool.command" if as_module else "command.py"
     assert result.stderr == f"{prog}: SIGTERM while exiting: its work was done (exit status 5)\n"
