@@ -755,7 +755,7 @@ def test_the_time_factor_scales_the_tests_limits(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:randomly",
          "-p", "no:cacheprovider", str(tmp_path / "test_slow.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=limit(120),
+        cwd=root, env=env, capture_output=True, text=True, timeout=limit(120),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout
