@@ -625,6 +625,46 @@ def test_rest_app_paths_are_utf8_and_undecodable_bytes_are_replaced():
     assert status == "404 Not Found" and body == {"error": "Malformed request: GET "}
 
 
+class _EchoingRepository(_StatusRepository):
+    """A repository whose status answer says what it was asked: the plane's hand-over."""
+
+    def status(self, name, version=None, label=None):
+        return {"name": name, "version": version, "label": label}
+
+
+def test_rest_app_hands_a_status_requests_version_or_label_to_the_repository():
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
+
+    app = RestApp(DataPlane(_EchoingRepository({})))
+    asked = {
+        "/v1/models/m": {"name": "m", "version": None, "label": None},
+        "/v1/models/m/versions/7": {"name": "m", "version": "7", "label": None},
+        "/v1/models/m/labels/stable": {"name": "m", "version": None, "label": "stable"},
+    }
+    for path, expected in asked.items():
+        status, _, body = _wsgi(app, "GET", path)
+        assert (status, body) == ("200 OK", expected), path
+
+
+def test_rest_app_times_each_request_on_the_planes_clock():
+    """The latency histogram adds the time between the request's start and its answer on
+    the plane's clock (a stand-in: 0.25 s, then 1.5 s), in microseconds."""
+    from serving.local.metrics import ServingMetrics
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
+
+    readings = iter([100.0, 100.25, 200.0, 201.5])
+    metrics = ServingMetrics()
+    app = RestApp(DataPlane(_StatusRepository({}), metrics=metrics, clock=lambda: next(readings)))
+    for _ in range(2):
+        assert _wsgi(app, "GET", "/v1/models/m")[0] == "200 OK"
+    page = metrics.exposition().decode()
+    labels = '{model_name="m",API="GetModelStatus",entrypoint="REST"}'
+    assert f":tensorflow:serving:request_latency_sum{labels} 1750000.0" in page, page
+    assert f":tensorflow:serving:request_latency_count{labels} 2" in page, page
+
+
 def test_rest_app_says_when_to_retry_only_when_overloaded():
     from serving.local.plane import DataPlane
     from serving.local.rest import RestApp
