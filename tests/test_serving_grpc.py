@@ -687,6 +687,48 @@ def test_the_grpc_client_retries_a_busy_server_as_often_as_it_is_told(
     assert (got, repository.calls) == (answer, calls)
 
 
+class _Aborted(Exception):
+    pass
+
+
+class _GoneContext:
+    """A call's context whose client has gone: past its deadline, or cancelled."""
+
+    def __init__(self, remaining, active):
+        self.remaining, self.active, self.aborted = remaining, active, []
+
+    def time_remaining(self):
+        return self.remaining
+
+    def is_active(self):
+        return self.active
+
+    def abort(self, code, details):
+        self.aborted.append((code, details))
+        raise _Aborted
+
+
+@pytest.mark.parametrize(
+    "remaining, active, code, details",
+    [(0.0, True, "DEADLINE_EXCEEDED", "Deadline exceeded before the call was answered"),
+     (-1.0, False, "DEADLINE_EXCEEDED", "Deadline exceeded before the call was answered"),
+     (None, False, "CANCELLED", "The call was cancelled before it was answered"),
+     (5.0, False, "CANCELLED", "The call was cancelled before it was answered")],
+)  # fmt: skip
+def test_a_call_whose_client_has_gone_is_aborted_with_its_code_and_counted(
+    remaining, active, code, details
+):
+    metrics = ServingMetrics()
+    app = GrpcApp(DataPlane(_Repository(), metrics=metrics))
+    context = _GoneContext(remaining, active)
+    request = get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "m"})
+    with pytest.raises(_Aborted):
+        app.GetModelStatus(request, context)
+    assert context.aborted == [(getattr(grpc.StatusCode, code), details)]
+    page = metrics.exposition().decode()
+    assert f':tensorflow:serving:request_count{{model_name="m",status="{code}"}} 1' in page, page
+
+
 def test_a_call_whose_deadline_passes_before_its_prediction_is_not_predicted():
     """Reading the call's version and inputs outlasts its 0.3 s deadline (a large request,
     a busy machine): the signature is not run for a client that has gone, the call counts
