@@ -665,6 +665,24 @@ def test_rest_app_times_each_request_on_the_planes_clock():
     assert f":tensorflow:serving:request_latency_count{labels} 2" in page, page
 
 
+def test_rest_app_answers_the_metrics_page_with_its_length_and_head_without_it():
+    from serving.local.metrics import CONTENT_TYPE, METRICS_PATH, ServingMetrics
+    from serving.local.plane import DataPlane
+    from serving.local.rest import RestApp
+
+    metrics = ServingMetrics()
+    metrics.record("m", "predict", 200, 0.001)
+    app = RestApp(DataPlane(_StatusRepository({}), metrics=metrics))
+    started = []
+    for method in ("GET", "HEAD"):
+        chunks = app({"REQUEST_METHOD": method, "PATH_INFO": METRICS_PATH},
+                     lambda status, headers: started.append((status, headers)))  # fmt: skip
+        page = metrics.exposition()
+        assert started.pop() == ("200 OK", [("Content-Type", CONTENT_TYPE),
+                                           ("Content-Length", str(len(page)))])  # fmt: skip
+        assert b"".join(chunks) == (page if method == "GET" else b"")
+
+
 def test_rest_app_says_when_to_retry_only_when_overloaded():
     from serving.local.plane import DataPlane
     from serving.local.rest import RestApp
