@@ -609,6 +609,29 @@ def test_calls_beyond_the_workers_and_the_queue_are_refused_resource_exhausted()
     assert sorted(map(str, results)) == ["RESOURCE_EXHAUSTED", "[[2.0, 2.0]]", "[[2.0, 2.0]]"]
 
 
+def test_a_call_that_ends_without_its_request_message_is_invalid_and_the_next_answered():
+    """A client that half-closes the call without sending its message (zero messages on a
+    unary method) gets INVALID_ARGUMENT saying so, at once, and the server goes on."""
+    server = _serve(_Repository(), threads=1, max_queued_requests=2, receive_seconds=20.0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            empty = channel.stream_unary(
+                "/tensorflow.serving.PredictionService/Predict",
+                request_serializer=predict_pb2.PredictRequest.SerializeToString,
+                response_deserializer=predict_pb2.PredictResponse.FromString,
+            )
+            opened = time.monotonic()
+            with pytest.raises(grpc.RpcError) as refused:
+                empty(iter(()), timeout=limit(30))
+            assert time.monotonic() - opened < 10  # not at the 20 s receive limit
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details() == "The call carried no request message"
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            assert stub.Predict(_small_request(), timeout=limit(30)).outputs
+    finally:
+        server.close()
+
+
 def test_calls_that_never_send_their_request_hold_no_worker_and_are_cut_off(caplog):
     """Two calls open without their request message (headers only) on a server of one
     worker: a real call is answered at once, and the silent ones are cancelled when
