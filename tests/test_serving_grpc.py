@@ -571,6 +571,40 @@ def _serve(repository, **limits):
     return server
 
 
+def test_an_ipv6_host_is_bound_in_brackets_and_answers():
+    """An IPv6 literal has colons of its own: the port is bound after `[host]`. The
+    IPv4-mapped loopback is an IPv6 socket that still answers only on 127.0.0.1."""
+    server = GrpcServer(GrpcApp(DataPlane(_Repository())), "::ffff:127.0.0.1", 0, threads=1,
+                        max_queued_requests=1, max_message_bytes=1 << 20, idle_seconds=30)  # fmt: skip
+    server.start()
+    try:
+        assert server.port > 0
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+                get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "m"}),
+                timeout=limit(30),
+            )
+        assert status.model_version_status
+    finally:
+        server.close()
+
+
+def test_each_answer_is_logged_at_debug_with_the_model_name_cut_to_200_characters(caplog):
+    server = _serve(_Repository(), max_message_bytes=8 << 20)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            with caplog.at_level(logging.DEBUG, logger="serving.local.grpcd"):
+                with pytest.raises(grpc.RpcError):
+                    stub.Predict(_small_request(name="n" * 5000), timeout=limit(30))
+                stub.Predict(_small_request(), timeout=limit(30))
+    finally:
+        server.close()
+    answers = [r.getMessage() for r in caplog.records if r.name == "serving.local.grpcd"
+               and r.levelno == logging.DEBUG]  # fmt: skip
+    assert answers == [f"gRPC predict {'n' * 200} -> NOT_FOUND", "gRPC predict m -> OK"]
+
+
 def _call_in_thread(stub, results):
     def call():
         try:
