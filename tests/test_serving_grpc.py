@@ -574,8 +574,9 @@ def _serve(repository, **limits):
 def test_an_ipv6_host_is_bound_in_brackets_and_answers():
     """An IPv6 literal has colons of its own: the port is bound after `[host]`. The
     IPv4-mapped loopback is an IPv6 socket that still answers only on 127.0.0.1."""
-    server = GrpcServer(GrpcApp(DataPlane(_Repository())), "::ffff:127.0.0.1", 0, threads=1,
-                        max_queued_requests=1, max_message_bytes=1 << 20, idle_seconds=30)  # fmt: skip
+    app = GrpcApp(DataPlane(_Repository()))
+    server = GrpcServer(app, "::ffff:127.0.0.1", 0, threads=1, max_queued_requests=1,
+                        max_message_bytes=1 << 20, idle_seconds=30)  # fmt: skip
     server.start()
     try:
         assert server.port > 0
