@@ -412,6 +412,55 @@ def test_make_server_refuses_unknown_limits_and_ports_outside_tcp(tmp_path, monk
 
 
 @pytest.mark.parametrize(
+    "poll, accepted",
+    [(0, True), (0.5, True), (60, True), (-1, False), (-0.5, False), (float("inf"), False),
+     (float("nan"), False), ("5", False), (None, False)],
+)  # fmt: skip
+def test_the_config_files_poll_wait_is_zero_or_more_finite_seconds(poll, accepted, tmp_path):
+    """0 reads the model config file once (TensorFlow Serving's meaning); a negative,
+    infinite or non-number wait is refused by name."""
+    settings = server_module.ServerSettings(
+        str(tmp_path), "m", port=0, model_config_file_poll_wait_seconds=poll
+    )
+    if accepted:
+        assert settings.checked() is settings
+        return
+    with pytest.raises(ValueError) as caught:
+        settings.checked()
+    assert str(caught.value) == (
+        "Received an invalid value for argument `model_config_file_poll_wait_seconds`, "
+        f"expected 0 or more seconds, got {poll!r}."
+    )
+
+
+def test_the_grpc_api_binds_the_port_asked_for(tmp_path):
+    with socket.socket() as probe:  # a port free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    made = server_module.make_server(str(tmp_path), "m", port=0, grpc_port=port)
+    try:
+        assert made.grpc_address == ("127.0.0.1", port)
+    finally:
+        made.close()
+
+
+def test_a_config_files_label_of_a_version_that_does_not_load_stops_the_start(tmp_path):
+    (tmp_path / "a").mkdir()  # no version yet
+    config = tmp_path / "models.config"
+    config.write_text(
+        'model_config_list { config { name: "a" base_path: "%s" model_platform: "tensorflow"'
+        ' version_labels { key: "stable" value: 1 } } }' % (tmp_path / "a")
+    )
+    with pytest.raises(ValueError) as caught:
+        server_module.make_server(model_config_file=str(config), port=0)
+    assert str(caught.value) == (
+        "Received an invalid value for argument `model_config_file`, expected labels of "
+        "versions that load, got label 'stable' of model a names version 1, which is not "
+        "served (served: none)."
+    )
+
+
+@pytest.mark.parametrize(
     "host, warned",
     [("127.0.0.1", False), ("127.0.0.2", False), ("::1", False), ("localhost", False),
      ("0.0.0.0", True), ("192.0.2.1", True), ("example.org", True)],
