@@ -444,6 +444,16 @@ def test_the_grpc_api_binds_the_port_asked_for(tmp_path):
         made.close()
 
 
+def test_the_grpc_api_needs_a_port_of_its_own(tmp_path):
+    settings = server_module.ServerSettings(str(tmp_path), "m", port=8600, grpc_port=8600)
+    with pytest.raises(ValueError) as caught:
+        settings.checked(lambda name: "--" + name.replace("_", "-"))
+    assert str(caught.value) == (
+        "Received an invalid value for argument `--grpc-port`, expected a port other than "
+        "--port's, got 8600."
+    )
+
+
 def test_a_config_files_label_of_a_version_that_does_not_load_stops_the_start(tmp_path):
     (tmp_path / "a").mkdir()  # no version yet
     config = tmp_path / "models.config"
