@@ -17,6 +17,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def host_port(host: str, port: int) -> str:
+    """`host:port` as gRPC and log lines write it: an IPv6 address in brackets."""
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (the caller binds it moments later)."""
     with socket.socket() as probe:

@@ -68,6 +68,16 @@ def test_loopback_hosts_are_localhost_and_the_loopback_addresses_only(host, expe
     assert net.is_loopback(host) is expected
 
 
+@pytest.mark.parametrize(
+    "host, port, expected",
+    [("127.0.0.1", 8500, "127.0.0.1:8500"), ("localhost", 0, "localhost:0"),
+     ("::1", 8500, "[::1]:8500"), ("[::1]", 8500, "[::1]:8500"),
+     ("::ffff:127.0.0.1", 1, "[::ffff:127.0.0.1]:1")],
+)  # fmt: skip
+def test_host_port_puts_an_ipv6_address_in_brackets_once(host, port, expected):
+    assert net.host_port(host, port) == expected
+
+
 def test_check_raises_only_when_the_condition_fails():
     errors.check(True, "--x", "anything", 1)
     with pytest.raises(errors.UsageError, match="argument `--x`, expected positive, got 0"):

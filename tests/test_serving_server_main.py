@@ -19,6 +19,7 @@ import types
 
 import pytest
 
+from apputil.net import free_port
 from serving.local import server as server_module
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, exported, http_call
@@ -434,9 +435,7 @@ def test_the_config_files_poll_wait_is_zero_or_more_finite_seconds(poll, accepte
 
 
 def test_the_grpc_api_binds_the_port_asked_for(tmp_path):
-    with socket.socket() as probe:  # a port free a moment ago
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     made = server_module.make_server(str(tmp_path), "m", port=0, grpc_port=port)
     try:
         assert made.grpc_address == ("127.0.0.1", port)

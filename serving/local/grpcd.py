@@ -39,6 +39,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from apputil.net import host_port
 from serving.local import tensors
 from serving.local.payload import RequestError, bad_request
 from serving.local.plane import DataPlane
@@ -294,7 +295,7 @@ class GrpcServer:
         )
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(app, self.server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(app, self.server)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        address = host_port(host, port)
         try:
             bound = self.server.add_insecure_port(address)
         except RuntimeError as error:  # grpcio raises where older versions returned 0

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from apputil import signals
 from apputil.cli import EXIT_FAILURE, OneLineParser, run
 from apputil.errors import Literal, invalid
-from apputil.net import is_loopback, port_in_use
+from apputil.net import host_port, is_loopback, port_in_use
 from serving.local.httpd import ServerThread
 from serving.local.model_config import ModelConfig, ModelConfigError, Models, read_model_config
 from serving.local.payload import DEFAULT_MAX_INPUT_ELEMENTS
@@ -197,8 +197,9 @@ class ServerSettings:
         # Before the models load (seconds): a taken port is a mistake in the command line.
         for name, port in ports:
             if port and port_in_use(self.host, port):
+                in_use = Literal(f"{port} (in use: {host_port(self.host, port)})")
                 raise invalid(argument(name), f"a port no other process holds on {self.host}",
-                              Literal(f"{port} (in use: {_address(self.host, port)})"))  # fmt: skip
+                              in_use)  # fmt: skip
         return self
 
 
@@ -251,7 +252,7 @@ class LocalServer:
             self.rest = _rest_server(settings, self.app)
         except OSError as error:  # the address cannot be bound: nothing left running
             self.models.stop()
-            address = _address(settings.host, settings.port)
+            address = host_port(settings.host, settings.port)
             raise OSError(f"cannot bind REST to {address}: {error.strerror or error}") from None
         self.grpc: GrpcServer | None = None
         if settings.grpc_port is not None:
@@ -328,10 +329,6 @@ def _rest_server(settings: ServerSettings, app: RestApp) -> ServerThread:
         expose_tracebacks=False,
         asyncore_use_poll=True,  # select() fails on descriptors above 1,023
     )
-
-
-def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _grpc_server(settings: ServerSettings, plane: DataPlane) -> GrpcServer:
