@@ -453,6 +453,23 @@ def test_the_grpc_api_needs_a_port_of_its_own(tmp_path):
     )
 
 
+@pytest.mark.parametrize("name", ["port", "grpc_port"])
+def test_a_port_another_socket_holds_is_refused_by_its_flag_before_anything_loads(name, tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        ports = {"port": 0, "grpc_port": 0, name: port}
+        settings = server_module.ServerSettings(str(tmp_path), "m", **ports)
+        with pytest.raises(ValueError) as caught:
+            settings.checked(lambda setting: "--" + setting.replace("_", "-"))
+    flag = "--" + name.replace("_", "-")
+    assert str(caught.value) == (
+        f"Received an invalid value for argument `{flag}`, expected a port no other process "
+        f"holds on 127.0.0.1, got {port} (in use: 127.0.0.1:{port})."
+    )
+
+
 def test_a_config_files_label_of_a_version_that_does_not_load_stops_the_start(tmp_path):
     (tmp_path / "a").mkdir()  # no version yet
     config = tmp_path / "models.config"
