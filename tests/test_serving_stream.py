@@ -525,6 +525,38 @@ def test_a_plan_streams_the_first_output_only_when_it_is_the_last_layer_s():
         assert str(refused.value) == "the model's output is not its last layer's (a shared layer)"
 
 
+def test_a_plan_refuses_a_branched_or_subclassed_model_saying_why():
+    from serving.exports import signatures
+
+    inputs = keras.Input((5, 3))
+    left = keras.layers.Dense(4, name="left")(inputs)
+    right = keras.layers.Dense(4, name="right")(inputs)
+    branched = keras.Model(inputs, keras.layers.Add()([left, right]))
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.recurrent = AntisymmetricRNN(4)
+
+        def call(self, x):
+            return self.recurrent(x)
+
+    subclassed = Subclassed()
+    subclassed(keras.ops.zeros((1, 5, 3)))
+    for make_plan in (signatures.stream_plan, signatures.padded_plan):
+        with pytest.raises(signatures.StreamPlanError) as refused:
+            make_plan(branched)
+        assert str(refused.value) == (
+            "layer 'right' (Dense) does not take the previous layer's output "
+            "(branches, several inputs or a shared layer)"
+        )
+        with pytest.raises(signatures.StreamPlanError) as refused:
+            make_plan(subclassed)
+        assert str(refused.value) == (
+            "the model is not a chain of layers ('Subclassed' object has no attribute 'inputs')"
+        )
+
+
 def test_the_padded_endpoint_refuses_lengths_outside_its_steps_with_the_reason():
     import tensorflow as tf
 
