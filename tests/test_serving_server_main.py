@@ -29,6 +29,10 @@ DOCS = os.path.join(REPO_ROOT, "docs", "serving.md")
 PREDICT_BODY = {"instances": [[[0.5]] * 64] * 3}
 
 
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
 def _docs_section(title):
     text = open(DOCS, encoding="utf-8").read()
     start = text.index(f"\n### {title}\n")
@@ -105,7 +109,7 @@ def test_every_flag_reaches_make_server_with_its_type(made, tmp_path, capsys):
     argv = ["--model-base-path", str(tmp_path), "--model-name", "antisym", "--port", "0",
             "--host", "localhost", "--poll-seconds", "0.25", "--grpc-port", "8557"]  # fmt: skip
     for name, value in limits.items():
-        argv += ["--" + name.replace("_", "-"), str(value)]
+        argv += [_flag(name), str(value)]
     assert server_module.main(argv) == 0
     (settings,) = made
     assert settings == server_module.ServerSettings(
@@ -446,7 +450,7 @@ def test_the_grpc_api_binds_the_port_asked_for(tmp_path):
 def test_the_grpc_api_needs_a_port_of_its_own(tmp_path):
     settings = server_module.ServerSettings(str(tmp_path), "m", port=8600, grpc_port=8600)
     with pytest.raises(ValueError) as caught:
-        settings.checked(lambda name: "--" + name.replace("_", "-"))
+        settings.checked(_flag)
     assert str(caught.value) == (
         "Received an invalid value for argument `--grpc-port`, expected a port other than "
         "--port's, got 8600."
@@ -462,10 +466,9 @@ def test_a_port_another_socket_holds_is_refused_by_its_flag_before_anything_load
         ports = {"port": 0, "grpc_port": 0, name: port}
         settings = server_module.ServerSettings(str(tmp_path), "m", **ports)
         with pytest.raises(ValueError) as caught:
-            settings.checked(lambda setting: "--" + setting.replace("_", "-"))
-    flag = "--" + name.replace("_", "-")
+            settings.checked(_flag)
     assert str(caught.value) == (
-        f"Received an invalid value for argument `{flag}`, expected a port no other process "
+        f"Received an invalid value for argument `{_flag(name)}`, expected a port no other process "
         f"holds on 127.0.0.1, got {port} (in use: 127.0.0.1:{port})."
     )
 

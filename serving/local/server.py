@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, (default, meaning) in LIMITS.items():
         parser.add_argument(
-            "--" + name.replace("_", "-"), type=type(default), default=default,
+            _flag(name), type=type(default), default=default,
             help=f"{meaning} (default {default})",
         )  # fmt: skip
     parser.add_argument(
@@ -475,6 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
     return run(parser.prog, lambda: _start(args), {OSError: EXIT_FAILURE})
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of a setting: `max_body_bytes` is `--max-body-bytes`."""
+    return "--" + name.replace("_", "-")
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -490,7 +495,7 @@ def _start(args: argparse.Namespace) -> int:
     names = {field.name for field in dataclasses.fields(ServerSettings)}
     settings = ServerSettings(**{name: getattr(args, name) for name in names})
     # Checked before the slow model load, naming the flags.
-    settings.checked(lambda name: "--" + name.replace("_", "-"))
+    settings.checked(_flag)
     server = LocalServer(settings)
     return _serve(server, ",".join(server.models.names))
 
