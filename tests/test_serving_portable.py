@@ -445,13 +445,73 @@ def test_a_mixed_precision_model_is_refused_naming_the_layer():
             keras.layers.Dense(CLASSES),
         ]
     )
-    for convert in (litert.convert, onnxgraphs.convert):
+    for convert, runtime in ((litert.convert, "LiteRT"), (onnxgraphs.convert, "ONNX")):
         with pytest.raises(
             PortableExportError,
-            match=r"'recurrent' .* 'mixed_bfloat16'.* save a float32 copy of the model \(its "
-            r"weights with a float32 policy\) and export that, with `--quantize float16`",
+            match=rf"'recurrent' .* 'mixed_bfloat16': the {runtime} export takes float32 layers; "
+            r"save a float32 copy of the model \(its weights with a float32 policy\) and export "
+            r"that, with `--quantize float16`",
         ):
             convert(model, "classification")
+
+
+@pytest.mark.parametrize(
+    "message, missing",
+    [
+        ("converter failed\nat line 2\n", "converter failed"),
+        ("x" * 300, "x" * 200),
+        ("", ""),
+        ("tf.ListReserve, 'tf.ListReserve' tf.Where2 tf.x", "ListReserve, Where2"),
+    ],
+)
+def test_a_failed_conversion_names_what_the_converter_said(message, missing, monkeypatch):
+    """Without the ops' names the converter's first line (cut at 200 characters) stands in
+    for them; the model's reason not to stream, when it has one, follows."""
+    _converter_fails_with(message, monkeypatch)
+    with pytest.raises(PortableExportError) as refused:
+        litert.convert(*portable_model("antisymmetric"))
+    assert str(refused.value) == (
+        f"the model's graph needs TensorFlow ops LiteRT has no builtins for ({missing}): "
+        "export it as a SavedModel (the default --format) instead"
+    )
+    # A model that cannot stream: why, between the ops and the advice.
+    middle = [keras.layers.Conv1D(4, 3, name="conv"), keras.layers.GlobalAveragePooling1D()]
+    model = keras.Sequential([keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)])
+    with pytest.raises(PortableExportError) as refused:
+        litert.convert(model, "classification")
+    assert str(refused.value).endswith(
+        f"({missing}); layer 'conv' (Conv1D) is not known to treat each time step alone: "
+        "export it as a SavedModel (the default --format) instead"
+    )
+
+
+def test_a_litert_export_asked_for_no_stream_has_serving_default_alone():
+    model, head = portable_model("antisymmetric")
+    notes = []
+    blob = litert.convert(model, head, stream=False, notes=notes)
+    assert list(litert.signature_details(blob)) == ["serving_default"] and notes == []
+    assert sorted(litert.signature_details(litert.convert(model, head))) == [
+        "serving_default",
+        "stream",
+    ]
+
+
+def _converter_fails_with(message, monkeypatch):
+    """LiteRT's converter, as set up by the export, raising `message` when it converts."""
+    import tensorflow as tf
+
+    real = tf.lite.TFLiteConverter.from_saved_model
+
+    def failing(*args, **kwargs):
+        converter = real(*args, **kwargs)
+
+        def convert():
+            raise RuntimeError(message)
+
+        converter.convert = convert
+        return converter
+
+    monkeypatch.setattr(tf.lite.TFLiteConverter, "from_saved_model", staticmethod(failing))
 
 
 @pytest.mark.parametrize(
