@@ -485,6 +485,43 @@ def test_a_failed_conversion_names_what_the_converter_said(message, missing, mon
     )
 
 
+def test_operators_reads_every_subgraph_s_codes_as_the_schema_writes_them():
+    """A `.tflite` built with the schema's own classes: an old file's code in the
+    deprecated field, a code above 127 (whose deprecated field holds the placeholder 127),
+    a custom op by its name, and a code this schema does not know, by its number."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    def code(builtin, deprecated=127, custom=None):
+        entry = schema.OperatorCodeT()
+        entry.builtinCode = builtin
+        entry.deprecatedBuiltinCode = deprecated
+        entry.customCode = custom
+        return entry
+
+    def subgraph(*indices):
+        graph = schema.SubGraphT()
+        graph.operators = []
+        for index in indices:
+            operator = schema.OperatorT()
+            operator.opcodeIndex = index
+            graph.operators.append(operator)
+        return graph
+
+    model = schema.ModelT()
+    model.version = 3
+    model.operatorCodes = [
+        code(0, deprecated=schema.BuiltinOperator.ADD),
+        code(schema.BuiltinOperator.CUMSUM),
+        code(schema.BuiltinOperator.CUSTOM, schema.BuiltinOperator.CUSTOM, "MyOp"),
+        code(9999),
+    ]
+    model.subgraphs = [subgraph(1, 0, 2), subgraph(3, 0)]
+    builder = flatbuffers.Builder(0)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    assert litert.operators(bytes(builder.Output())) == ["CUMSUM", "ADD", "MyOp", "9999", "ADD"]
+
+
 def test_a_litert_export_asked_for_no_stream_has_serving_default_alone():
     model, head = portable_model("antisymmetric")
     notes = []
