@@ -581,16 +581,39 @@ def test_export_model_writes_each_format_into_its_version_folder(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def runtimes(tmp_path_factory):
+def runtime_folder(tmp_path_factory):
+    """A folder with an LSTM's `model.tflite` and its ONNX files."""
     folder = tmp_path_factory.mktemp("runtimes")
-    model, head = portable_model("lstm")
     model = keras.Sequential(
         [keras.Input((None, FEATURES)), keras.layers.LSTM(6, name="lstm"), keras.layers.Dense(4)]
     )
-    litert.write(model, folder / "model.tflite", head)
-    for name, blob in onnxgraphs.convert(model, head).items():
+    litert.write(model, folder / "model.tflite", "classification")
+    for name, blob in onnxgraphs.convert(model, "classification").items():
         (folder / f"{name}.onnx").write_bytes(blob)
-    return LiteRTModel(folder / "model.tflite"), OnnxModel(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runtimes(runtime_folder):
+    return LiteRTModel(runtime_folder / "model.tflite"), OnnxModel(runtime_folder)
+
+
+def test_the_threads_asked_for_reach_each_runtime(runtime_folder, monkeypatch):
+    import ai_edge_litert.interpreter
+
+    real, asked = ai_edge_litert.interpreter.Interpreter, []
+
+    def interpreter(**kwargs):
+        asked.append(kwargs.get("num_threads"))
+        return real(**kwargs)
+
+    monkeypatch.setattr(ai_edge_litert.interpreter, "Interpreter", interpreter)
+    LiteRTModel(runtime_folder / "model.tflite", threads=3)
+    LiteRTModel(runtime_folder / "model.tflite")
+    assert asked == [3, None]
+    for threads, expected in ((3, 3), (None, 0)):  # 0: ONNX Runtime's own choice
+        sessions = OnnxModel(runtime_folder, threads=threads).sessions.values()
+        assert [s.get_session_options().intra_op_num_threads for s in sessions] == [expected] * 2
 
 
 @pytest.mark.parametrize(
@@ -602,7 +625,7 @@ def runtimes(tmp_path_factory):
         (lambda i: {k: v for k, v in i.items() if k != "state_lstm_1"}, r"needs input 'state_lstm_1' .*zeros"),  # noqa: E501
         (lambda i: {k: v for k, v in i.items() if k != "sequence"}, r"needs input 'sequence' of shape \(any, any, 3\)$"),  # noqa: E501
         (lambda i: {**i, "sequence": i["sequence"][:, :0]}, r"no time steps: send a chunk of at least one step$"),  # noqa: E501
-        (lambda i: {**i, "state_lstm_0": np.zeros((3, 6))}, r"different batch sizes"),  # noqa: E501
+        (lambda i: {**i, "state_lstm_0": np.zeros((3, 6))}, r"'stream' have different batch sizes: sequence 2, state_lstm_0 3, state_lstm_1 2$"),  # noqa: E501
         (lambda i: {**i, "extra": 1}, r"no input 'extra'"),  # noqa: E501
     ],
 )  # fmt: skip
