@@ -598,22 +598,49 @@ def runtimes(runtime_folder):
     return LiteRTModel(runtime_folder / "model.tflite"), OnnxModel(runtime_folder)
 
 
-def test_the_threads_asked_for_reach_each_runtime(runtime_folder, monkeypatch):
+def test_the_threads_and_provider_asked_for_reach_each_runtime(runtime_folder, monkeypatch):
     import ai_edge_litert.interpreter
+    import onnxruntime
 
-    real, asked = ai_edge_litert.interpreter.Interpreter, []
+    real_interpreter = ai_edge_litert.interpreter.Interpreter
+    real_session = onnxruntime.InferenceSession
+    asked = []
 
     def interpreter(**kwargs):
         asked.append(kwargs.get("num_threads"))
-        return real(**kwargs)
+        return real_interpreter(**kwargs)
+
+    def session(*args, **kwargs):
+        asked.append(kwargs.get("providers"))
+        return real_session(*args, **kwargs)
 
     monkeypatch.setattr(ai_edge_litert.interpreter, "Interpreter", interpreter)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
     LiteRTModel(runtime_folder / "model.tflite", threads=3)
     LiteRTModel(runtime_folder / "model.tflite")
     assert asked == [3, None]
+    # The CPU provider, also where a GPU build of ONNX Runtime would choose another.
     for threads, expected in ((3, 3), (None, 0)):  # 0: ONNX Runtime's own choice
         sessions = OnnxModel(runtime_folder, threads=threads).sessions.values()
         assert [s.get_session_options().intra_op_num_threads for s in sessions] == [expected] * 2
+    assert asked[2:] == [["CPUExecutionProvider"]] * 4
+
+
+def test_a_runtime_starts_one_sequence_unless_asked_for_more(runtimes):
+    for runtime in runtimes:
+        assert {name: state.shape for name, state in runtime.start().items()} == {
+            "state_lstm_0": (1, 6),
+            "state_lstm_1": (1, 6),
+        }
+        assert all(not state.any() for state in runtime.start(3).values())
+        assert runtime.start(3)["state_lstm_1"].shape == (3, 6)
+
+
+def test_a_folder_without_onnx_files_is_refused_naming_it(tmp_path):
+    (tmp_path / "model.tflite").write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as refused:
+        OnnxModel(tmp_path)
+    assert str(refused.value) == f"no .onnx files in {str(tmp_path)!r}"
 
 
 @pytest.mark.parametrize(
