@@ -449,6 +449,14 @@ def test_a_mixed_precision_model_is_refused_naming_the_layer():
             keras.layers.Dense(CLASSES),
         ]
     )
+    # A float32 RNN layer around a mixed-precision cell: the cell is named.
+    wrapped = keras.Sequential(
+        [
+            keras.Input((None, FEATURES)),
+            keras.layers.RNN(AntisymmetricCell(4, dtype="mixed_float16", name="cell")),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
     for convert, runtime in ((litert.convert, "LiteRT"), (onnxgraphs.convert, "ONNX")):
         with pytest.raises(
             PortableExportError,
@@ -457,6 +465,8 @@ def test_a_mixed_precision_model_is_refused_naming_the_layer():
             r"that, with `--quantize float16`",
         ):
             convert(model, "classification")
+        with pytest.raises(PortableExportError, match=r"^layer 'cell' \(AntisymmetricCell\) "):
+            convert(wrapped, "classification")
 
 
 @pytest.mark.parametrize(
