@@ -25,7 +25,7 @@ from serving.exports.runtimes import (
     RuntimeInputError,
     check_inputs,
 )
-from serving.exports.steploop import PortableExportError
+from serving.exports.steploop import PortableExportError, step_program
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT, digits
 
@@ -467,6 +467,16 @@ def test_a_mixed_precision_model_is_refused_naming_the_layer():
             convert(model, "classification")
         with pytest.raises(PortableExportError, match=r"^layer 'cell' \(AntisymmetricCell\) "):
             convert(wrapped, "classification")
+
+
+def test_an_unbuilt_model_is_refused_naming_its_last_recurrent_layer():
+    from serving.exports.signatures import StreamPlanError
+
+    layers = [AntisymmetricRNN(4, return_sequences=True, name=name) for name in "ab"]
+    model = keras.Sequential([*layers, AntisymmetricRNN(4, name="c"), keras.layers.Dense(CLASSES)])
+    with pytest.raises(StreamPlanError) as refused:
+        step_program(model)
+    assert str(refused.value) == "layer 'c' has no known output size (build the model first)"
 
 
 @pytest.mark.parametrize(
