@@ -15,8 +15,9 @@ import sys
 import keras
 
 from serving.exports import onnxgraphs
-from serving.exports.runtimes import OnnxModel
+from serving.exports.runtimes import NEXT_PREFIX, OnnxModel
 from serving.exports.steploop import PortableExportError
+from serving.names import SEQUENCE_INPUT
 
 assert keras.backend.backend() == "torch"
 # The test module's models and checks (Keras is imported first, on PyTorch).
@@ -43,9 +44,9 @@ def _written(models, target):
 def _check_symbolic_dims(runtime, per_step):
     """Each output's batch dimension is the sequence's, and so is time per step."""
     for session in runtime.sessions.values():
-        sequence = next(node.shape for node in session.get_inputs() if node.name == "sequence")
+        sequence = next(node.shape for node in session.get_inputs() if node.name == SEQUENCE_INPUT)
         for node in session.get_outputs():
-            stepwise = per_step and not node.name.startswith("next_")
+            stepwise = per_step and not node.name.startswith(NEXT_PREFIX)
             assert node.shape[: 2 if stepwise else 1] == sequence[: 2 if stepwise else 1], (
                 node.name,
                 node.shape,

@@ -411,13 +411,20 @@ def test_a_model_without_a_builtin_lowering_is_refused_with_nothing_on_disk(kind
     assert os.listdir(base) == []  # no version, no staging folder, no partial file
 
 
+def _unstreamable_model():
+    """A convolution over time: it mixes steps, so there is no `stream` signature."""
+    middle = [keras.layers.Conv1D(4, 3, name="conv"), keras.layers.GlobalAveragePooling1D()]
+    return keras.Sequential(
+        [keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)]
+    )
+
+
 def test_a_model_that_cannot_stream_gets_serving_default_and_a_note(tmp_path, capsys):
     from serving.exports.tfloop import UpdatedSlices, graphs
 
-    middle = [keras.layers.Conv1D(4, 3), keras.layers.GlobalAveragePooling1D()]
-    model = keras.Sequential([keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)])
+    model = _unstreamable_model()
     asked = graphs(model, "classification", UpdatedSlices())
-    assert list(asked.functions) == ["serving_default"] and "conv1d" in asked.stream_missing
+    assert list(asked.functions) == ["serving_default"] and "'conv'" in asked.stream_missing
     unasked = graphs(model, "classification", UpdatedSlices(), stream=False)
     assert list(unasked.functions) == ["serving_default"] and unasked.stream_missing is None
     path = tmp_path / "conv.keras"
@@ -499,10 +506,8 @@ def test_a_failed_conversion_names_what_the_converter_said(message, missing, mon
         "export it as a SavedModel (the default --format) instead"
     )
     # A model that cannot stream: why, between the ops and the advice.
-    middle = [keras.layers.Conv1D(4, 3, name="conv"), keras.layers.GlobalAveragePooling1D()]
-    model = keras.Sequential([keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)])
     with pytest.raises(PortableExportError) as refused:
-        litert.convert(model, "classification")
+        litert.convert(_unstreamable_model(), "classification")
     assert str(refused.value).endswith(
         f"({missing}); layer 'conv' (Conv1D) is not known to treat each time step alone: "
         "export it as a SavedModel (the default --format) instead"
