@@ -414,9 +414,7 @@ def test_a_model_without_a_builtin_lowering_is_refused_with_nothing_on_disk(kind
 def _unstreamable_model():
     """A convolution over time: it mixes steps, so there is no `stream` signature."""
     middle = [keras.layers.Conv1D(4, 3, name="conv"), keras.layers.GlobalAveragePooling1D()]
-    return keras.Sequential(
-        [keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)]
-    )
+    return keras.Sequential([keras.Input((STEPS, FEATURES)), *middle, keras.layers.Dense(CLASSES)])
 
 
 def test_a_model_that_cannot_stream_gets_serving_default_and_a_note(tmp_path, capsys):
