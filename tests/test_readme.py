@@ -32,9 +32,10 @@ PAGES = ["README.md"] + sorted(
 )
 # The longest block is a 30-second training run; a loaded CI machine takes a few times that.
 BLOCK_TIMEOUT = limit(300)
-# Pages whose blocks take minutes together (LiteRT and ONNX conversions; a model trained,
-# exported, served and asked over REST): CI's slow pass runs them, the README's command not.
-SLOW_PAGES = {"docs/devices.md", "docs/serving.md"}
+# Pages whose blocks take half a minute or more together (LiteRT and ONNX conversions; a
+# model trained, exported, served and asked over REST; the stability probes; the training
+# commands): CI's slow pass runs them, the README's command not.
+SLOW_PAGES = {"docs/devices.md", "docs/serving.md", "docs/stability.md", "docs/training.md"}
 
 
 def readme_blocks(text):

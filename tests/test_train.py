@@ -243,14 +243,8 @@ CHECKPOINT_INDEX = {
 }
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "tensorflow",
-        pytest.param("jax", marks=pytest.mark.slow),
-        pytest.param("torch", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_kill_and_resume_finishes_with_nothing_lost(tmp_path, backend):
     common = [
         "--task",

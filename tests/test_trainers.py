@@ -61,7 +61,8 @@ def _weights(path):
     return keras.saving.load_model(path).get_weights()
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+# JAX compiles every task's step (half a minute on two cores): CI's slow pass runs it.
+@pytest.mark.parametrize("backend", [pytest.param("jax", marks=pytest.mark.slow), "torch"])
 def test_every_mnist_family_and_synthetic_task_trains_without_tensorflow(tmp_path, backend):
     with tfds.testing.mock_data(num_examples=32):
         for dataset in ("mnist", "fashion_mnist"):
