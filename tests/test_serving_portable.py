@@ -484,6 +484,29 @@ def test_an_unbuilt_model_is_refused_naming_its_last_recurrent_layer():
     assert str(refused.value) == "layer 'c' has no known output size (build the model first)"
 
 
+def test_a_step_is_float32_whatever_keras_default_float_type():
+    """The exported loop's states and outputs stay float32 under `floatx` float64 too."""
+    model = keras.Sequential(
+        [keras.Input((None, 2)), AntisymmetricRNN(3, return_sequences=True),
+         AntisymmetricRNN(4), keras.layers.Dense(CLASSES)]
+    )  # fmt: skip
+    program = step_program(model)
+    x = np.linspace(-1, 1, 4, dtype="float32").reshape(2, 1, 2)
+    states = [np.full((2, units), 0.1, "float32") for units in program.states.values()]
+    with program.sequence():
+        expected = program.step(x, states)
+    previous = keras.config.floatx()
+    keras.config.set_floatx("float64")
+    try:
+        with program.sequence():
+            output, finals = program.step(x, states)
+    finally:
+        keras.config.set_floatx(previous)
+    for got, want in zip([output, *finals], [expected[0], *expected[1]], strict=True):
+        assert keras.backend.standardize_dtype(got.dtype) == "float32"
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "message, missing",
     [

@@ -22,7 +22,7 @@ Only the exports import this module; it imports TensorFlow when called.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from apputil.quiet import import_tensorflow
@@ -41,7 +41,6 @@ class Graphs:
 
     functions: dict[str, Any]
     stream_missing: str | None = None
-    state_names: dict[str, str] = field(default_factory=dict)
 
 
 class StepOutputs(Protocol):
@@ -195,7 +194,6 @@ def graphs(
 
     whole_function = tf.function(whole, input_signature=[sequence_spec], autograph=False)
     functions = {DEFAULT_SIGNATURE: whole_function}
-    names: dict[str, str] = {}
     if stream and program is not None:
         names = {name: state_output(name) for name in program.states}
         chunk_spec = tf.TensorSpec([None, None, features], tf.float32, name=SEQUENCE_INPUT)
@@ -214,6 +212,4 @@ def graphs(
         functions[STREAM_SIGNATURE] = tf.function(
             chunk, input_signature=[chunk_spec, *state_specs], autograph=False
         )
-    elif stream:
-        missing = missing or "not asked for"
-    return Graphs(functions, missing if stream else None, names)
+    return Graphs(functions, missing if stream else None)
