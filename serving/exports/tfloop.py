@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     import keras
 
 
-
 @dataclass
 class Graphs:
     """The functions to convert, `{signature: tf.function}`, and why `stream` is missing."""
@@ -54,9 +53,6 @@ class StepOutputs(Protocol):
     def start(self, batch: Any, total: Any, size: int) -> Any:
         """The loop-carried value before the first step."""
 
-    def invariant(self, size: int) -> Any:
-        """The loop-carried value's shape invariant."""
-
     def put(self, kept: Any, t: Any, y: Any) -> Any:
         """`kept` with `y` `(batch, size)` as step `t`."""
 
@@ -72,9 +68,6 @@ class UpdatedSlices:
 
     def start(self, batch: Any, total: Any, size: int) -> Any:
         return import_tensorflow().zeros([batch, total, size])
-
-    def invariant(self, size: int) -> Any:
-        return import_tensorflow().TensorShape([None, None, size])
 
     def put(self, kept: Any, t: Any, y: Any) -> Any:
         tf = import_tensorflow()
@@ -93,10 +86,6 @@ class TensorArrays:
         tf = import_tensorflow()
         element = tf.TensorShape([None, size])
         return tf.TensorArray(tf.float32, size=total, element_shape=element)
-
-    def invariant(self, size: int) -> Any:
-        # The loop carries a TensorArray as its flow, a scalar; its element shape is fixed.
-        return import_tensorflow().TensorShape(None)
 
     def put(self, kept: Any, t: Any, y: Any) -> Any:
         return kept.write(t, y)
@@ -128,25 +117,18 @@ def run_loop(
     tf = import_tensorflow()
     batch, total = tf.shape(sequence)[0], tf.shape(sequence)[1]
     size = program.output_size
-    if program.per_step:
-        initial = outputs.start(batch, total, size)
-        invariant = outputs.invariant(size)
-    else:
-        initial, invariant = tf.zeros([batch, size]), tf.TensorShape([None, size])
+    # Every loop-carried value keeps its shape from one step to the next (the batch and
+    # the length unknown from the start), so the loop needs no shape invariants.
+    initial = outputs.start(batch, total, size) if program.per_step else tf.zeros([batch, size])
 
     def body(t: Any, kept: Any, *carried: Any) -> tuple[Any, ...]:
         # A gather, not a strided slice: one op in LiteRT and ONNX instead of a dozen.
         y, new_states = program.step(tf.expand_dims(tf.gather(sequence, t, axis=1), 1), carried)
         return (t + 1, outputs.put(kept, t, y) if program.per_step else y, *new_states)
 
-    sizes = list(program.states.values())
     with program.sequence():  # the transition matrices: loop invariants, formed once
         _, kept, *finals = tf.while_loop(
-            lambda t, *_: t < total,
-            body,
-            [tf.constant(0), initial, *states],
-            shape_invariants=[tf.TensorShape([]), invariant]
-            + [tf.TensorShape([None, units]) for units in sizes],
+            lambda t, *_: t < total, body, [tf.constant(0), initial, *states]
         )
     final = outputs.stacked(kept) if program.per_step else kept
     return program.finish(final), finals
