@@ -493,6 +493,13 @@ def test_cli_in_process_infers_the_head_and_notes_how(capsys):
     assert names == ["padded", "serving_default", "stream"]
 
 
+def test_cli_exports_a_recorded_head_without_a_note(capsys):
+    _, path, _ = _task_model("digits", None)
+    base = work_dir("cli-recorded")
+    assert _cli(["--model", path, "--export-base", base, "--version", "1"], capsys) == (0, [])
+    assert _signatures(os.path.join(base, "1"))[1] == ["padded", "serving_default", "stream"]
+
+
 def test_cli_given_head_and_no_extra_signatures(capsys):
     """`--head regression` overrides the inferred classifier (no note: it was given), and
     `--no-stream --no-padded` leave only `serving_default`, whose `value` is the logits."""

@@ -444,6 +444,10 @@ def test_a_model_that_cannot_stream_gets_serving_default_and_a_note(tmp_path, ca
         runtime.start()
     with pytest.raises(RuntimeInputError, match="no signature 'stream'; this export has"):
         runtime.run("stream", sequence=sequence)
+    onnx_argv = [*argv[:3], str(tmp_path / "o"), *argv[4:], "--format", "onnx"]
+    assert main(onnx_argv) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "`stream`" in line]
+    assert len(notes) == 1 and "layer 'conv'" in notes[0], notes
 
 
 def test_a_mixed_precision_model_is_refused_naming_the_layer():
