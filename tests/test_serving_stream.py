@@ -510,6 +510,41 @@ def test_plans_name_the_layer_a_sequence_cannot_be_served_through():
     )
 
 
+def test_a_plan_refuses_a_stateful_rnn_and_a_normalization_over_time_naming_each():
+    from serving.exports import signatures
+
+    stateful = keras.Sequential([
+        keras.Input(batch_shape=(2, 5, 2)),
+        keras.layers.RNN(AntisymmetricCell(3), stateful=True, name="kept"),
+    ])  # fmt: skip
+    with pytest.raises(signatures.StreamPlanError) as refused:
+        signatures.stream_plan(stateful)
+    assert str(refused.value) == "layer 'kept' (RNN) is stateful (states in variables)"
+    over_time = keras.Sequential([
+        keras.Input((5, 2)),
+        keras.layers.RNN(AntisymmetricCell(3), return_sequences=True),
+        keras.layers.LayerNormalization(axis=1, name="over_time"),
+        keras.layers.RNN(AntisymmetricCell(3)),
+    ])  # fmt: skip
+    with pytest.raises(signatures.StreamPlanError) as refused:
+        signatures.stream_plan(over_time)
+    assert str(refused.value) == (
+        "layer 'over_time' (LayerNormalization) normalizes over axis [1], not the features alone"
+    )
+
+
+def test_state_names_keep_the_characters_tensorflow_keeps_and_stay_apart():
+    """`state_<layer>_<k>`: other characters become `_`, and a name taken gets one more `_`."""
+    from serving.exports import signatures
+
+    model = keras.Sequential([
+        keras.Input((None, 2)),
+        keras.layers.RNN(AntisymmetricCell(3), return_sequences=True, name="rnn-a.1"),
+        keras.layers.RNN(AntisymmetricCell(4), name="rnn_a_1"),
+    ])  # fmt: skip
+    assert signatures.stream_plan(model).states == {"state_rnn_a_1_0": 3, "state_rnn_a_1__0": 4}
+
+
 def test_a_plan_streams_the_first_output_only_when_it_is_the_last_layer_s():
     """Two outputs: streaming serves the first, which must be the chain's end."""
     from serving.exports import signatures
