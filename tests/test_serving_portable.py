@@ -511,6 +511,31 @@ def test_a_step_is_float32_whatever_keras_default_float_type():
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
 
 
+def test_a_step_runs_a_time_distributed_dropout_as_at_inference():
+    model = keras.Sequential([
+        keras.Input((None, 2)), AntisymmetricRNN(3, return_sequences=True),
+        keras.layers.TimeDistributed(keras.layers.Dropout(0.9)), keras.layers.Dense(CLASSES),
+    ])  # fmt: skip
+    program = step_program(model)
+    x = np.linspace(-1, 1, 4, dtype="float32").reshape(2, 1, 2)
+    states = [np.zeros((2, units), "float32") for units in program.states.values()]
+    with program.sequence():
+        output, _ = program.step(x, states)
+    expected = keras.ops.convert_to_numpy(model(x))[:, 0]
+    np.testing.assert_allclose(np.asarray(output), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_graphs_of_a_model_that_streams_give_no_reason_for_a_missing_stream():
+    from serving.exports.tfloop import UpdatedSlices, graphs
+
+    model = keras.Sequential(
+        [keras.Input((STEPS, FEATURES)), AntisymmetricRNN(4), keras.layers.Dense(CLASSES)]
+    )
+    made = graphs(model, "classification", UpdatedSlices())
+    assert sorted(made.functions) == ["serving_default", "stream"]
+    assert made.stream_missing is None
+
+
 @pytest.mark.parametrize(
     "message, missing",
     [
