@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from serving.client import ServingClient, ServingError
+from serving.client_base import StreamingClient
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT
 
@@ -354,8 +355,13 @@ def test_an_error_answer_s_message_is_its_error_field_else_its_text(stub, body, 
          "https:// URL with a host, e.g. http://127.0.0.1:8501, got 'ftp://127.0.0.1'."),
         (lambda: ServingClient("http://127.0.0.1:8501", "m", timeout=0), "argument `timeout`, "
          "expected a positive number of seconds, got 0."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "m", timeout="5"), "argument `timeout`, "
+         "expected a positive number of seconds, got '5'."),
         (lambda: ServingClient("http://127.0.0.1:8501", "m", retries=-1), "argument `retries`, "
          "expected a non-negative integer, got -1."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "a/b"), "argument `model`, expected a "
+         "name usable in /v1/models/NAME (not empty, no '/', ':' or control characters), "
+         "got 'a/b'."),
         (lambda: ServingClient("http://127.0.0.1:8501", "m").predict(), "argument `instances`, "
          "expected exactly one of `instances` and `inputs`, got neither."),
         (lambda: ServingClient("http://127.0.0.1:8501", "m").predict(instances=[1], inputs=[1]),
@@ -406,3 +412,36 @@ def test_float32_arrays_are_sent_in_their_shortest_exact_form():
     )
     # Not finite: written as json.dumps writes it, which the server refuses with a 400.
     assert encode_json(np.asarray([np.inf, np.nan], "float32")) == b"[Infinity,NaN]"
+
+
+class _EchoStream(StreamingClient):
+    """A client whose server streams back the states it was sent, as float64, one output."""
+
+    def __init__(self):
+        super().__init__("m", timeout=1, retries=0, backoff=0)
+        self.sent = []
+
+    def metadata(self, version=None):
+        dim = [{"size": "-1"}, {"size": "2"}]
+        inputs = {"sequence": {"tensor_shape": {"dim": [*dim[:1], *dim]}},
+                  "state_a_0": {"tensor_shape": {"dim": dim}}}  # fmt: skip
+        return {"model_spec": {"version": "3"},
+                "metadata": {"signature_def": {"signature_def": {"stream": {"inputs": inputs}}}}}
+
+    def _predict_stream(self, version, inputs):
+        self.sent.append(inputs)
+        state = inputs["state_a_0"].astype("float64") + 1 / 3
+        return {"state_a_0": state, "value": state.sum(-1)}
+
+
+def test_a_stream_sends_float32_states_and_refuses_a_chunk_of_another_rank_whole():
+    client = _EchoStream()
+    answers = list(client.stream([[[0.5, 1.0]], [[0.5, 1.0], [2.0, 3.0]]]))
+    assert [answer["value"] for answer in answers] == pytest.approx([2 / 3, 4 / 3])
+    assert [sent["state_a_0"].dtype for sent in client.sent] == ["float32", "float32"]
+    with pytest.raises(ValueError) as refused:
+        list(client.stream([[1.0, 2.0]]))
+    assert str(refused.value) == (
+        "Received an invalid value for argument `chunks`, expected arrays of shape (t, m) "
+        "or (batch, t, m), got [1.0, 2.0]."
+    )
