@@ -425,8 +425,10 @@ class _EchoStream(StreamingClient):
         dim = [{"size": "-1"}, {"size": "2"}]
         inputs = {"sequence": {"tensor_shape": {"dim": [*dim[:1], *dim]}},
                   "state_a_0": {"tensor_shape": {"dim": dim}}}  # fmt: skip
-        return {"model_spec": {"version": "3"},
-                "metadata": {"signature_def": {"signature_def": {"stream": {"inputs": inputs}}}}}
+        return {
+            "model_spec": {"version": "3"},
+            "metadata": {"signature_def": {"signature_def": {"stream": {"inputs": inputs}}}},
+        }
 
     def _predict_stream(self, version, inputs):
         self.sent.append(inputs)
