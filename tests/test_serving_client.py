@@ -419,9 +419,10 @@ class _EchoStream(StreamingClient):
 
     def __init__(self):
         super().__init__("m", timeout=1, retries=0, backoff=0)
-        self.sent = []
+        self.sent, self.asked = [], []
 
     def metadata(self, version=None):
+        self.asked.append(version)
         dim = [{"size": "-1"}, {"size": "2"}]
         inputs = {"sequence": {"tensor_shape": {"dim": [*dim[:1], *dim]}},
                   "state_a_0": {"tensor_shape": {"dim": dim}}}  # fmt: skip
@@ -447,3 +448,5 @@ def test_a_stream_sends_float32_states_and_refuses_a_chunk_of_another_rank_whole
         "Received an invalid value for argument `chunks`, expected arrays of shape (t, m) "
         "or (batch, t, m), got [1.0, 2.0]."
     )
+    list(client.stream([[[1.0, 2.0]]], version=3))
+    assert client.asked == [None, None, 3]  # the version asked for, read once a stream
