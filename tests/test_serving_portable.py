@@ -488,6 +488,12 @@ def test_an_unbuilt_model_is_refused_naming_its_last_recurrent_layer():
     assert str(refused.value) == "layer 'c' has no known output size (build the model first)"
 
 
+def _one_step_inputs(program, state):
+    """One time step of two sequences of 2 features, and every state filled with `state`."""
+    x = np.linspace(-1, 1, 4, dtype="float32").reshape(2, 1, 2)
+    return x, [np.full((2, units), state, "float32") for units in program.states.values()]
+
+
 def test_a_step_is_float32_whatever_keras_default_float_type():
     """The exported loop's states and outputs stay float32 under `floatx` float64 too."""
     model = keras.Sequential(
@@ -495,8 +501,7 @@ def test_a_step_is_float32_whatever_keras_default_float_type():
          AntisymmetricRNN(4), keras.layers.Dense(CLASSES)]
     )  # fmt: skip
     program = step_program(model)
-    x = np.linspace(-1, 1, 4, dtype="float32").reshape(2, 1, 2)
-    states = [np.full((2, units), 0.1, "float32") for units in program.states.values()]
+    x, states = _one_step_inputs(program, state=0.1)
     with program.sequence():
         expected = program.step(x, states)
     previous = keras.config.floatx()
@@ -517,8 +522,7 @@ def test_a_step_runs_a_time_distributed_dropout_as_at_inference():
         keras.layers.TimeDistributed(keras.layers.Dropout(0.9)), keras.layers.Dense(CLASSES),
     ])  # fmt: skip
     program = step_program(model)
-    x = np.linspace(-1, 1, 4, dtype="float32").reshape(2, 1, 2)
-    states = [np.zeros((2, units), "float32") for units in program.states.values()]
+    x, states = _one_step_inputs(program, state=0.0)
     with program.sequence():
         output, _ = program.step(x, states)
     expected = keras.ops.convert_to_numpy(model(x))[:, 0]

@@ -508,18 +508,18 @@ def test_plans_name_the_layer_a_sequence_cannot_be_served_through():
     assert str(refused.value) == (
         "layer 'both_ways' (Bidirectional) is stateful (states in variables)"
     )
-
-
-def test_a_plan_refuses_a_stateful_rnn_and_a_normalization_over_time_naming_each():
-    from serving.exports import signatures
-
-    stateful = keras.Sequential([
+    stateful_rnn = keras.Sequential([
         keras.Input(batch_shape=(2, 5, 2)),
         keras.layers.RNN(AntisymmetricCell(3), stateful=True, name="kept"),
     ])  # fmt: skip
     with pytest.raises(signatures.StreamPlanError) as refused:
-        signatures.stream_plan(stateful)
+        signatures.stream_plan(stateful_rnn)
     assert str(refused.value) == "layer 'kept' (RNN) is stateful (states in variables)"
+
+
+def test_a_plan_refuses_a_normalization_over_time_naming_its_axis():
+    from serving.exports import signatures
+
     over_time = keras.Sequential([
         keras.Input((5, 2)),
         keras.layers.RNN(AntisymmetricCell(3), return_sequences=True),
