@@ -24,6 +24,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from apputil.errors import UsageError
 from keras_antisym import AntisymmetricRNN, GatedAntisymmetricRNN
 from serving.client import GrpcClient, ServingClient, ServingError
 from serving.client import main as client_main
@@ -745,6 +746,114 @@ def test_the_grpc_client_retries_a_busy_server_as_often_as_it_is_told(
     finally:
         server.close()
     assert (got, repository.calls) == (answer, calls)
+
+
+class _Version:
+    """A stand-in version `number`: `serving_default` answers `y = number * x` (input `x` of
+    `dtype`), and `stream` carries a state `h` that adds `number * x` summed over each
+    chunk's steps (its output `total` is the new state)."""
+
+    max_rank = 3
+
+    def __init__(self, number, dtype="float32"):
+        import tensorflow as tf
+
+        self.version = number
+        specs = {
+            "serving_default": {"x": tf.TensorSpec([None, 2], tf.as_dtype(dtype))},
+            "stream": {"sequence": tf.TensorSpec([None, None, 2], tf.float32),
+                       "h": tf.TensorSpec([None, 2], tf.float32)},
+        }  # fmt: skip
+        self._specs = specs
+
+        def stream(sequence, h):
+            new = h + number * tf.reduce_sum(sequence, axis=1)
+            return {"h": new, "total": tf.identity(new)}
+
+        self.signatures = {"serving_default": lambda x: {"y": x * number}, "stream": stream}
+        self.signature_def = {"signature_def": {
+            name: {"inputs": {key: _tensor_info(key, spec) for key, spec in inputs.items()},
+                   "outputs": {}, "method_name": "tensorflow/serving/predict"}
+            for name, inputs in specs.items()}}  # fmt: skip
+
+    def input_specs(self, signature_name):
+        return self._specs[signature_name]
+
+
+def _tensor_info(name, spec):
+    """A `TensorInfo` as JSON, as the metadata of a SavedModel's signature writes it."""
+    dims = [{"size": str(-1 if size is None else size)} for size in spec.shape]
+    return {"name": f"{name}:0", "dtype": spec.dtype.as_datatype_enum,
+            "tensor_shape": {"dim": dims}}  # fmt: skip
+
+
+class _Versions(_Repository):
+    """A stand-in model `m` serving every version in `versions` (`{number: _Version}`),
+    the highest when none is asked for; a test may add one while it runs."""
+
+    def __init__(self, *versions):
+        super().__init__()
+        self.versions = {version.version: version for version in versions}
+
+    def get(self, name, version=None, label=None):
+        super().get(name)  # a 404 for another name
+        number = max(self.versions) if version is None else int(version)
+        if number not in self.versions:
+            raise RequestError(404, f"Servable not found for request: Specific({name}, {version})")
+        return self.versions[number]
+
+
+def test_the_grpc_client_reads_and_streams_the_version_asked_for():
+    """With versions 1 and 2 served, a version named is the one that answers the metadata
+    and every chunk of a stream; none named is the newest."""
+    server = _serve(_Versions(_Version(1), _Version(2)), threads=2)
+    x = np.random.default_rng(3).normal(size=(2, 5, 2)).astype("float32")
+    chunks = [x[:, :2], x[:, 2:]]
+    try:
+        with GrpcClient(f"127.0.0.1:{server.port}", "m", timeout=limit(30)) as client:
+            served = [client.metadata(v)["model_spec"]["version"] for v in (1, 2, None)]
+            pinned = [step["total"] for step in client.stream(chunks, version=1)]
+            newest = [step["total"] for step in client.stream(chunks)]
+    finally:
+        server.close()
+    assert served == ["1", "2", "2"]
+    for number, totals in ((1, pinned), (2, newest)):
+        expected = [number * x[:, :2].sum(1), number * x.sum(1)]  # the state carried over
+        np.testing.assert_allclose(totals, expected, rtol=1e-6)
+
+
+def test_nested_lists_follow_the_dtypes_of_the_version_served_when_it_changes():
+    """Lists take the signature's dtype: read again for the served version at each call (a
+    newer version may take another dtype), once for a version named."""
+    repository = _Versions(_Version(1, "float32"))
+    server = _serve(repository, threads=2)
+    x = [[1.5, -2.0]]
+    try:
+        with GrpcClient(f"127.0.0.1:{server.port}", "m", timeout=limit(30)) as client:
+            first = client.predict(x)
+            repository.versions[2] = _Version(2, "float64")
+            newest = client.predict(x)
+            named = client.predict(x, version=1)
+    finally:
+        server.close()
+    got = [(answer["model_spec"]["version"], answer["outputs"]["y"].dtype.name,
+            answer["outputs"]["y"].tolist()) for answer in (first, newest, named)]  # fmt: skip
+    assert got == [("1", "float32", [[1.5, -2.0]]), ("2", "float64", [[3.0, -4.0]]),
+                   ("1", "float32", [[1.5, -2.0]])]  # fmt: skip
+
+
+def test_one_unnamed_tensor_for_a_signature_of_several_inputs_is_refused_naming_them():
+    server = _serve(_Versions(_Version(1)))
+    try:
+        with GrpcClient(f"127.0.0.1:{server.port}", "m", timeout=limit(30)) as client:
+            with pytest.raises(UsageError) as refused:
+                client.predict(np.ones((1, 3, 2), "float32"), signature_name="stream")
+    finally:
+        server.close()
+    assert str(refused.value) == (
+        "Received an invalid value for argument `inputs`, expected a mapping of the inputs "
+        "['h', 'sequence'], got one unnamed tensor."
+    )
 
 
 class _Aborted(Exception):
