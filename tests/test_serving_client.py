@@ -237,6 +237,51 @@ def test_cli_output_into_a_closed_pipe_ends_quietly_with_sigpipe_s_status(stub, 
     assert client.returncode == 128 + signal.SIGPIPE
 
 
+def test_a_reader_gone_at_the_first_one_step_answer_ends_the_command_quietly(
+    stub, tmp_path, monkeypatch
+):
+    """The same in this process: `--chunk 1` into a pipe whose reader is gone stops at the
+    first answer with SIGPIPE's status, and stdout then writes to the null device (so that
+    Python's own flush at exit cannot fail again)."""
+    import numpy as np
+
+    from serving.client import main
+
+    path = tmp_path / "x.npy"
+    np.save(path, np.zeros((3, 1), "float32"))
+    dims = {"dim": [{"size": "-1"}, {"size": "2"}]}
+    metadata = {"model_spec": {"version": "1"}, "metadata": {"signature_def": {"signature_def": {
+        "stream": {"inputs": {"sequence": {}, "state": {"tensor_shape": dims}}}}}}}  # fmt: skip
+    answer = {"outputs": {"p": [[0.5]], "state": [[0, 0]]}}
+    stub.script = [(200, metadata, 0)] + [(200, answer, 0)] * 3
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as stdout:
+        monkeypatch.setattr("sys.stdout", stdout)
+        status = main(["--url", _url(stub), "--model", "m", "stream", "--sequence-file",
+                       str(path), "--chunk", "1"])  # fmt: skip
+        print("x" * 100_000, file=stdout, flush=True)  # the null device takes it
+        monkeypatch.undo()
+    assert status == 128 + signal.SIGPIPE
+    # Stopped at the first answer: the metadata, then one request of the stream.
+    assert stub.paths == [("GET", "/v1/models/m/metadata"),
+                          ("POST", "/v1/models/m/versions/1:predict")]  # fmt: skip
+
+
+def test_the_clients_retry_defaults_are_the_documented_ones():
+    """docs/serving.md: `timeout` 10 s, `retries` 3, `backoff` 0.2 s, for every client."""
+    import inspect
+
+    from serving.client import GrpcClient, stream
+
+    with GrpcClient("127.0.0.1:8500", "m") as grpc_client:  # no call made: no server needed
+        clients = [ServingClient("http://127.0.0.1:8501", "m"), grpc_client]
+        settings = [(c.timeout, c.retries, c.backoff) for c in clients]
+    parameters = inspect.signature(stream).parameters
+    settings.append(tuple(parameters[key].default for key in ("timeout", "retries", "backoff")))
+    assert settings == [(10.0, 3, 0.2)] * 3
+
+
 def test_cli_streams_a_sequence_file_and_flushes_each_answer(stub, tmp_path, monkeypatch):
     import numpy as np
 
@@ -285,6 +330,19 @@ def test_cli_streams_a_sequence_file_and_flushes_each_answer(stub, tmp_path, mon
          "`--instances-file`, expected a JSON list of instances or a request body "
          '{{"instances": [...]}} or {{"inputs": ...}} (with an optional string '
          "\"signature_name\"), got '{other}' holding an object with keys 'instance'."),
+        (["stream", "--sequence-file", "{pickled}"], "Received an invalid value for argument "
+         "`--sequence-file`, expected a readable .npy file, got '{pickled}' (Object arrays "
+         "cannot be loaded when allow_pickle=False)."),
+        (["stream", "--sequence-file", "{empty}"], "Received an invalid value for argument "
+         "`--sequence-file`, expected a .npy file holding one array (np.save), got '{empty}', "
+         "an .npz archive of no arrays."),
+        (["--grpc", "127.0.0.1:1", "predict", "--instances-file", "{keys}"], "Received an "
+         "invalid value for argument `--instances-file`, expected instances with the same "
+         "keys, got ['a', 'b'], ['a']."),
+        (["predict", "--instances-file", "{null}"], "Received an invalid value for argument "
+         "`--instances-file`, expected a JSON list of instances or a request body "
+         '{{"instances": [...]}} or {{"inputs": ...}} (with an optional string '
+         "\"signature_name\"), got '{null}' holding null."),
         (["predict", "--instances-file", "{rows}", "--columnar"], "Received an invalid value for "
          "argument `--columnar`, expected no flag: the file's body names its format "
          "(\"instances\"), got {rows}."),
@@ -298,6 +356,13 @@ def test_cli_usage_errors_are_the_whole_message(args, message, tmp_path, capsys)
     files = {name: str(tmp_path / name) for name in ("flat", "npz", "words", "other", "rows")}
     files = {name: path + (".npz" if name == "npz" else ".npy") for name, path in files.items()}
     files["other"], files["rows"] = str(tmp_path / "other.json"), str(tmp_path / "rows.json")
+    files["null"] = str(tmp_path / "null.json")
+    (tmp_path / "null.json").write_text("null")
+    files["keys"] = str(tmp_path / "keys.json")
+    (tmp_path / "keys.json").write_text('{"instances": [{"a": 1}, {"a": 2, "b": 3}]}')
+    files["pickled"], files["empty"] = str(tmp_path / "pickled.npy"), str(tmp_path / "empty.npz")
+    np.save(files["pickled"], np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.savez(files["empty"])
     flat = files["flat"]
     np.save(flat, np.zeros(3, "float32"))
     np.savez(files["npz"], x=np.zeros((2, 1)), y=np.ones(2))
