@@ -46,6 +46,60 @@ def test_the_protos_load_without_tensorflow_and_tensorflow_imports_after_them():
     assert done.stdout == "before tensorflow\nok\n"
 
 
+_TENSORFLOW_FIRST = """
+import sys
+import tensorflow as tf
+from serving import protos
+modules = protos.load()
+assert sys.modules["tensorflow"] is tf  # the package imported already stays
+assert modules.tensor_pb2 is sys.modules["tensorflow.core.framework.tensor_pb2"]
+assert type(tf.make_tensor_proto([1.0])) is modules.tensor_pb2.TensorProto
+assert tf.constant([2.0]).numpy().tolist() == [2.0]
+print("ok", flush=True)
+"""
+
+_NO_TENSORFLOW = """
+import sys
+
+class Hidden:
+    \"\"\"A finder that finds nothing of the `tensorflow` package: as if not installed.\"\"\"
+
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorflow":
+            return None
+        return self.finder.find_spec(name, path, target)
+
+    def __getattr__(self, name):  # the rest of the finder's API (package metadata, caches)
+        return getattr(self.finder, name)
+
+sys.meta_path[:] = [Hidden(finder) for finder in sys.meta_path]
+from serving import protos
+try:
+    protos.load()
+except ModuleNotFoundError as error:
+    print(error.name, str(error), sep="\\n")
+assert not [n for n in sys.modules if n.split(".")[0] == "tensorflow"]
+"""
+
+
+def test_with_tensorflow_imported_first_the_protos_are_its_own():
+    done = _python(_TENSORFLOW_FIRST)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "ok\n"
+
+
+def test_without_the_tensorflow_package_the_protos_say_what_to_install():
+    done = _python(_NO_TENSORFLOW)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == (
+        "tensorflow\nTensorFlow Serving's protos need the tensorflow package's proto modules: "
+        'pip install "keras-antisym[serve]"\n'
+    )
+
+
 def test_the_grpc_client_command_answers_without_tensorflow_s_start_up():
     """`python -m serving.client --grpc` prints the status JSON and nothing on stderr:
     TensorFlow's C++ start-up lines (printed whatever `TF_CPP_MIN_LOG_LEVEL`) never come."""
