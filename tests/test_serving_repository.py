@@ -726,6 +726,42 @@ def test_a_version_replaced_by_a_higher_one_is_logged_as_no_longer_served(tmp_pa
     ]
 
 
+def test_a_base_path_linked_into_its_own_folder_is_hidden_whole(tmp_path):
+    """`models/current -> models`: its real path is the start of its own spelling, so the
+    longer spelling is replaced first and a message shows no leftover of it."""
+    from serving.local.repository import BASE_PATH_SHOWN, ModelRepository
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "current").symlink_to(models, target_is_directory=True)
+    repository = ModelRepository(str(models / "current"), "m", loader=_FakeServable)
+    text = f"cannot read {models / 'current' / '1'} nor {models / '2'}"
+    assert repository.hide_paths(text) == (
+        f"cannot read {BASE_PATH_SHOWN}/1 nor {BASE_PATH_SHOWN}/2"
+    )
+
+
+def test_the_status_of_a_version_below_the_served_one_is_its_own(tmp_path):
+    from serving.local.repository import ModelRepository
+
+    for version in ("1", "2", "3"):
+        _fake_version(str(tmp_path), version)
+    repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
+    repository.refresh()
+    entries = [repository.status("m", v)["model_version_status"] for v in ("1", "2", "3")]
+    assert [[(e["version"], e["state"]) for e in each] for each in entries] == [
+        [("1", "END")], [("2", "END")], [("3", "AVAILABLE")]
+    ]
+
+
+def test_stop_before_any_watch_has_nothing_to_wait_for(tmp_path):
+    from serving.local.repository import ModelRepository
+
+    repository = ModelRepository(str(tmp_path), "m", loader=_FakeServable)
+    assert repository.stop(timeout=0.1) is True
+    assert not repository.watching
+
+
 def test_a_relative_base_path_is_hidden_in_its_absolute_spelling_too(tmp_path, monkeypatch):
     from serving.local.repository import BASE_PATH_SHOWN, ModelRepository
 
