@@ -180,6 +180,10 @@ def _verdict(code, detail):
         # code it runs at import (a valid configuration it builds is refused, the quiet
         # import of Keras fails), a failure too.
         status = "killed"
+    if code < 0 and _SUMMARY_LINE.match(detail):
+        # pytest reported a failed test, and only then did the child's exit hang on a
+        # thread the mutant left behind (one made no daemon) until its deadline: a kill.
+        status = "killed"
     if status == "error":
         detail = f"pytest exit code {code}"
     return status, detail

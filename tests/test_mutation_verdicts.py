@@ -322,6 +322,12 @@ def test_h():
     # A thread that is no daemon: the child's interpreter never exits after its tests.
     threading.Thread(target=time.sleep, args=(3600,)).start()
 
+def test_k():
+    import signal, threading
+    signal.alarm(0)
+    threading.Thread(target=time.sleep, args=(3600,)).start()  # no daemon: the exit hangs
+    assert MUTANT != "pkg.mod.x_k__mutmut_1"
+
 def test_g_together():
     if not MUTANT.startswith("pkg.mod.x_g"):
         return
@@ -371,6 +377,7 @@ _TREE_TESTS = {
     "pkg.mod.x_g": ["test_tree.py::test_g_together"],
     "pkg.mod.x_s": ["test_tree.py::test_s"],
     "pkg.mod.x_t": ["test_tree.py::test_h"],
+    "pkg.mod.x_k": ["test_tree.py::test_k"],
 }
 
 
@@ -420,6 +427,20 @@ def test_a_child_that_never_exits_is_ended_by_the_parent_as_a_timeout(tree, monk
     (found,) = _check(backends, ["pkg.mod.x_t__mutmut_1"], 1)
     assert found[:2] == ("pkg.mod.x_t__mutmut_1", "timeout")
     assert time.monotonic() - started < 60
+    with pytest.raises(ChildProcessError):
+        os.waitpid(children["pids"][0], os.WNOHANG)  # reaped
+    assert list(children["logs"].iterdir()) == []
+
+
+def test_a_failed_test_whose_child_then_never_exits_is_a_kill(tree, monkeypatch):
+    """The mutant failed a test, and a thread it left keeps the child from exiting: the
+    parent ends it at the deadline, and the reported failure is the verdict."""
+    backends, children = tree
+    monkeypatch.setattr(backends, "TIMEOUT_S", 3)
+    monkeypatch.setattr(backends, "_GRACE_S", 0)
+    (found,) = _check(backends, ["pkg.mod.x_k__mutmut_1"], 1)
+    assert found[:2] == ("pkg.mod.x_k__mutmut_1", "killed")
+    assert found[2].startswith("FAILED test_tree.py::test_k")
     with pytest.raises(ChildProcessError):
         os.waitpid(children["pids"][0], os.WNOHANG)  # reaped
     assert list(children["logs"].iterdir()) == []
