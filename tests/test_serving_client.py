@@ -214,15 +214,21 @@ def test_cli_predict_sends_a_tensorflow_serving_request_body_as_written(
     assert json.loads(capsys.readouterr().out) == {"predictions": [[0.5]]}
 
 
+def _stream_metadata(version):
+    """The metadata body of a `version` whose `stream` takes a sequence and a state of 2."""
+    dims = {"dim": [{"size": "-1"}, {"size": "2"}]}
+    inputs = {"sequence": {}, "state": {"tensor_shape": dims}}
+    return {"model_spec": {"version": version},
+            "metadata": {"signature_def": {"signature_def": {"stream": {"inputs": inputs}}}}}
+
+
 def test_cli_output_into_a_closed_pipe_ends_quietly_with_sigpipe_s_status(stub, tmp_path):
     """`python -m serving.client ... | head -1`: no BrokenPipeError traceback."""
     import numpy as np
 
     path = tmp_path / "x.npy"
     np.save(path, np.zeros((400, 1), "float32"))
-    dims = {"dim": [{"size": "-1"}, {"size": "2"}]}
-    metadata = {"model_spec": {"version": "1"}, "metadata": {"signature_def": {"signature_def": {
-        "stream": {"inputs": {"sequence": {}, "state": {"tensor_shape": dims}}}}}}}  # fmt: skip
+    metadata = _stream_metadata("1")
     answer = {"outputs": {"p": [["x" * 2000]], "state": [[0, 0]]}}
     stub.script = [(200, metadata, 0)] + [(200, answer, 0)] * 400
     command = [sys.executable, "-m", "serving.client", "--url", _url(stub), "--model", "m",
@@ -249,9 +255,7 @@ def test_a_reader_gone_at_the_first_one_step_answer_ends_the_command_quietly(
 
     path = tmp_path / "x.npy"
     np.save(path, np.zeros((3, 1), "float32"))
-    dims = {"dim": [{"size": "-1"}, {"size": "2"}]}
-    metadata = {"model_spec": {"version": "1"}, "metadata": {"signature_def": {"signature_def": {
-        "stream": {"inputs": {"sequence": {}, "state": {"tensor_shape": dims}}}}}}}  # fmt: skip
+    metadata = _stream_metadata("1")
     answer = {"outputs": {"p": [[0.5]], "state": [[0, 0]]}}
     stub.script = [(200, metadata, 0)] + [(200, answer, 0)] * 3
     read, write = os.pipe()
@@ -289,9 +293,7 @@ def test_cli_streams_a_sequence_file_and_flushes_each_answer(stub, tmp_path, mon
 
     path = tmp_path / "x.npy"
     np.save(path, np.arange(10, dtype="float32").reshape(5, 2))
-    dims = {"dim": [{"size": "-1"}, {"size": "2"}]}
-    metadata = {"model_spec": {"version": "4"}, "metadata": {"signature_def": {"signature_def": {
-        "stream": {"inputs": {"sequence": {}, "state": {"tensor_shape": dims}}}}}}}  # fmt: skip
+    metadata = _stream_metadata("4")
     answers = [{"outputs": {"p": [[0.1 * k]], "state": [[k, k]]}} for k in (1, 2, 3)]
     stub.script = [(200, metadata, 0)] + [(200, a, 0) for a in answers]
     stdout = _Stdout()
