@@ -7,6 +7,7 @@ users import every client name from `serving.client`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -46,11 +47,18 @@ class NoStreamSignatureError(ServingError):
     """The served model version has no `stream` signature."""
 
 
-def _check_retries(retries: object, timeout: object) -> None:
+def _seconds(value: object) -> bool:
+    """A finite number that is not a bool (`True` is an `int` in Python)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _check_settings(timeout: object, retries: object, backoff: object) -> None:
+    if not _seconds(timeout) or timeout <= 0:  # type: ignore[operator]
+        raise invalid("timeout", "a positive number of seconds", timeout)
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise invalid("retries", "a non-negative integer", retries)
-    if not timeout or not isinstance(timeout, int | float) or timeout <= 0:
-        raise invalid("timeout", "a positive number of seconds", timeout)
+    if not _seconds(backoff) or backoff < 0:  # type: ignore[operator]
+        raise invalid("backoff", "a non-negative number of seconds", backoff)
 
 
 def as_lists(value: Any) -> Any:
@@ -70,7 +78,7 @@ class StreamingClient:
     does and `_predict_stream(version, inputs)` with the `stream` signature's outputs."""
 
     def __init__(self, model: str, timeout: float, retries: int, backoff: float):
-        _check_retries(retries, timeout)
+        _check_settings(timeout, retries, backoff)
         self.model = check_model_name(model, "model")
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
 

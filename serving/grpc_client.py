@@ -45,7 +45,7 @@ class GrpcClient(StreamingClient):
             (too many calls at once) or UNAVAILABLE (not reachable yet, draining),
             at most 4 (grpcio's retry policy: 5 attempts in all); within `timeout`.
         backoff: Seconds of the first retry's back-off (gRPC jitters it), doubled
-            after each.
+            after each; at least 10 ms (shorter ones, zero included, wait 10 ms).
     """
 
     def __init__(
@@ -199,6 +199,21 @@ _NUMPY_DTYPES = {"DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_HALF": "floa
 MAX_GRPC_ATTEMPTS = 5
 
 
+#: The back-offs given to gRPC's service config. Its durations count whole milliseconds,
+#: refuse zero and end at protobuf's 10,000 years; and grpcio's retry loses calls whose
+#: back-off is a few milliseconds: they wait for their deadline instead of the next
+#: attempt (https://github.com/grpc/grpc/issues/41036; seen with 1 ms, not with 10 ms).
+GRPC_BACKOFF_RANGE = (0.01, 315_576_000_000.0)
+
+
+def _grpc_duration(seconds: float) -> str:
+    """`seconds` as a service config's duration, within `GRPC_BACKOFF_RANGE`: a shorter
+    back-off (zero, as the REST client allows) waits 10 ms, and one longer than gRPC's
+    longest would outlast any deadline either way."""
+    low, high = GRPC_BACKOFF_RANGE
+    return f"{min(max(seconds, low), high):.3f}s"
+
+
 def _retry_options(retries: int, backoff: float) -> list[tuple[str, Any]]:
     """The channel options of grpcio's own retry policy: RESOURCE_EXHAUSTED and
     UNAVAILABLE retried `retries` times (at most 4: gRPC's limit of 5 attempts), with
@@ -207,8 +222,8 @@ def _retry_options(retries: int, backoff: float) -> list[tuple[str, Any]]:
         return [("grpc.enable_retries", 0)]
     policy = {
         "maxAttempts": min(retries + 1, MAX_GRPC_ATTEMPTS),
-        "initialBackoff": f"{backoff}s",
-        "maxBackoff": f"{max(backoff, 10.0)}s",
+        "initialBackoff": _grpc_duration(backoff),
+        "maxBackoff": _grpc_duration(max(backoff, 10.0)),
         "backoffMultiplier": 2,
         "retryableStatusCodes": ["RESOURCE_EXHAUSTED", "UNAVAILABLE"],
     }

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from serving.client import ServingClient, ServingError
+from serving.client import GrpcClient, ServingClient, ServingError
 from serving.client_base import StreamingClient
 from tests.limits import limit
 from tests.serving_helpers import REPO_ROOT
@@ -426,6 +426,20 @@ def test_an_error_answer_s_message_is_its_error_field_else_its_text(stub, body, 
          "expected a positive number of seconds, got '5'."),
         (lambda: ServingClient("http://127.0.0.1:8501", "m", retries=-1), "argument `retries`, "
          "expected a non-negative integer, got -1."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "m", timeout=True), "argument "
+         "`timeout`, expected a positive number of seconds, got True."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "m", timeout=float("nan")), "argument "
+         "`timeout`, expected a positive number of seconds, got nan."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "m", timeout=float("inf")), "argument "
+         "`timeout`, expected a positive number of seconds, got inf."),
+        (lambda: ServingClient("http://127.0.0.1:8501", "m", backoff=-0.1), "argument "
+         "`backoff`, expected a non-negative number of seconds, got -0.1."),
+        (lambda: GrpcClient("127.0.0.1:8500", "m", backoff="0.2"), "argument `backoff`, "
+         "expected a non-negative number of seconds, got '0.2'."),
+        (lambda: GrpcClient("127.0.0.1:8500", "m", backoff=False), "argument `backoff`, "
+         "expected a non-negative number of seconds, got False."),
+        (lambda: GrpcClient("127.0.0.1:8500", "m", retries=True), "argument `retries`, "
+         "expected a non-negative integer, got True."),
         (lambda: ServingClient("http://127.0.0.1:8501", "a/b"), "argument `model`, expected a "
          "name usable in /v1/models/NAME (not empty, no '/', ':' or control characters), "
          "got 'a/b'."),

@@ -748,6 +748,41 @@ def test_the_grpc_client_retries_a_busy_server_as_often_as_it_is_told(
     assert (got, repository.calls) == (answer, calls)
 
 
+class _BusyEveryOther(_Repository):
+    """Refuses every other call as UNAVAILABLE (draining): each call's first attempt."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def get(self, name, version=None, label=None):
+        self.calls += 1
+        if self.calls % 2:
+            raise RequestError(503, "draining", code="UNAVAILABLE")
+        return super().get(name, version, label)
+
+
+@pytest.mark.parametrize("backoff", [0, 0.0001, 0.003])
+def test_a_back_off_shorter_than_grpc_takes_still_retries_each_call(backoff):
+    # gRPC's service config refuses a zero back-off (every call would fail as
+    # INVALID_ARGUMENT) and below a millisecond; a few milliseconds lose retries.
+    repository = _BusyEveryOther()
+    server = _serve(repository, threads=2)
+    answers = []
+    try:
+        with GrpcClient(f"127.0.0.1:{server.port}", "m", timeout=limit(10), retries=1,
+                        backoff=backoff) as client:  # fmt: skip
+            for _ in range(8):
+                try:
+                    outputs = client.predict({"x": np.ones((1, 2), "float32")})["outputs"]
+                    answers.append(outputs["y"].tolist())
+                except ServingError as error:
+                    answers.append(error.code)
+    finally:
+        server.close()
+    assert (answers, repository.calls) == ([[[2.0, 2.0]]] * 8, 16)
+
+
 class _Version:
     """A stand-in version `number`: `serving_default` answers `y = number * x` (input `x` of
     `dtype`), and `stream` carries a state `h` that adds `number * x` summed over each
