@@ -211,6 +211,26 @@ def test_every_test_module_of_the_application_is_selected_for_its_mutants():
     assert all((root / name).is_file() for name in selected | unselected)
 
 
+def test_every_module_of_the_application_is_mutated_or_named_with_why_not():
+    """A new module the mutation configuration forgets is never judged: each one is a
+    `# module:` of it or a `# not mutated:` with its reason."""
+    import re
+
+    root = _PATH.parent.parent
+    config = (root / "scripts" / "mutation-app.cfg").read_text()
+    mutated = set(re.findall(r"^# module: ([\w.]+)", config, re.M))
+    unmutated = set(re.findall(r"^# not mutated: ([\w.]+)  \S", config, re.M))
+    assert unmutated and not mutated & unmutated
+    modules = {
+        ".".join(path.relative_to(root).with_suffix("").parts)
+        for package in ("training", "serving", "apputil", "benchmarks")
+        for path in (root / package).rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    assert modules - mutated - unmutated == set()
+    assert (mutated | unmutated) - modules == set()
+
+
 def _backends():
     spec = importlib.util.spec_from_file_location(
         "mutation_backends", _PATH.parent / "mutation_backends.py"
