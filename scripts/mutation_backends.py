@@ -111,12 +111,20 @@ def _in_tree(mutants, hashes):
 
 
 # A child's program: pytest on the arguments given as JSON, stopped by SIGALRM after its
-# time limit (a mutant that makes a test loop forever).
+# time limit (a mutant that makes a test loop forever). Each failed test is also written
+# out as it fails (`_AT_ONCE`): a mutant may then hang the test's teardown (a server
+# left without its workers waits for them), and pytest never reaches its summary.
+_AT_ONCE = "failed at once: "
 _CHILD = (
     "import json, signal, sys\n"
     "import pytest\n"
+    "class AtOnce:\n"
+    "    def pytest_runtest_logreport(self, report):\n"
+    "        if report.failed:\n"
+    # On a line of its own: pytest's progress letters have no newline.
+    f"            print({chr(10) + _AT_ONCE!r} + report.nodeid, flush=True)\n"
     "signal.alarm(int(sys.argv[1]))\n"
-    "sys.exit(int(pytest.main(json.loads(sys.argv[2]))))\n"
+    "sys.exit(int(pytest.main(json.loads(sys.argv[2]), plugins=[AtOnce()])))\n"
 )
 
 
@@ -154,6 +162,13 @@ def _outcome(status, output, report=None):
     # pytest's summary lines ("FAILED tests/x.py::t - ..."), not captured log records,
     # which start "ERROR    module:file.py:12 ...".
     failed = [line for line in lines if _SUMMARY_LINE.match(line)]
+    if not failed:
+        # No summary: the child was ended after a failure, in a teardown that never ended.
+        failed = [
+            f"FAILED {line.removeprefix(_AT_ONCE)} - its child never finished"
+            for line in lines
+            if line.startswith(_AT_ONCE)
+        ]
     if report is not None:
         report.extend(line.split()[1] for line in failed)
     # No test ran: pytest (exit code 4) could not import the tests' conftest.

@@ -348,6 +348,18 @@ def test_k():
     threading.Thread(target=time.sleep, args=(3600,)).start()  # no daemon: the exit hangs
     assert MUTANT != "pkg.mod.x_k__mutmut_1"
 
+import pytest
+
+@pytest.fixture
+def hangs_at_teardown():
+    import signal
+    signal.alarm(0)
+    yield
+    time.sleep(3600)  # a server left without its workers waits for them
+
+def test_d(hangs_at_teardown):
+    assert MUTANT != "pkg.mod.x_d__mutmut_1"
+
 def test_g_together():
     if not MUTANT.startswith("pkg.mod.x_g"):
         return
@@ -398,6 +410,7 @@ _TREE_TESTS = {
     "pkg.mod.x_s": ["test_tree.py::test_s"],
     "pkg.mod.x_t": ["test_tree.py::test_h"],
     "pkg.mod.x_k": ["test_tree.py::test_k"],
+    "pkg.mod.x_d": ["test_tree.py::test_d"],
 }
 
 
@@ -463,6 +476,18 @@ def test_a_failed_test_whose_child_then_never_exits_is_a_kill(tree, monkeypatch)
     assert found[2].startswith("FAILED test_tree.py::test_k")
     with pytest.raises(ChildProcessError):
         os.waitpid(children["pids"][0], os.WNOHANG)  # reaped
+    assert list(children["logs"].iterdir()) == []
+
+
+def test_a_failed_test_whose_teardown_never_ends_is_a_kill(tree, monkeypatch):
+    """pytest never reaches its summary: the failure it wrote out as it happened is the
+    verdict, once the parent has ended the child at its deadline."""
+    backends, children = tree
+    monkeypatch.setattr(backends, "TIMEOUT_S", 3)
+    monkeypatch.setattr(backends, "_GRACE_S", 0)
+    (found,) = _check(backends, ["pkg.mod.x_d__mutmut_1"], 1)
+    assert found == ("pkg.mod.x_d__mutmut_1", "killed",
+                     "FAILED test_tree.py::test_d - its child never finished")  # fmt: skip
     assert list(children["logs"].iterdir()) == []
 
 
