@@ -116,9 +116,31 @@ def test_a_latency_falls_in_the_first_bucket_whose_bound_holds_it():
     assert total == pytest.approx(10 + 10.5 + 1e12)
 
 
-def test_label_values_are_escaped_as_prometheus_reads_them():
+def test_the_text_is_written_as_tensorflow_serving_writes_it():
+    """The lines as TensorFlow Serving's own page spells them (a parser would also read
+    `+inf` or a `_total` suffix; a dashboard's exact queries would not)."""
     metrics = serving_metrics.ServingMetrics()
-    name = 'a "quoted" \\ name'
+    metrics.record("m", "predict", 200, 4e-6, entrypoint="GRPC")  # 4 µs: the first bucket
+    lines = metrics.exposition().decode().splitlines()
+    labels = 'model_name="m",API="predict",entrypoint="GRPC"'
+    bucket = f"{serving_metrics.REQUEST_LATENCY}_bucket"
+    buckets = [line for line in lines if line.startswith(bucket)]
+    assert buckets[0] == f'{bucket}{{{labels},le="10"}} 1'
+    assert buckets[1] == f'{bucket}{{{labels},le="18"}} 1'
+    assert buckets[-1] == f'{bucket}{{{labels},le="+Inf"}} 1'
+    assert len(buckets) == 33
+    assert f'{serving_metrics.REQUEST_COUNT}{{model_name="m",status="OK"}} 1' in lines
+    assert f"{serving_metrics.REQUEST_LATENCY}_count{{{labels}}} 1" in lines
+    assert lines[-1] == f"{serving_metrics.REQUEST_LATENCY}_count{{{labels}}} 1"
+
+
+@pytest.mark.parametrize(
+    "name",
+    # A backslash before `n` or before the closing quote reads as an escape unless escaped.
+    ['a "quoted" \\ name', "a\\nb", "ends in \\", "two\nlines"],
+)
+def test_label_values_are_escaped_as_prometheus_reads_them(name):
+    metrics = serving_metrics.ServingMetrics()
     metrics.record(name, "predict", 400, 0.001)
     families = _families(metrics.exposition().decode())
     (sample,) = families[serving_metrics.REQUEST_COUNT].samples

@@ -5,6 +5,7 @@ loads a version; a warmup that fails keeps the version from being served."""
 import logging
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -61,8 +62,10 @@ def test_the_server_replays_the_warmup_before_serving_and_can_skip_it(caplog):
     with caplog.at_level(logging.INFO, logger="serving"):
         Servable(version_dir, 1, warmup=False)
     assert not [r for r in caplog.records if "Warmed up" in r.getMessage()]
+    started = time.monotonic()
     count, seconds = warmup.replay(version_dir, servable.signatures)
-    assert count == 3 and seconds >= 0
+    # The seconds the replay took: no more than the call's own.
+    assert count == 3 and 0 <= seconds <= time.monotonic() - started
 
 
 def test_a_version_whose_warmup_fails_is_not_served(tmp_path):
@@ -181,3 +184,38 @@ def test_a_record_that_is_no_predict_request_or_names_no_signature_is_refused(tm
         records.write(log.SerializeToString())
     with pytest.raises(ValueError, match="names signature 'absent', which is absent"):
         warmup.replay(version_dir, {"serving_default": None})
+
+
+class _Signature:
+    """A stand-in concrete function: only its input specs, as `structured_input_signature`."""
+
+    def __init__(self, **specs):
+        self.structured_input_signature = ((), specs)
+
+
+@pytest.mark.parametrize(
+    "specs, shapes, length",
+    [
+        # A fixed number of steps is kept; an unknown one is a single step.
+        ({"sequence": ([None, 784, 1], "float32")}, {"sequence": (1, 784, 1)}, 784),
+        ({"sequence": ([None, None, 3], "float32"), "h": ([None, 8], "float32")},
+         {"sequence": (1, 1, 3), "h": (1, 8)}, 1),
+        # No sequence among the inputs: each is one step.
+        ({"x": ([None, 4], "float64")}, {"x": (1, 4)}, 1),
+    ],
+)  # fmt: skip
+def test_representative_inputs_are_zeros_of_one_example_with_every_step_valid(
+    specs, shapes, length
+):
+    tensor_specs = {name: tf.TensorSpec(shape, dtype) for name, (shape, dtype) in specs.items()}
+    plain = warmup.representative_inputs(_Signature(**tensor_specs))
+    assert {name: array.shape for name, array in plain.items()} == shapes
+    assert all(not array.any() for array in plain.values())
+    assert {name: array.dtype.name for name, array in plain.items()} == {
+        name: dtype for name, (_, dtype) in specs.items()
+    }
+    with_length = warmup.representative_inputs(
+        _Signature(**tensor_specs, **{LENGTH_INPUT: tf.TensorSpec([None], tf.int64)})
+    )
+    assert with_length[LENGTH_INPUT].tolist() == [length]
+    assert with_length[LENGTH_INPUT].dtype == np.int64
