@@ -132,6 +132,10 @@ def test_the_text_is_written_as_tensorflow_serving_writes_it():
     assert f'{serving_metrics.REQUEST_COUNT}{{model_name="m",status="OK"}} 1' in lines
     assert f"{serving_metrics.REQUEST_LATENCY}_count{{{labels}}} 1" in lines
     assert lines[-1] == f"{serving_metrics.REQUEST_LATENCY}_count{{{labels}}} 1"
+    # A request of no named entrypoint came over REST.
+    metrics.record("m", "GetModelStatus", 200, 4e-6)
+    rest = 'model_name="m",API="GetModelStatus",entrypoint="REST"'
+    assert f"{serving_metrics.REQUEST_LATENCY}_count{{{rest}}} 1" in metrics.exposition().decode()
 
 
 @pytest.mark.parametrize(
