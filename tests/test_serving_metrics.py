@@ -120,7 +120,8 @@ def test_the_text_is_written_as_tensorflow_serving_writes_it():
     """The lines as TensorFlow Serving's own page spells them (a parser would also read
     `+inf` or a `_total` suffix; a dashboard's exact queries would not)."""
     metrics = serving_metrics.ServingMetrics()
-    metrics.record("m", "predict", 200, 4e-6, entrypoint="GRPC")  # 4 µs: the first bucket
+    # 2⁻²⁰ s = 10⁶/2²⁰ µs = 0.95367431640625 µs exactly: the first bucket, and the sum.
+    metrics.record("m", "predict", 200, 2**-20, entrypoint="GRPC")
     lines = metrics.exposition().decode().splitlines()
     labels = 'model_name="m",API="predict",entrypoint="GRPC"'
     bucket = f"{serving_metrics.REQUEST_LATENCY}_bucket"
@@ -131,6 +132,7 @@ def test_the_text_is_written_as_tensorflow_serving_writes_it():
     assert len(buckets) == 33
     assert f'{serving_metrics.REQUEST_COUNT}{{model_name="m",status="OK"}} 1' in lines
     assert f"{serving_metrics.REQUEST_LATENCY}_count{{{labels}}} 1" in lines
+    assert f"{serving_metrics.REQUEST_LATENCY}_sum{{{labels}}} 0.95367431640625" in lines
     assert lines[-1] == f"{serving_metrics.REQUEST_LATENCY}_count{{{labels}}} 1"
     # A request of no named entrypoint came over REST.
     metrics.record("m", "GetModelStatus", 200, 4e-6)
